@@ -1,0 +1,49 @@
+// Package pgident validates and quotes the PostgreSQL schema name that every
+// outbox object lives in, so that no query is ever built from an unchecked name.
+package pgident
+
+import (
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultSchema is the schema used when the user configures none.
+const DefaultSchema = "outbox"
+
+var validName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// ValidateSchema returns an error when name cannot be used as a schema name.
+// Names are restricted to letters, digits and underscores (at most 63 bytes,
+// PostgreSQL's identifier limit) so they read the same quoted or unquoted in
+// psql, logs and migration tools.
+func ValidateSchema(name string) error {
+	if !validName.MatchString(name) {
+		return fmt.Errorf("invalid schema name %q: use 1-63 letters, digits or underscores, not starting with a digit", name)
+	}
+	return nil
+}
+
+// Schema is a validated schema name.
+type Schema struct{ name string }
+
+// NewSchema validates name ("" means DefaultSchema).
+func NewSchema(name string) (Schema, error) {
+	if name == "" {
+		name = DefaultSchema
+	}
+	if err := ValidateSchema(name); err != nil {
+		return Schema{}, err
+	}
+	return Schema{name: name}, nil
+}
+
+// Name is the unquoted schema name.
+func (s Schema) Name() string { return s.name }
+
+// Quoted is the schema name quoted as an SQL identifier.
+func (s Schema) Quoted() string { return pgx.Identifier{s.name}.Sanitize() }
+
+// Table returns the quoted, schema-qualified name of table.
+func (s Schema) Table(table string) string { return pgx.Identifier{s.name, table}.Sanitize() }

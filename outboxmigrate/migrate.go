@@ -1,0 +1,176 @@
+package outboxmigrate
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+//go:embed migrations/*.sql
+var files embed.FS
+
+// Migration is one versioned migration file.
+type Migration struct {
+	// Version is the number the file name starts with.
+	Version int
+	// Name is the file name without its version and extension.
+	Name string
+	// SQL is the file's text.
+	SQL string
+}
+
+// All returns every embedded migration in version order.
+func All() []Migration {
+	entries, err := fs.ReadDir(files, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	var out []Migration
+	for _, e := range entries {
+		base := strings.TrimSuffix(e.Name(), ".up.sql")
+		num, name, ok := strings.Cut(base, "_")
+		if !ok {
+			panic("migration file without version: " + e.Name())
+		}
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			panic("migration file without version: " + e.Name())
+		}
+		text, err := files.ReadFile(path.Join("migrations", e.Name()))
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: string(text)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// Conn is what the migrator needs: *pgx.Conn, *pgxpool.Pool and
+// *pgxpool.Conn all satisfy it.
+type Conn interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Result reports what Migrate did.
+type Result struct {
+	// Applied lists the versions applied by this call, in order.
+	Applied []int
+	// Current is the schema's version after the call.
+	Current int
+}
+
+const migrationsTable = "outbox_schema_migrations"
+
+// Migrate creates schema (pgident.DefaultSchema when empty) if needed and
+// applies every migration it does not have yet. It is idempotent and safe to
+// run from several processes at once.
+func Migrate(ctx context.Context, db Conn, schema string) (Result, error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return Result{}, err
+	}
+	var res Result
+	for _, m := range All() {
+		applied, err := applyOne(ctx, db, s, m)
+		if err != nil {
+			return res, fmt.Errorf("migrate %s to version %d (%s): %w", s.Name(), m.Version, m.Name, err)
+		}
+		if applied {
+			res.Applied = append(res.Applied, m.Version)
+		}
+		res.Current = m.Version
+	}
+	return res, nil
+}
+
+func applyOne(ctx context.Context, db Conn, s pgident.Schema, m Migration) (applied bool, err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	// Serialise migrators of this schema. The lock is released at commit.
+	if _, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('outbox.migrate.' || $1, 0))`, s.Name()); err != nil {
+		return false, err
+	}
+	if _, err = tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+s.Quoted()); err != nil {
+		return false, err
+	}
+	if _, err = tx.Exec(ctx, "SET LOCAL search_path TO "+s.Quoted()); err != nil {
+		return false, err
+	}
+	if _, err = tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+migrationsTable+` (
+		version    integer     PRIMARY KEY,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return false, err
+	}
+	var exists bool
+	if err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+migrationsTable+` WHERE version = $1)`, m.Version).Scan(&exists); err != nil {
+		return false, err
+	}
+	if exists {
+		return false, tx.Commit(ctx)
+	}
+	if _, err = tx.Exec(ctx, m.SQL); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Position > 0 {
+			return false, fmt.Errorf("%w (at character %d of the file)", err, pgErr.Position)
+		}
+		return false, err
+	}
+	if _, err = tx.Exec(ctx, `INSERT INTO `+migrationsTable+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+		return false, err
+	}
+	return true, tx.Commit(ctx)
+}
+
+// Version returns the highest migration applied to schema, or 0 when none is.
+func Version(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, schema string) (int, error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return 0, err
+	}
+	var v int
+	err = db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+s.Table(migrationsTable)).Scan(&v)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table / schema
+		return 0, nil
+	}
+	return v, err
+}
+
+// SQL returns the migrations as one script for schema, for teams that apply
+// SQL with their own tools. The script is idempotent.
+func SQL(schema string) (string, error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- outbox migrations for schema %s\nBEGIN;\nCREATE SCHEMA IF NOT EXISTS %s;\nSET LOCAL search_path TO %s;\n", s.Name(), s.Quoted(), s.Quoted())
+	fmt.Fprintf(&b, "CREATE TABLE IF NOT EXISTS %s (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());\n", migrationsTable)
+	for _, m := range All() {
+		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\nINSERT INTO %s (version, name) VALUES (%d, '%s') ON CONFLICT DO NOTHING;\n", m.Version, m.Name, m.SQL, migrationsTable, m.Version, m.Name)
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String(), nil
+}

@@ -1,0 +1,92 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Message is one outbox event on its way to a destination.
+type Message struct {
+	ID            uuid.UUID
+	AggregateType string
+	AggregateID   string
+	// Sequence is the event's aggregate_sequence.
+	Sequence      int64
+	Type          string
+	SchemaVersion int
+	Payload       []byte
+	Headers       map[string]string
+	OccurredAt    time.Time
+	// Attempt is 1 for the first publish attempt, then counts up.
+	Attempt int
+}
+
+// Publisher sends messages to a destination (a broker, a webhook, ...).
+//
+// The contract every destination follows:
+//
+//   - Publish returns only when every message has been acknowledged by the
+//     destination, has failed, or ctx has ended. A nil error for a message
+//     means the destination has durably accepted it.
+//   - It returns nil when all messages succeeded; otherwise a slice with one
+//     entry per message (nil for those that succeeded).
+//   - Errors are classified, not retried: wrap errors the destination will
+//     never accept (message too large, refused by schema) with [Permanent],
+//     and errors meaning the destination cannot be reached at all with
+//     [Unavailable]. Anything else is a retryable failure of that message.
+//     The relay owns retries, backoff and quarantine.
+//   - The relay never passes two messages of the same aggregate in one call,
+//     so a destination may send all of them concurrently.
+//   - Publish is safe for concurrent use and does not retain msgs.
+type Publisher interface {
+	Publish(ctx context.Context, msgs []Message) []error
+}
+
+// PublisherFunc adapts a function to the Publisher interface.
+type PublisherFunc func(ctx context.Context, msgs []Message) []error
+
+// Publish calls f.
+func (f PublisherFunc) Publish(ctx context.Context, msgs []Message) []error { return f(ctx, msgs) }
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+type unavailableError struct{ err error }
+
+func (e unavailableError) Error() string { return "destination unavailable: " + e.err.Error() }
+func (e unavailableError) Unwrap() error { return e.err }
+
+// Permanent marks err as one that retrying cannot fix: the relay quarantines
+// the event at once instead of backing off.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// Unavailable marks err as "the destination cannot be reached" (as opposed to
+// "the destination refused this message"). The relay backs off without
+// spending the event's attempts, so an outage never quarantines healthy events.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return unavailableError{err}
+}
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool { return errors.As(err, new(permanentError)) }
+
+// IsUnavailable reports whether err was marked with Unavailable.
+func IsUnavailable(err error) bool { return errors.As(err, new(unavailableError)) }
+
+// SequenceHeader formats an aggregate sequence the way destinations carry it:
+// zero-padded to 20 digits, so that it sorts as text.
+func SequenceHeader(seq int64) string { return fmt.Sprintf("%020d", seq) }

@@ -1,0 +1,238 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// MaxPayloadBytesDefault is the default limit on an event's payload size.
+const MaxPayloadBytesDefault = 1 << 20
+
+// WriterConfig configures a Writer.
+type WriterConfig struct {
+	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to
+	// "outbox".
+	Schema string
+	// MaxPayloadBytes is the largest payload accepted. Defaults to
+	// MaxPayloadBytesDefault (1 MiB).
+	MaxPayloadBytes int
+}
+
+// Writer records events in the caller's transaction. It is safe for
+// concurrent use and holds no connection of its own.
+type Writer struct {
+	schema     pgident.Schema
+	maxPayload int
+	insertSQL  string
+	channel    string
+}
+
+// NewWriter validates cfg and returns a Writer.
+func NewWriter(cfg WriterConfig) (*Writer, error) {
+	s, err := pgident.NewSchema(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxPayloadBytes < 0 {
+		return nil, fmt.Errorf("outbox: MaxPayloadBytes %d is negative", cfg.MaxPayloadBytes)
+	}
+	if cfg.MaxPayloadBytes == 0 {
+		cfg.MaxPayloadBytes = MaxPayloadBytesDefault
+	}
+	return &Writer{
+		schema:     s,
+		maxPayload: cfg.MaxPayloadBytes,
+		insertSQL:  insertEventsSQL(s),
+		channel:    NotifyChannel(s.Name()),
+	}, nil
+}
+
+// NotifyChannel is the LISTEN/NOTIFY channel a relay of schema listens on.
+func NotifyChannel(schema string) string { return "outbox_events_" + schema }
+
+// insertEventsSQL allocates the sequences and inserts the rows of any number
+// of events in one statement (one round trip). The per-aggregate counter rows
+// are upserted in a fixed order, so writers touching several aggregates
+// cannot deadlock each other; the row lock they take serialises writers of
+// the same aggregate until commit, so sequences are gap-free and commit in
+// order.
+func insertEventsSQL(s pgident.Schema) string {
+	return `WITH input AS (
+	SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(
+		ord int, event_id uuid, aggregate_type text, aggregate_id text,
+		event_type text, schema_version int, payload jsonb, headers jsonb)
+), counts AS (
+	SELECT aggregate_type, aggregate_id, count(*) AS n
+	FROM input GROUP BY aggregate_type, aggregate_id
+), seq AS (
+	INSERT INTO ` + s.Table("outbox_aggregates") + ` AS a (aggregate_type, aggregate_id, last_sequence)
+	SELECT aggregate_type, aggregate_id, n FROM counts ORDER BY aggregate_type, aggregate_id
+	ON CONFLICT (aggregate_type, aggregate_id)
+	DO UPDATE SET last_sequence = a.last_sequence + EXCLUDED.last_sequence
+	RETURNING a.aggregate_type, a.aggregate_id, a.last_sequence
+)
+INSERT INTO ` + s.Table("outbox_events") + ` (event_id, aggregate_type, aggregate_id,
+	aggregate_sequence, event_type, schema_version, payload, headers)
+SELECT i.event_id, i.aggregate_type, i.aggregate_id,
+	s.last_sequence - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
+	i.event_type, i.schema_version, coalesce(i.payload, 'null'::jsonb), coalesce(i.headers, '{}'::jsonb)
+FROM input i
+JOIN counts c USING (aggregate_type, aggregate_id)
+JOIN seq s USING (aggregate_type, aggregate_id)
+ORDER BY i.ord
+RETURNING event_id, aggregate_sequence, occurred_at`
+}
+
+type eventRow struct {
+	Ord           int               `json:"ord"`
+	EventID       uuid.UUID         `json:"event_id"`
+	AggregateType string            `json:"aggregate_type"`
+	AggregateID   string            `json:"aggregate_id"`
+	EventType     string            `json:"event_type"`
+	SchemaVersion int               `json:"schema_version"`
+	Payload       json.RawMessage   `json:"payload"`
+	Headers       map[string]string `json:"headers,omitempty"`
+}
+
+// prepare validates events and encodes them as the statement's argument.
+// Nothing is sent to the database when any event is invalid.
+func (w *Writer) prepare(events []Event) (string, []uuid.UUID, error) {
+	if len(events) == 0 {
+		return "", nil, fmt.Errorf("%w: no events given", ErrInvalidEvent)
+	}
+	rows := make([]eventRow, len(events))
+	ids := make([]uuid.UUID, len(events))
+	seen := make(map[uuid.UUID]bool, len(events))
+	for i := range events {
+		ev := &events[i]
+		if err := ev.validate(i, w.maxPayload); err != nil {
+			return "", nil, err
+		}
+		id := ev.ID
+		if id == uuid.Nil {
+			var err error
+			if id, err = uuid.NewV7(); err != nil {
+				return "", nil, fmt.Errorf("outbox: new event id: %w", err)
+			}
+		}
+		if seen[id] {
+			return "", nil, invalid(i, "event id %s given twice", id)
+		}
+		seen[id] = true
+		ids[i] = id
+		version := ev.SchemaVersion
+		if version == 0 {
+			version = 1
+		}
+		rows[i] = eventRow{
+			Ord: i, EventID: id, AggregateType: ev.AggregateType, AggregateID: ev.AggregateID,
+			EventType: ev.Type, SchemaVersion: version, Payload: ev.Payload, Headers: ev.Headers,
+		}
+	}
+	arg, err := json.Marshal(rows)
+	if err != nil {
+		return "", nil, fmt.Errorf("outbox: encode events: %w", err)
+	}
+	return string(arg), ids, nil
+}
+
+type rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+func collect(r rows, ids []uuid.UUID) ([]Recorded, error) {
+	index := make(map[uuid.UUID]int, len(ids))
+	for i, id := range ids {
+		index[id] = i
+	}
+	out := make([]Recorded, len(ids))
+	n := 0
+	for r.Next() {
+		var rec Recorded
+		if err := r.Scan(&rec.ID, &rec.Sequence, &rec.OccurredAt); err != nil {
+			return nil, err
+		}
+		i, ok := index[rec.ID]
+		if !ok {
+			return nil, fmt.Errorf("database returned unknown event id %s", rec.ID)
+		}
+		rec.OccurredAt = rec.OccurredAt.UTC()
+		out[i] = rec
+		n++
+	}
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	if n != len(ids) {
+		return nil, fmt.Errorf("database stored %d of %d events", n, len(ids))
+	}
+	return out, nil
+}
+
+// InsertTx records events in tx, the caller's pgx transaction, and returns
+// what was stored, in the order given. The events become visible to the relay
+// when tx commits and vanish if it rolls back. Invalid events are refused
+// with an error wrapping ErrInvalidEvent before anything is written; on any
+// error the caller should roll tx back.
+func (w *Writer) InsertTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]Recorded, error) {
+	arg, ids, err := w.prepare(events)
+	if err != nil {
+		return nil, err
+	}
+	r, err := tx.Query(ctx, w.insertSQL, arg)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert events: %w", err)
+	}
+	defer r.Close()
+	out, err := collect(r, ids)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert events: %w", err)
+	}
+	return out, nil
+}
+
+// InsertSQLTx is InsertTx for a database/sql transaction, so that code built
+// on sqlx, GORM, bun or ent (with any PostgreSQL driver) records events in
+// its own transaction.
+func (w *Writer) InsertSQLTx(ctx context.Context, tx *sql.Tx, events ...Event) ([]Recorded, error) {
+	arg, ids, err := w.prepare(events)
+	if err != nil {
+		return nil, err
+	}
+	r, err := tx.QueryContext(ctx, w.insertSQL, arg)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert events: %w", err)
+	}
+	defer r.Close()
+	out, err := collect(r, ids)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert events: %w", err)
+	}
+	return out, r.Close()
+}
+
+// Execer is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Notify wakes the relays of the writer's schema so they publish new events
+// without waiting for their next poll. Call it after the transaction that
+// recorded events has committed, on any connection outside that transaction:
+// a NOTIFY inside the writing transaction takes a database-wide lock at
+// commit and caps write throughput. Notify is an optimisation only; relays
+// poll anyway, so an error here never loses an event.
+func (w *Writer) Notify(ctx context.Context, db Execer) error {
+	_, err := db.Exec(ctx, "SELECT pg_notify($1, '')", w.channel)
+	return err
+}
