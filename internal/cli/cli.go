@@ -1,0 +1,139 @@
+// Package cli holds what the outbox and orders binaries share: flags with
+// environment fallbacks, signal handling and one-line errors.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DatabaseURLDefault is used when neither --database-url nor DATABASE_URL is set.
+const DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// Env returns the environment variable key, or def when it is unset or empty.
+func Env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// Common are the flags every command that talks to the database takes.
+type Common struct {
+	DatabaseURL string
+	Schema      string
+}
+
+// Register adds the common flags to fs.
+func (c *Common) Register(fs *flag.FlagSet) {
+	fs.StringVar(&c.DatabaseURL, "database-url", Env("DATABASE_URL", DatabaseURLDefault), "PostgreSQL connection URL (env DATABASE_URL)")
+	fs.StringVar(&c.Schema, "schema", Env("OUTBOX_SCHEMA", "outbox"), "PostgreSQL schema of the outbox tables (env OUTBOX_SCHEMA)")
+}
+
+// Connect opens a pool and checks that the database answers.
+func (c *Common) Connect(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database url: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	return pool, nil
+}
+
+// Command is one subcommand of a binary.
+type Command struct {
+	Name    string
+	Summary string
+	// Run parses args (after the command name) and runs the command.
+	Run func(ctx context.Context, args []string) error
+}
+
+// ErrUsage is returned for bad command-line arguments; the message was
+// already printed by the flag package.
+var ErrUsage = errors.New("usage")
+
+// NewFlagSet returns a flag set that prints usage to stderr and reports
+// errors instead of exiting.
+func NewFlagSet(binary, name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(binary+" "+name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: %s %s\n\n", binary, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// Parse parses args with fs; -h/--help prints usage and ends the program
+// successfully.
+func Parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		return ErrUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return ErrUsage
+	}
+	return nil
+}
+
+// Main dispatches os.Args to commands, cancels the context on SIGINT or
+// SIGTERM, and turns an error into one line on stderr and exit code 1
+// (2 for usage errors).
+func Main(binary, about string, commands []Command) {
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "%s\n\nUsage: %s <command> [flags]\n\nCommands:\n", about, binary)
+		for _, c := range commands {
+			fmt.Fprintf(w, "  %-12s %s\n", c.Name, c.Summary)
+		}
+		fmt.Fprintf(w, "\nRun '%s <command> --help' for a command's flags.\n", binary)
+	}
+	if len(os.Args) < 2 {
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	name := os.Args[1]
+	if name == "-h" || name == "--help" || name == "help" {
+		usage(os.Stdout)
+		return
+	}
+	for _, c := range commands {
+		if c.Name != name {
+			continue
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := c.Run(ctx, os.Args[2:])
+		stop()
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, ErrUsage):
+			os.Exit(2)
+		default:
+			fmt.Fprintf(os.Stderr, "%s %s: %v\n", binary, name, err)
+			os.Exit(1)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "%s: unknown command %q (run '%s --help')\n", binary, name, binary)
+	os.Exit(2)
+}

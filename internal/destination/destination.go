@@ -1,0 +1,86 @@
+// Package destination opens the publisher named by a destination URL
+// (OUTBOX_DESTINATION), for the binaries.
+package destination
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/outboxnats"
+)
+
+// Options are the destination flags.
+type Options struct {
+	URL               string
+	NATSStream        string
+	NATSSubjectPrefix string
+	Source            string
+}
+
+// Register adds the destination flags to fs.
+func (o *Options) Register(fs *flag.FlagSet) {
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port (env OUTBOX_DESTINATION)")
+	o.RegisterNATS(fs)
+	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
+}
+
+// RegisterNATS adds only the NATS stream and subject flags (for consumers).
+func (o *Options) RegisterNATS(fs *flag.FlagSet) {
+	fs.StringVar(&o.NATSStream, "nats-stream", cli.Env("OUTBOX_NATS_STREAM", outboxnats.StreamDefault), "JetStream stream name (env OUTBOX_NATS_STREAM)")
+	fs.StringVar(&o.NATSSubjectPrefix, "nats-subject-prefix", cli.Env("OUTBOX_NATS_SUBJECT_PREFIX", outboxnats.SubjectPrefixDefault), "subject prefix of the events (env OUTBOX_NATS_SUBJECT_PREFIX)")
+}
+
+// NATSConfig is the outboxnats configuration the options describe.
+func (o *Options) NATSConfig() outboxnats.Config {
+	return outboxnats.Config{Stream: o.NATSStream, SubjectPrefix: o.NATSSubjectPrefix, Source: o.Source}
+}
+
+// ConnectNATS connects to a NATS server and keeps reconnecting forever, so a
+// broker restart is an outage, not the end of the process.
+func ConnectNATS(rawURL, name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(rawURL, nats.Name(name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", rawURL, err)
+	}
+	return nc, nil
+}
+
+// Open returns the publisher for o.URL and a function that closes it.
+func Open(ctx context.Context, o Options) (outbox.Publisher, func(), error) {
+	if o.URL == "" {
+		return nil, nil, fmt.Errorf("no destination: set --destination or OUTBOX_DESTINATION (e.g. nats://127.0.0.1:4222)")
+	}
+	u, err := url.Parse(o.URL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("destination %q: %w", o.URL, err)
+	}
+	switch u.Scheme {
+	case "nats", "tls":
+		nc, err := ConnectNATS(o.URL, "outbox-relay")
+		if err != nil {
+			return nil, nil, err
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			nc.Close()
+			return nil, nil, fmt.Errorf("jetstream: %w", err)
+		}
+		p, err := outboxnats.NewPublisher(ctx, js, o.NATSConfig())
+		if err != nil {
+			nc.Close()
+			return nil, nil, err
+		}
+		return p, func() { _ = nc.Drain() }, nil
+	default:
+		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats)", o.URL, u.Scheme)
+	}
+}
