@@ -434,6 +434,7 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 		if errs != nil && len(errs) != len(msgs) {
 			return fmt.Errorf("publisher returned %d results for %d messages", len(errs), len(msgs))
 		}
+		cut := ctx.Err() != nil // shutdown timeout: failures are not the events' fault
 		next := live[:0]
 		for j, lane := range live {
 			ev := b.lanes[lane][wave]
@@ -444,7 +445,9 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 				}
 				continue
 			}
-			failures = append(failures, r.classify(ev, errs[j], &outage))
+			if !cut {
+				failures = append(failures, r.classify(ev, errs[j], &outage))
+			}
 		}
 		live = next
 		if err := failpoint.Hit("relay/after-ack-before-mark"); err != nil {

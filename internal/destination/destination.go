@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,12 +24,14 @@ type Options struct {
 	NATSStream        string
 	NATSSubjectPrefix string
 	Source            string
+	DuplicateWindow   time.Duration
 }
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port (env OUTBOX_DESTINATION)")
 	o.RegisterNATS(fs)
+	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
 }
 
@@ -40,7 +43,7 @@ func (o *Options) RegisterNATS(fs *flag.FlagSet) {
 
 // NATSConfig is the outboxnats configuration the options describe.
 func (o *Options) NATSConfig() outboxnats.Config {
-	return outboxnats.Config{Stream: o.NATSStream, SubjectPrefix: o.NATSSubjectPrefix, Source: o.Source}
+	return outboxnats.Config{Stream: o.NATSStream, SubjectPrefix: o.NATSSubjectPrefix, Source: o.Source, DuplicateWindow: o.DuplicateWindow}
 }
 
 // ConnectNATS connects to a NATS server and keeps reconnecting forever, so a
@@ -83,4 +86,14 @@ func Open(ctx context.Context, o Options) (outbox.Publisher, func(), error) {
 	default:
 		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats)", o.URL, u.Scheme)
 	}
+}
+
+func envDuration(key string, def time.Duration) time.Duration {
+	if v := os.Getenv(key); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+		fmt.Fprintf(os.Stderr, "ignoring %s=%q: not a duration\n", key, v)
+	}
+	return def
 }

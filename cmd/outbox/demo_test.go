@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/outbox/internal/outboxtest"
+)
+
+var (
+	demoSchemaRE = regexp.MustCompile(`postgres schema (demo_[a-z0-9]+)`)
+	demoStreamRE = regexp.MustCompile(`stream (DEMO_[A-Z0-9]+)`)
+)
+
+// runDemoTest runs the demo in this process and checks that its report
+// says every invariant holds. The demo tests are not parallel: the demo
+// enables a failpoint, and failpoints are process-wide.
+func runDemoTest(t *testing.T, args ...string) (report, schema, stream string) {
+	t.Helper()
+	t.Setenv("OUTBOX_FAILPOINTS", "")
+	var out, logs bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	err := demo(ctx, append([]string{"--database-url", outboxtest.DatabaseURL()}, args...), &out, &logs)
+	report = out.String()
+	t.Logf("demo %v (%s):\n%s", args, time.Since(start).Round(time.Millisecond), report)
+	if err != nil {
+		t.Fatalf("demo failed: %v\nlogs:\n%s", err, logs.String())
+	}
+	for _, check := range []string{"API", "I1", "I2", "I3", "I4", "I5"} {
+		if !regexp.MustCompile(`(?m)^\s+` + check + `\s+OK\s`).MatchString(report) {
+			t.Errorf("the report does not say %s OK", check)
+		}
+	}
+	if strings.Contains(report, "FAIL") || !strings.Contains(report, "demo passed: all invariants hold") {
+		t.Error("the report does not say the demo passed")
+	}
+	m, s := demoSchemaRE.FindStringSubmatch(report), demoStreamRE.FindStringSubmatch(report)
+	if m == nil || s == nil {
+		t.Fatal("the report does not name its schema and stream")
+	}
+	return report, m[1], s[1]
+}
+
+func schemaExists(t *testing.T, schema string) bool {
+	t.Helper()
+	var n int
+	err := outboxtest.Pool(t).QueryRow(context.Background(),
+		`SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1`, schema).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// TestDemoEmbeddedNATS runs the demo as "outbox demo" does without a
+// destination: on an embedded NATS server, removing its schema at the end.
+func TestDemoEmbeddedNATS(t *testing.T) {
+	report, schema, _ := runDemoTest(t, "--orders", "60", "--destination", "")
+	if !strings.Contains(report, "embedded JetStream") {
+		t.Error("the demo did not use an embedded server")
+	}
+	if schemaExists(t, schema) {
+		t.Errorf("schema %s was not dropped", schema)
+	}
+}
+
+// TestDemoExternalNATSKeep runs the demo on the NATS server of the machine
+// with --keep: the schema and the stream stay for inspection.
+func TestDemoExternalNATSKeep(t *testing.T) {
+	_, schema, stream := runDemoTest(t, "--orders", "40", "--destination", outboxtest.NATSURL(), "--keep", "--lost-acks", "0.2")
+	nc, err := nats.Connect(outboxtest.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		_, _ = outboxtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		if err := js.DeleteStream(context.Background(), stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("delete stream %s: %v", stream, err)
+		}
+	})
+	if !schemaExists(t, schema) {
+		t.Errorf("schema %s was dropped despite --keep", schema)
+	}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	if info := s.CachedInfo(); info.State.Msgs == 0 {
+		t.Errorf("stream %s is empty", stream)
+	}
+}
+
+// TestDemoExternalNATSCleansUp checks that without --keep the demo deletes
+// its stream from a shared NATS server.
+func TestDemoExternalNATSCleansUp(t *testing.T) {
+	_, schema, stream := runDemoTest(t, "--orders", "20", "--destination", outboxtest.NATSURL())
+	if schemaExists(t, schema) {
+		t.Errorf("schema %s was not dropped", schema)
+	}
+	nc, err := nats.Connect(outboxtest.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Stream(context.Background(), stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("stream %s still exists (%v)", stream, err)
+	}
+}
+
+func TestDemoFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--orders", "0"},
+		{"--lost-acks", "1"},
+		{"--timeout", "-1s"},
+	} {
+		var out bytes.Buffer
+		if err := demo(context.Background(), args, &out, &out); err == nil {
+			t.Errorf("demo %v: no error", args)
+		}
+	}
+}

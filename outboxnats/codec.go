@@ -1,0 +1,351 @@
+package outboxnats
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/outbox"
+)
+
+// Header names. The ce- headers carry the CloudEvents 1.0 attributes in
+// binary content mode; HeaderMsgID is JetStream's deduplication key.
+const (
+	HeaderSpecVersion   = "ce-specversion"
+	HeaderID            = "ce-id"
+	HeaderType          = "ce-type"
+	HeaderSource        = "ce-source"
+	HeaderSubject       = "ce-subject"
+	HeaderTime          = "ce-time"
+	HeaderAggregateType = "ce-aggregatetype"
+	HeaderSequence      = "ce-sequence"
+	HeaderSchemaVersion = "ce-schemaversion"
+	HeaderPartitionKey  = "ce-partitionkey"
+	HeaderContentType   = "content-type"
+	HeaderMsgID         = jetstream.MsgIDHeader // "Nats-Msg-Id"
+
+	// SpecVersion is the CloudEvents version of the messages.
+	SpecVersion = "1.0"
+	// ContentType is the content type of the payloads.
+	ContentType = "application/json"
+)
+
+// Subject returns the subject of an aggregate's events:
+// "<prefix>.<type token>.<id token>". Each token is the string with every
+// byte outside [A-Za-z0-9_-] written as %XX (upper-case hex), and the empty
+// string written as "%". So any aggregate type or id (with '.', '*', '>',
+// spaces, '%', unicode, ...) makes exactly one valid, wildcard-free token, and
+// two different (type, id) pairs never share a subject.
+func Subject(prefix, aggregateType, aggregateID string) string {
+	var b strings.Builder
+	b.Grow(len(prefix) + len(aggregateType) + len(aggregateID) + 8)
+	b.WriteString(prefix)
+	b.WriteByte('.')
+	writeToken(&b, aggregateType)
+	b.WriteByte('.')
+	writeToken(&b, aggregateID)
+	return b.String()
+}
+
+// AggregateTypeFilter returns the subject filter that matches every event of
+// one aggregate type: "<prefix>.<type token>.>". Use it as a consumer's
+// FilterSubject.
+func AggregateTypeFilter(prefix, aggregateType string) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	b.WriteByte('.')
+	writeToken(&b, aggregateType)
+	b.WriteString(".>")
+	return b.String()
+}
+
+// ParseSubject is the inverse of Subject for a known prefix: it returns the
+// aggregate type and id a subject was made from.
+func ParseSubject(prefix, subject string) (aggregateType, aggregateID string, err error) {
+	rest, ok := strings.CutPrefix(subject, prefix+".")
+	if !ok {
+		return "", "", fmt.Errorf("outboxnats: subject %q does not start with %q", subject, prefix+".")
+	}
+	typ, id, ok := strings.Cut(rest, ".")
+	if !ok || strings.Contains(id, ".") {
+		return "", "", fmt.Errorf("outboxnats: subject %q does not have two tokens after %q", subject, prefix)
+	}
+	if aggregateType, err = parseToken(typ); err != nil {
+		return "", "", err
+	}
+	if aggregateID, err = parseToken(id); err != nil {
+		return "", "", err
+	}
+	return aggregateType, aggregateID, nil
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+func tokenSafe(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+}
+
+func writeToken(b *strings.Builder, s string) {
+	if s == "" {
+		b.WriteByte('%')
+		return
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if tokenSafe(c) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hexDigits[c>>4])
+		b.WriteByte(hexDigits[c&0xF])
+	}
+}
+
+func parseToken(tok string) (string, error) {
+	if tok == "%" {
+		return "", nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(tok); i++ {
+		c := tok[i]
+		switch {
+		case tokenSafe(c):
+			b.WriteByte(c)
+		case c == '%' && i+2 < len(tok) && isUpperHex(tok[i+1]) && isUpperHex(tok[i+2]):
+			d := unhex(tok[i+1])<<4 | unhex(tok[i+2])
+			if tokenSafe(d) { // not how Subject writes it
+				return "", fmt.Errorf("outboxnats: invalid subject token %q", tok)
+			}
+			b.WriteByte(d)
+			i += 2
+		default:
+			return "", fmt.Errorf("outboxnats: invalid subject token %q", tok)
+		}
+	}
+	if b.Len() == 0 {
+		return "", fmt.Errorf("outboxnats: invalid subject token %q", tok)
+	}
+	return b.String(), nil
+}
+
+func isUpperHex(c byte) bool { return '0' <= c && c <= '9' || 'A' <= c && c <= 'F' }
+
+func isHex(c byte) bool { return isUpperHex(c) || 'a' <= c && c <= 'f' }
+
+func unhex(c byte) byte {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0'
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10
+	default:
+		return c - 'A' + 10
+	}
+}
+
+// encodeValue percent-encodes a string attribute for a header value the way
+// the CloudEvents HTTP binding does (and the NATS one follows): space, '"',
+// '%' and every byte outside printable ASCII become %XX, so that any UTF-8
+// string survives the header line exactly (NATS trims header values and
+// turns CR/LF into spaces otherwise).
+func encodeValue(s string) string {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if needsEncoding(s[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return s
+	}
+	b := make([]byte, 0, len(s)+2*n)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if needsEncoding(c) {
+			b = append(b, '%', hexDigits[c>>4], hexDigits[c&0xF])
+		} else {
+			b = append(b, c)
+		}
+	}
+	return string(b)
+}
+
+func needsEncoding(c byte) bool { return c <= ' ' || c >= 0x7F || c == '"' || c == '%' }
+
+func decodeValue(s string) (string, error) {
+	if !strings.Contains(s, "%") {
+		return s, nil
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '%' {
+			b = append(b, c)
+			continue
+		}
+		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+			return "", fmt.Errorf("invalid percent-encoding in %q", s)
+		}
+		b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
+		i += 2
+	}
+	return string(b), nil
+}
+
+// reserved reports whether a header name belongs to the adapter (ce-
+// attributes, the content type) or to JetStream (Nats-*): a message's own
+// headers never override them.
+func reserved(key string) bool {
+	k := strings.ToLower(key)
+	return strings.HasPrefix(k, "ce-") || k == HeaderContentType || strings.HasPrefix(k, "nats-")
+}
+
+func validHeaderKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c <= ' ' || c >= 0x7F || c == ':' {
+			return false
+		}
+	}
+	return true
+}
+
+// natsMsg builds the NATS message of an outbox message.
+func (p *Publisher) natsMsg(msg *outbox.Message) (*nats.Msg, error) {
+	id := msg.ID.String()
+	h := make(nats.Header, 12+len(msg.Headers))
+	for k, v := range msg.Headers {
+		if reserved(k) {
+			continue
+		}
+		if !validHeaderKey(k) {
+			return nil, outbox.Permanent(fmt.Errorf("event %s: header name %q: %w", id, k, nats.ErrBadHeaderMsg))
+		}
+		h.Set(k, v)
+	}
+	h.Set(HeaderSpecVersion, SpecVersion)
+	h.Set(HeaderID, id)
+	h.Set(HeaderType, encodeValue(msg.Type))
+	h.Set(HeaderSource, encodeValue(p.cfg.Source))
+	h.Set(HeaderSubject, encodeValue(msg.AggregateID))
+	h.Set(HeaderTime, msg.OccurredAt.UTC().Format(time.RFC3339Nano))
+	h.Set(HeaderAggregateType, encodeValue(msg.AggregateType))
+	h.Set(HeaderSequence, outbox.SequenceHeader(msg.Sequence))
+	h.Set(HeaderSchemaVersion, strconv.Itoa(msg.SchemaVersion))
+	h.Set(HeaderPartitionKey, encodeValue(msg.AggregateID))
+	h.Set(HeaderContentType, ContentType)
+	h.Set(HeaderMsgID, id)
+
+	m := &nats.Msg{
+		Subject: Subject(p.cfg.SubjectPrefix, msg.AggregateType, msg.AggregateID),
+		Header:  h,
+		Data:    msg.Payload,
+	}
+	if max := p.nc.MaxPayload(); max > 0 {
+		if size := int64(len(m.Data) + headerSize(h)); size > max {
+			return nil, outbox.Permanent(fmt.Errorf("event %s: message of %d bytes (payload and headers) exceeds the NATS server's max payload of %d bytes: %w",
+				id, size, max, nats.ErrMaxPayload))
+		}
+	}
+	return m, nil
+}
+
+// headerSize is the size of the encoded header block (as nats.go counts it).
+func headerSize(h nats.Header) int {
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(strings.TrimSpace(v)) + 4
+		}
+	}
+	return n
+}
+
+// Decode turns a message delivered from the stream (its headers and data)
+// back into an outbox.Message: ID, AggregateType, AggregateID, Sequence,
+// Type, SchemaVersion, Payload (data itself, not a copy), Headers (every
+// header that is not a ce- attribute, content-type or a Nats- header, such
+// as traceparent; nil when there is none) and OccurredAt (UTC). Attempt is
+// left zero. It returns an error when a required ce- header is missing or
+// malformed. Header names are matched case-insensitively.
+func Decode(header nats.Header, data []byte) (outbox.Message, error) {
+	var errs []error
+	// get returns a required header's value; the bool is false when it is
+	// missing or empty (already reported).
+	get := func(key string) (string, bool) {
+		v, ok := lookup(header, key)
+		if !ok {
+			errs = append(errs, fmt.Errorf("missing header %s", key))
+			return "", false
+		}
+		return v, true
+	}
+	text := func(key string) string {
+		v, _ := get(key)
+		s, err := decodeValue(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("header %s: %w", key, err))
+		}
+		return s
+	}
+	parse := func(key string, f func(string) error) {
+		if v, ok := get(key); ok {
+			if err := f(v); err != nil {
+				errs = append(errs, fmt.Errorf("header %s: %w", key, err))
+			}
+		}
+	}
+	var m outbox.Message
+	parse(HeaderSpecVersion, func(v string) error {
+		if v != SpecVersion {
+			return fmt.Errorf("unsupported CloudEvents version %q", v)
+		}
+		return nil
+	})
+	parse(HeaderID, func(v string) (err error) { m.ID, err = uuid.Parse(v); return err })
+	m.Type = text(HeaderType)
+	m.AggregateType = text(HeaderAggregateType)
+	m.AggregateID = text(HeaderSubject)
+	parse(HeaderSequence, func(v string) (err error) { m.Sequence, err = strconv.ParseInt(v, 10, 64); return err })
+	parse(HeaderSchemaVersion, func(v string) (err error) { m.SchemaVersion, err = strconv.Atoi(v); return err })
+	parse(HeaderTime, func(v string) error {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		m.OccurredAt = t.UTC()
+		return err
+	})
+	if len(errs) > 0 {
+		return outbox.Message{}, fmt.Errorf("outboxnats: not an outbox event: %w", errors.Join(errs...))
+	}
+	for k, vs := range header {
+		if reserved(k) || len(vs) == 0 {
+			continue
+		}
+		if m.Headers == nil {
+			m.Headers = make(map[string]string)
+		}
+		m.Headers[k] = vs[0]
+	}
+	m.Payload = data
+	return m, nil
+}
+
+func lookup(h nats.Header, key string) (string, bool) {
+	if vs, ok := h[key]; ok && len(vs) > 0 {
+		return vs[0], true
+	}
+	for k, vs := range h {
+		if len(vs) > 0 && strings.EqualFold(k, key) {
+			return vs[0], true
+		}
+	}
+	return "", false
+}
