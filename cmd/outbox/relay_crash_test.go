@@ -83,7 +83,7 @@ func TestRelayCrashBetweenAckAndMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close) // registered first, so it runs after the stream is deleted
 	js, _ := jetstream.New(nc)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
 

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/examples/orders/inventory"
+	"github.com/pgoutbox/outbox/examples/orders/ordersapi"
+	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/internal/destination"
+)
+
+func logger() *slog.Logger { return slog.New(slog.NewTextHandler(os.Stderr, nil)) }
+
+// appSchemaFlag adds --app-schema: where the business tables live.
+func appSchemaFlag(fs *flag.FlagSet) *string {
+	return fs.String("app-schema", cli.Env("ORDERS_APP_SCHEMA", ""),
+		"PostgreSQL schema of the example's business tables (env ORDERS_APP_SCHEMA; default: the --schema value)")
+}
+
+func runAPI(ctx context.Context, args []string) error {
+	fs := cli.NewFlagSet("orders", "api", "api [flags]\n\nServes POST /orders, GET /orders/{id} and POST /orders/{id}/cancel. Each command\nwrites its rows and its event in one transaction. With --relay, a relay publishing\nthe events to --destination runs in the same process. Stops on SIGINT/SIGTERM.")
+	var common cli.Common
+	var dest destination.Options
+	common.Register(fs)
+	dest.Register(fs)
+	appSchema := appSchemaFlag(fs)
+	listen := fs.String("listen", cli.Env("ORDERS_LISTEN", "127.0.0.1:8080"), "address to serve HTTP on (env ORDERS_LISTEN)")
+	withRelay := fs.Bool("relay", false, "also run a relay in this process, publishing to --destination")
+	shutdown := fs.Duration("shutdown-timeout", 10*time.Second, "how long to finish in-flight requests on shutdown")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	log := logger()
+	pool, err := common.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	svc, err := ordersapi.New(pool, ordersapi.Config{Schema: common.Schema, AppSchema: *appSchema, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := svc.Migrate(ctx); err != nil {
+		return err
+	}
+	var relay *outbox.Relay
+	if *withRelay {
+		pub, closePub, err := destination.Open(ctx, dest)
+		if err != nil {
+			return err
+		}
+		defer closePub()
+		relay, err = outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Schema: common.Schema, Logger: log})
+		if err != nil {
+			return err
+		}
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	log.Info("order API listening", slog.String("addr", ln.Addr().String()), slog.String("schema", common.Schema), slog.Bool("relay", relay != nil))
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), *shutdown)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
+	if relay != nil {
+		g.Go(func() error { return relay.Run(gctx) })
+	}
+	err = g.Wait()
+	log.Info("order API stopped", slog.Any("stats", svc.Stats()))
+	return err
+}
+
+func runInventory(ctx context.Context, args []string) error {
+	fs := cli.NewFlagSet("orders", "inventory", "inventory [flags]\n\nConsumes the order events from JetStream with a durable pull consumer and reserves or\nreleases stock, each event applied once and in order per order through the inbox.\nStops on SIGINT/SIGTERM after finishing the messages it holds.")
+	var common cli.Common
+	var dest destination.Options
+	common.Register(fs)
+	fs.StringVar(&dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "NATS server the events are in: nats://host:port (env OUTBOX_DESTINATION)")
+	dest.RegisterNATS(fs)
+	appSchema := appSchemaFlag(fs)
+	var cfg inventory.Config
+	fs.StringVar(&cfg.Durable, "durable", cli.Env("INVENTORY_DURABLE", inventory.DurableDefault), "JetStream durable consumer name (env INVENTORY_DURABLE)")
+	fs.IntVar(&cfg.Workers, "workers", inventory.WorkersDefault, "messages processed at once")
+	fs.DurationVar(&cfg.AckWait, "ack-wait", inventory.AckWaitDefault, "how long JetStream waits for an ack before redelivering")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if dest.URL == "" {
+		return errors.New("no NATS server: set --destination or OUTBOX_DESTINATION (e.g. nats://127.0.0.1:4222)")
+	}
+	log := logger()
+	pool, err := common.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := inventory.Migrate(ctx, pool, common.Schema, *appSchema); err != nil {
+		return err
+	}
+	nc, err := destination.ConnectNATS(dest.URL, "orders-inventory")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	cfg.Schema, cfg.AppSchema = common.Schema, *appSchema
+	cfg.Stream, cfg.SubjectPrefix = dest.NATSStream, dest.NATSSubjectPrefix
+	cfg.Logger = log
+	cons, err := inventory.New(pool, js, cfg)
+	if err != nil {
+		return err
+	}
+	return cons.Run(ctx)
+}

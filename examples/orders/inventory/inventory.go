@@ -1,0 +1,295 @@
+// Package inventory is the example inventory consumer: it reserves stock for
+// OrderCreated events and releases it for OrderCancelled events, reading the
+// order events from NATS JetStream through a durable pull consumer.
+//
+// Every delivery goes through inbox.Inbox.Handle, so the stock change
+// commits in one local transaction with the inbox rows: a redelivered event
+// is recognised as a duplicate and changes nothing (invariant I4), and an
+// event that arrives before an earlier event of the same order is refused as
+// early and redelivered later (invariant I5). Messages are acknowledged only
+// after that transaction committed; the failpoint
+// "consumer/after-commit-before-ack" sits between the two.
+package inventory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/examples/orders/orderevents"
+	"github.com/pgoutbox/outbox/examples/orders/ordersdb"
+	"github.com/pgoutbox/outbox/inbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/outboxmigrate"
+	"github.com/pgoutbox/outbox/outboxnats"
+)
+
+// Defaults for Config.
+const (
+	DurableDefault       = "inventory"
+	InboxConsumerDefault = "inventory"
+	WorkersDefault       = 4
+	AckWaitDefault       = 30 * time.Second
+	EarlyDelayDefault    = 100 * time.Millisecond
+	RetryDelayDefault    = 500 * time.Millisecond
+	RetryDelayMax        = 30 * time.Second
+)
+
+// FailpointAfterCommitBeforeAck fires after the inbox transaction committed
+// and before the message is acknowledged. An injected error skips the ack
+// (the message is negatively acknowledged instead), as a crash there would.
+const FailpointAfterCommitBeforeAck = "consumer/after-commit-before-ack"
+
+// Config configures a Consumer.
+type Config struct {
+	// Schema holds the inbox tables. Defaults to "outbox".
+	Schema string
+	// AppSchema holds the inventory tables. Defaults to Schema.
+	AppSchema string
+	// Stream is the JetStream stream the order events are in. Defaults to
+	// outboxnats.StreamDefault.
+	Stream string
+	// SubjectPrefix is the events' subject prefix; the consumer filters on
+	// "<prefix>.order.>". Defaults to outboxnats.SubjectPrefixDefault.
+	SubjectPrefix string
+	// Durable names the JetStream durable consumer. Defaults to
+	// DurableDefault.
+	Durable string
+	// InboxConsumer is the consumer name in the inbox tables. Defaults to
+	// InboxConsumerDefault.
+	InboxConsumer string
+	// Workers is how many messages are processed at once. Defaults to
+	// WorkersDefault.
+	Workers int
+	// AckWait is how long JetStream waits for an ack before redelivering.
+	// Defaults to AckWaitDefault.
+	AckWait time.Duration
+	// EarlyDelay is the redelivery delay of an event that arrived before an
+	// earlier event of its order was applied. Defaults to EarlyDelayDefault.
+	EarlyDelay time.Duration
+	// RetryDelay is the first redelivery delay after a failure; it doubles
+	// with each delivery up to RetryDelayMax. Defaults to RetryDelayDefault.
+	RetryDelay time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = pgident.DefaultSchema
+	}
+	if c.AppSchema == "" {
+		c.AppSchema = c.Schema
+	}
+	if c.Stream == "" {
+		c.Stream = outboxnats.StreamDefault
+	}
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = outboxnats.SubjectPrefixDefault
+	}
+	if c.Durable == "" {
+		c.Durable = DurableDefault
+	}
+	if c.InboxConsumer == "" {
+		c.InboxConsumer = InboxConsumerDefault
+	}
+	if c.Workers <= 0 {
+		c.Workers = WorkersDefault
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = AckWaitDefault
+	}
+	if c.EarlyDelay <= 0 {
+		c.EarlyDelay = EarlyDelayDefault
+	}
+	if c.RetryDelay <= 0 {
+		c.RetryDelay = RetryDelayDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Stats are the consumer's running totals.
+type Stats struct {
+	// Delivered counts messages received (including redeliveries).
+	Delivered int64
+	// Applied counts events whose effect committed.
+	Applied int64
+	// Duplicates counts deliveries of events applied before (acked, nothing
+	// changed).
+	Duplicates int64
+	// Early counts deliveries refused because an earlier event of the order
+	// was not applied yet (redelivered later).
+	Early int64
+	// Errors counts deliveries that failed (redelivered later).
+	Errors int64
+	// Rejected counts messages that could not be decoded (terminated).
+	Rejected int64
+	// Anomalies counts cancellations that found no reservation to release;
+	// with the inbox's ordering it stays 0.
+	Anomalies int64
+}
+
+// Consumer reserves and releases stock for order events.
+type Consumer struct {
+	pool  *pgxpool.Pool
+	js    jetstream.JetStream
+	cfg   Config
+	inbox *inbox.Inbox
+	log   *slog.Logger
+	q     queries
+
+	delivered, applied, duplicates, early, errs, rejected, anomalies atomic.Int64
+}
+
+type queries struct {
+	reserve, addStock, release, lockStock, subStock string
+}
+
+// New returns a consumer. js may be nil when only Handle is used.
+func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consumer, error) {
+	if pool == nil {
+		return nil, errors.New("inventory: New needs a pool")
+	}
+	cfg = cfg.withDefaults()
+	app, err := pgident.NewSchema(cfg.AppSchema)
+	if err != nil {
+		return nil, err
+	}
+	in, err := inbox.New(pool, inbox.Config{Consumer: cfg.InboxConsumer, Schema: cfg.Schema})
+	if err != nil {
+		return nil, err
+	}
+	stock, res := app.Table("inventory_stock"), app.Table("inventory_reservations")
+	return &Consumer{
+		pool: pool, js: js, cfg: cfg, inbox: in, log: cfg.Logger,
+		q: queries{
+			reserve: `INSERT INTO ` + res + ` (order_id, sku, quantity, status, event_id)
+SELECT $1, sku, quantity, 'reserved', $4 FROM unnest($2::text[], $3::int[]) AS i(sku, quantity)`,
+			// SKUs are locked in a fixed order, so concurrent orders cannot deadlock.
+			addStock: `INSERT INTO ` + stock + ` AS s (sku, reserved)
+SELECT sku, quantity FROM unnest($1::text[], $2::int[]) AS i(sku, quantity) ORDER BY sku
+ON CONFLICT (sku) DO UPDATE SET reserved = s.reserved + EXCLUDED.reserved, updated_at = now()`,
+			release: `UPDATE ` + res + ` SET status = 'released', released_at = now()
+WHERE order_id = $1 AND status = 'reserved' RETURNING sku, quantity`,
+			lockStock: `SELECT sku FROM ` + stock + ` WHERE sku = ANY($1) ORDER BY sku FOR UPDATE`,
+			subStock: `UPDATE ` + stock + ` AS s SET reserved = s.reserved - i.quantity, updated_at = now()
+FROM unnest($1::text[], $2::int[]) AS i(sku, quantity)
+WHERE s.sku = i.sku`,
+		},
+	}, nil
+}
+
+// Migrate applies the outbox migrations (for the inbox tables) to Schema and
+// the inventory tables' migrations to AppSchema.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema, appSchema string) error {
+	if _, err := outboxmigrate.Migrate(ctx, pool, schema); err != nil {
+		return err
+	}
+	if appSchema == "" {
+		appSchema = schema
+	}
+	_, err := ordersdb.Migrate(ctx, pool, appSchema, ordersdb.Inventory)
+	return err
+}
+
+// Inbox is the inbox the consumer deduplicates and orders with.
+func (c *Consumer) Inbox() *inbox.Inbox { return c.inbox }
+
+// Stats returns the consumer's running totals.
+func (c *Consumer) Stats() Stats {
+	return Stats{Delivered: c.delivered.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
+		Early: c.early.Load(), Errors: c.errs.Load(), Rejected: c.rejected.Load(), Anomalies: c.anomalies.Load()}
+}
+
+// FilterSubject is the subject filter of the durable consumer.
+func (c *Consumer) FilterSubject() string {
+	return outboxnats.AggregateTypeFilter(c.cfg.SubjectPrefix, orderevents.AggregateType)
+}
+
+// Handle applies one event through the inbox and counts the outcome.
+func (c *Consumer) Handle(ctx context.Context, msg outbox.Message) (inbox.Outcome, error) {
+	out, err := c.inbox.Handle(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
+		return c.apply(ctx, tx, msg)
+	})
+	switch {
+	case err != nil:
+		c.errs.Add(1)
+	case out == inbox.Applied:
+		c.applied.Add(1)
+	case out == inbox.Duplicate:
+		c.duplicates.Add(1)
+	case out == inbox.Early:
+		c.early.Add(1)
+	}
+	return out, err
+}
+
+// apply is the business effect of one event, inside the inbox transaction.
+func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg outbox.Message) error {
+	switch msg.Type {
+	case orderevents.OrderCreated:
+		var p orderevents.OrderCreatedPayload
+		if err := json.Unmarshal(msg.Payload, &p); err != nil {
+			return fmt.Errorf("decode %s payload: %w", msg.Type, err)
+		}
+		skus := make([]string, len(p.Items))
+		qtys := make([]int32, len(p.Items))
+		for i, it := range p.Items {
+			skus[i], qtys[i] = it.SKU, int32(it.Quantity)
+		}
+		if _, err := tx.Exec(ctx, c.q.reserve, msg.AggregateID, skus, qtys, msg.ID); err != nil {
+			return fmt.Errorf("reserve: %w", err)
+		}
+		if _, err := tx.Exec(ctx, c.q.addStock, skus, qtys); err != nil {
+			return fmt.Errorf("reserve stock: %w", err)
+		}
+	case orderevents.OrderCancelled:
+		rows, err := tx.Query(ctx, c.q.release, msg.AggregateID)
+		if err != nil {
+			return fmt.Errorf("release: %w", err)
+		}
+		var skus []string
+		var qtys []int32
+		var sku string
+		var qty int32
+		if _, err := pgx.ForEachRow(rows, []any{&sku, &qty}, func() error {
+			skus, qtys = append(skus, sku), append(qtys, qty)
+			return nil
+		}); err != nil {
+			return fmt.Errorf("release: %w", err)
+		}
+		if len(skus) == 0 {
+			// The inbox applies an order's events in sequence, so the
+			// reservation of its OrderCreated must be here.
+			c.anomalies.Add(1)
+			c.log.Error("cancellation found no reservation to release", slog.String("order_id", msg.AggregateID),
+				slog.Int64("sequence", msg.Sequence))
+			return nil
+		}
+		// Lock the SKUs' rows in a fixed order first (an UPDATE ... FROM
+		// may visit them in any order), so concurrent orders cannot deadlock.
+		if _, err := tx.Exec(ctx, c.q.lockStock, skus); err != nil {
+			return fmt.Errorf("release stock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, c.q.subStock, skus, qtys); err != nil {
+			return fmt.Errorf("release stock: %w", err)
+		}
+	default:
+		// An event this consumer does not care about still advances the
+		// order's high-water mark, or the order's later events would wait
+		// for it forever.
+	}
+	return nil
+}
