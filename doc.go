@@ -18,7 +18,7 @@
 //	})
 //	// handle err, then
 //	err = tx.Commit(ctx)
-//	_ = writer.Notify(ctx, pool) // optional: wake the relays now
+//	notifier.Notify() // optional: wake the relays now (an outbox.Notifier, non-blocking)
 //
 // # Relaying events
 //
@@ -31,7 +31,8 @@
 // overwrite the relay that took its events over.
 //
 // Per aggregate, events are published strictly in sequence order: a relay
-// only claims the head of an aggregate's lane (see [Relay]). Failed publishes
+// claims the head of an aggregate's lane with its contiguous successors and
+// publishes them one after the other (see [Relay]). Failed publishes
 // back off exponentially through available_at; an event that fails
 // permanently or too often is quarantined and holds its aggregate's later
 // events behind it, visibly.
@@ -40,6 +41,26 @@
 //
 // A destination implements [Publisher]. Package outboxnats publishes to NATS
 // JetStream with CloudEvents headers.
+//
+// # Operations
+//
+// [Admin] is the operator's API (`outbox status`, `outbox quarantine`,
+// `outbox replay` and `outbox cleanup` wrap it): [Admin.Status] says whether
+// the outbox is healthy and what is stuck, [Admin.ListQuarantined] why;
+// [Admin.Retry] puts a quarantined event back in its lane and [Admin.Skip]
+// settles it unpublished with a recorded reason, unblocking its aggregate
+// (the next event carries [Message.SkippedFrom]); [Admin.Replay] publishes
+// history again with the original ids; [Admin.Cleanup] (or the relay,
+// periodically, see [RelayConfig].Cleanup) deletes settled events past the
+// replay horizon in bounded batches.
+//
+// # Metrics
+//
+// The relay reports its work to [RelayConfig].Observer, any value
+// implementing one or more of [ClaimObserver], [PublishObserver],
+// [SettleObserver] and [CleanupObserver]; [Relay.Ready] backs a readiness
+// probe. Package outboxprom turns these into Prometheus metrics, so this
+// package depends on no metrics library.
 //
 // # Schema
 //

@@ -23,6 +23,18 @@ type Message struct {
 	OccurredAt    time.Time
 	// Attempt is 1 for the first publish attempt, then counts up.
 	Attempt int
+	// SkippedFrom is zero unless an operator skipped the events just before
+	// this one (see Admin.Skip): then the aggregate's events SkippedFrom
+	// through Sequence-1 were settled without being published and never will
+	// be, and a consumer takes SkippedFrom-1 as this event's predecessor.
+	SkippedFrom int64
+	// ReplayID is the zero UUID unless the message is an already-published
+	// event sent again by Admin.Replay; then it identifies the replay run.
+	// ID stays the event's id, so inboxes drop what they have applied;
+	// destinations that deduplicate by event id (JetStream's Nats-Msg-Id)
+	// key a replayed copy by ID and ReplayID, so that it is not dropped as a
+	// duplicate of the original publish.
+	ReplayID uuid.UUID
 }
 
 // Publisher sends messages to a destination (a broker, a webhook, ...).

@@ -20,13 +20,19 @@ import (
 
 // Defaults for RelayConfig.
 const (
-	BatchSizeDefault       = 500
+	BatchSizeDefault       = 1000
 	LeaseDurationDefault   = 30 * time.Second
 	PollIntervalDefault    = time.Second
 	RetryBackoffMinDefault = time.Second
 	RetryBackoffMaxDefault = 5 * time.Minute
 	MaxAttemptsDefault     = 20
 	ShutdownTimeoutDefault = 10 * time.Second
+	// CatchUpIntervalDefault is RelayConfig.CatchUpInterval's default.
+	CatchUpIntervalDefault = 5 * time.Millisecond
+	// HeartbeatIntervalDefault is how often a relay records itself alive.
+	HeartbeatIntervalDefault = 10 * time.Second
+	// CleanupIntervalDefault is how often a relay's periodic clean-up runs.
+	CleanupIntervalDefault = time.Minute
 )
 
 // RelayConfig configures a Relay.
@@ -59,11 +65,41 @@ type RelayConfig struct {
 	// for in-flight publishes before releasing what is left. Defaults to
 	// ShutdownTimeoutDefault.
 	ShutdownTimeout time.Duration
+	// CatchUpInterval is the shortest time between the starts of two claims
+	// while the relay keeps up with the writers (its last claim was not a
+	// full batch): under a steady stream of commits, each claim then takes
+	// what a few milliseconds brought instead of the one or two events of
+	// the last round trip, which costs the database far less per event. It
+	// adds at most this much to commit-to-publish latency. A negative value
+	// turns it off. Defaults to CatchUpIntervalDefault.
+	CatchUpInterval time.Duration
+	// DisableClaimAhead turns off claiming the next batch while one is
+	// published (see the Relay documentation). Defaults to false.
+	DisableClaimAhead bool
 	// DisableNotify turns off LISTEN/NOTIFY wake-ups; the relay then only
 	// polls. Defaults to false.
 	DisableNotify bool
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Observer receives measurements of the relay's work, for metrics: any
+	// value implementing one or more of ClaimObserver, PublishObserver,
+	// SettleObserver and CleanupObserver (outboxprom.Metrics implements them
+	// all). Optional.
+	Observer any
+	// HeartbeatInterval is how often the relay records itself alive in
+	// outbox_relays; it counts as alive for three intervals after each
+	// heartbeat ("outbox status", outbox_relays_alive). Defaults to
+	// HeartbeatIntervalDefault.
+	HeartbeatInterval time.Duration
+	// Cleanup, when Cleanup.OlderThan is positive, makes the relay delete
+	// settled events older than that (and inbox rows older than
+	// Cleanup.InboxOlderThan, when set) every CleanupInterval, like
+	// Admin.Cleanup. Several relays may all do it; their batches do not
+	// collide. Off by default.
+	Cleanup CleanupConfig
+	// CleanupInterval is the pause between two periodic clean-ups. Defaults
+	// to CleanupIntervalDefault.
+	CleanupInterval time.Duration
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -87,6 +123,12 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.RetryBackoffMin, RetryBackoffMinDefault)
 	def(&c.RetryBackoffMax, RetryBackoffMaxDefault)
 	def(&c.ShutdownTimeout, ShutdownTimeoutDefault)
+	def(&c.CatchUpInterval, CatchUpIntervalDefault)
+	def(&c.HeartbeatInterval, HeartbeatIntervalDefault)
+	def(&c.CleanupInterval, CleanupIntervalDefault)
+	if c.Cleanup.BatchSize == 0 {
+		c.Cleanup.BatchSize = CleanupBatchSizeDefault
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -107,6 +149,15 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: RetryBackoffMax %s is below RetryBackoffMin %s", c.RetryBackoffMax, c.RetryBackoffMin)
 	case c.MaxAttempts < 1:
 		return fmt.Errorf("outbox: MaxAttempts %d must be positive", c.MaxAttempts)
+	case c.HeartbeatInterval < 10*time.Millisecond:
+		return fmt.Errorf("outbox: HeartbeatInterval %s is under 10ms", c.HeartbeatInterval)
+	case c.CleanupInterval < 0:
+		return fmt.Errorf("outbox: CleanupInterval %s is negative", c.CleanupInterval)
+	}
+	if c.Cleanup.OlderThan != 0 || c.Cleanup.InboxOlderThan != 0 {
+		if err := c.Cleanup.validate(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -133,14 +184,24 @@ type RelayStats struct {
 //
 // # Ordering
 //
-// A relay claims only the head of each aggregate's lane: the lowest
-// unpublished aggregate_sequence, and only when no earlier event of that
-// aggregate is unpublished (an index probe on outbox_pending_lane_idx).
-// Because writers of one aggregate serialise on its counter row, event k+1
-// never becomes visible before k, so k+1 cannot be claimed while k is
-// pending, backed off, leased by another relay or quarantined. This holds
+// A relay claims the head of each aggregate's lane (the lowest unpublished
+// aggregate_sequence: its predecessor is published, an index probe on
+// outbox_pending_lane_idx) and, in the same statement, the head's contiguous
+// successors, and publishes a lane's events one after the other, each after
+// the destination acknowledged the previous one. Because writers of one
+// aggregate serialise on its counter row, event k+1 never becomes visible
+// before k, so k+1 cannot be claimed without k, nor while k is pending,
+// backed off, leased by another relay or quarantined. This holds
 // across any number of relay processes without partition ownership, and a
 // crashed relay's lanes move to the others as soon as its leases expire.
+//
+// # Claiming ahead
+//
+// While it publishes a full batch over many lanes, a relay already claims
+// the next one, so the claim's round trip overlaps the broker's acks and the
+// marks. The two batches hold disjoint lanes (the first one's events are
+// leased, their successors are not heads), so order is unaffected. A batch
+// claimed ahead and not published (shutdown, outage) is released.
 type Relay struct {
 	pool   *pgxpool.Pool
 	cfg    RelayConfig
@@ -151,6 +212,11 @@ type Relay struct {
 
 	claimed, published, failed, quarantined, conflicts, takenOver atomic.Int64
 	outages                                                       int // consecutive unavailable batches
+
+	obs     observers
+	ahead   *ahead // the next batch, claimed while this one is published
+	running atomic.Bool
+	health  atomic.Pointer[error] // nil: the last batch went well
 }
 
 // NewRelay validates cfg and returns a relay over pool. Run starts it.
@@ -166,14 +232,21 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{
+	obs, err := detectObservers(cfg.Observer)
+	if err != nil {
+		return nil, err
+	}
+	r := &Relay{
 		pool:   pool,
 		cfg:    cfg,
 		schema: s,
 		log:    cfg.Logger.With(slog.String("relay_id", cfg.ID)),
-		sql:    newRelaySQL(s),
+		sql:    newRelaySQL(s, cfg.BatchSize),
 		wake:   make(chan struct{}, 1),
-	}, nil
+		obs:    obs,
+	}
+	r.setHealth(errNotStarted)
+	return r, nil
 }
 
 // ID is the relay's claimed_by name.
@@ -207,11 +280,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer close(done); r.listen(listenCtx) }()
 		defer func() { stopListen(); <-done }()
 	}
+	defer r.startMaintenance(ctx)()
+	defer r.dropAhead(ctx) // a batch claimed ahead and never published
 	r.log.Info("relay started", slog.String("schema", r.schema.Name()), slog.Int("batch_size", r.cfg.BatchSize),
 		slog.Duration("lease", r.cfg.LeaseDuration))
 	dbBackoff := 0
 	for ctx.Err() == nil {
+		claimStart := time.Now()
 		n, err := r.runBatch(ctx)
+		r.noteBatch(err)
 		switch {
 		case ctx.Err() != nil:
 		case err != nil:
@@ -227,6 +304,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		case n == 0:
 			dbBackoff = 0
 			r.waitIdle(ctx, r.cfg.PollInterval)
+		case n < r.cfg.BatchSize:
+			dbBackoff = 0
+			sleep(ctx, r.cfg.CatchUpInterval-time.Since(claimStart)) // caught up: let a few events gather
 		default:
 			dbBackoff = 0
 		}
@@ -324,12 +404,15 @@ type batch struct {
 	deadline time.Time // local time after which the lease may be gone
 	lanes    [][]claimedEvent
 	total    int
+	// takenOver counts events claimed from an expired lease.
+	takenOver int
 }
 
 // runBatch claims, publishes and settles one batch. It returns how many
 // events were claimed.
 func (r *Relay) runBatch(ctx context.Context) (int, error) {
-	b, err := r.claim(ctx)
+	b, claimDur, err := r.nextClaim(ctx)
+	r.observeClaim(b, claimDur, err)
 	if err != nil || b.total == 0 {
 		return 0, err
 	}
@@ -345,7 +428,12 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 		context.AfterFunc(workCtx, func() { t.Stop() })
 	})
 	defer stop()
-	return b.total, r.publishAndSettle(workCtx, b)
+	r.claimAhead(ctx, b)
+	err = r.publishAndSettle(workCtx, b)
+	if err != nil || r.outages > 0 || ctx.Err() != nil {
+		r.dropAhead(ctx)
+	}
+	return b.total, err
 }
 
 func allIDs(b batch) []uuid.UUID {
@@ -361,23 +449,39 @@ func allIDs(b batch) []uuid.UUID {
 func (r *Relay) claim(ctx context.Context) (batch, error) {
 	b := batch{token: uuid.New()}
 	start := time.Now()
-	rows, err := r.pool.Query(ctx, r.sql.claim, r.cfg.BatchSize, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds())
+	// The claim is one autocommit statement (one round trip). Only when
+	// failpoints are enabled does it run in an explicit transaction, so that
+	// relay/during-claim sits between the UPDATE and the COMMIT.
+	var q interface {
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	} = r.pool
+	var tx pgx.Tx
+	if failpoint.Enabled() {
+		var err error
+		if tx, err = r.pool.Begin(ctx); err != nil {
+			return b, fmt.Errorf("claim batch: %w", err)
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		q = tx
+	}
+	rows, err := q.Query(ctx, r.sql.claim, r.cfg.BatchSize, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds())
 	if err != nil {
 		return b, fmt.Errorf("claim batch: %w", err)
 	}
+	var takenOver int64
 	laneOf := map[[2]string]int{}
 	for rows.Next() {
 		var ev claimedEvent
 		var prevOwner *string
 		if err := rows.Scan(&ev.ID, &ev.AggregateType, &ev.AggregateID, &ev.Sequence, &ev.Type, &ev.SchemaVersion,
-			&ev.Payload, &ev.Headers, &ev.OccurredAt, &ev.attempts, &prevOwner); err != nil {
+			&ev.Payload, headersScan{&ev.Headers}, &ev.OccurredAt, &ev.attempts, &prevOwner, &ev.SkippedFrom); err != nil {
 			rows.Close()
 			return b, fmt.Errorf("claim batch: %w", err)
 		}
 		ev.Attempt = ev.attempts + 1
 		ev.OccurredAt = ev.OccurredAt.UTC()
 		if prevOwner != nil {
-			r.takenOver.Add(1)
+			takenOver++
 		}
 		key := [2]string{ev.AggregateType, ev.AggregateID}
 		i, ok := laneOf[key]
@@ -391,6 +495,25 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return b, fmt.Errorf("claim batch: %w", err)
+	}
+	if tx != nil {
+		if b.total > 0 {
+			if err := failpoint.Hit("relay/during-claim"); err != nil {
+				return batch{}, fmt.Errorf("claim batch: %w", err)
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return batch{}, fmt.Errorf("claim batch: %w", err)
+		}
+	}
+	r.takenOver.Add(takenOver)
+	b.takenOver = int(takenOver)
+	if cut := orderLanes(b.lanes); len(cut) > 0 {
+		r.log.Error("claim returned a lane with a gap; releasing the events after it", slog.Int("events", len(cut)))
+		b.total -= len(cut)
+		if err := r.release(ctx, b, cut); err != nil {
+			return b, err
+		}
 	}
 	// Leave a safety margin: stop publishing well before the lease could have
 	// been taken over, since the database clock and ours may differ slightly.
@@ -430,7 +553,9 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 		if err := failpoint.Hit("relay/before-publish"); err != nil {
 			break
 		}
+		pubStart := time.Now()
 		errs := r.cfg.Publisher.Publish(ctx, msgs)
+		ackLatency, ackedAt := time.Since(pubStart), time.Now()
 		if errs != nil && len(errs) != len(msgs) {
 			return fmt.Errorf("publisher returned %d results for %d messages", len(errs), len(msgs))
 		}
@@ -439,6 +564,7 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 		for j, lane := range live {
 			ev := b.lanes[lane][wave]
 			if errs == nil || errs[j] == nil {
+				r.observePublish(ev, nil, false, ackLatency, ackedAt)
 				published = append(published, ev.ID)
 				if wave+1 < len(b.lanes[lane]) {
 					next = append(next, lane)
@@ -446,7 +572,9 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 				continue
 			}
 			if !cut {
-				failures = append(failures, r.classify(ev, errs[j], &outage))
+				f := r.classify(ev, errs[j], &outage)
+				r.observePublish(ev, errs[j], f.quarantine, ackLatency, time.Time{})
+				failures = append(failures, f)
 			}
 		}
 		live = next
@@ -456,6 +584,9 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 	}
 	// Whatever was not attempted goes back to the table untouched.
 	for _, lane := range b.lanes {
+		if len(published)+len(failures) == b.total {
+			break // everything was attempted (the common case)
+		}
 		for _, ev := range lane {
 			if !contains(published, ev.ID) && !containsFailure(failures, ev.ID) {
 				unsent = append(unsent, ev.ID)
@@ -468,17 +599,13 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 		r.outages = 0
 	}
 	settleCtx := context.WithoutCancel(ctx)
-	var errs []error
-	if len(published) > 0 {
-		errs = append(errs, r.markPublished(settleCtx, b, published))
+	if len(failures) == 0 && len(unsent) == 0 {
+		if len(published) == 0 {
+			return nil
+		}
+		return r.markPublished(settleCtx, b, published) // the common case
 	}
-	if len(failures) > 0 {
-		errs = append(errs, r.markFailed(settleCtx, b, failures))
-	}
-	if len(unsent) > 0 {
-		errs = append(errs, r.release(settleCtx, b, unsent))
-	}
-	return errors.Join(errs...)
+	return r.settleAll(settleCtx, b, published, failures, unsent)
 }
 
 func contains(ids []uuid.UUID, id uuid.UUID) bool {
@@ -533,7 +660,9 @@ func truncate(s string, n int) string {
 }
 
 func (r *Relay) markPublished(ctx context.Context, b batch, ids []uuid.UUID) error {
-	tag, err := r.pool.Exec(ctx, r.sql.markPublished, ids, b.token)
+	start := time.Now()
+	tag, err := r.pool.Exec(ctx, r.sql.markPublished, uuidArgs(ids), b.token)
+	r.observeSettle(SettleMarkPublished, len(ids), tag.RowsAffected(), start, err)
 	if err != nil {
 		return fmt.Errorf("mark published: %w", err)
 	}
@@ -551,7 +680,9 @@ func (r *Relay) markFailed(ctx context.Context, b batch, fs []failure) error {
 	for i, f := range fs {
 		ids[i], delays[i], attempts[i], msgs[i], quarantine[i] = f.id, f.delay.Milliseconds(), int32(f.attempts), f.err, f.quarantine
 	}
-	tag, err := r.pool.Exec(ctx, r.sql.markFailed, ids, delays, attempts, msgs, quarantine, b.token)
+	start := time.Now()
+	tag, err := r.pool.Exec(ctx, r.sql.markFailed, uuidArgs(ids), delays, attempts, msgs, quarantine, b.token)
+	r.observeSettle(SettleRecordFailures, len(ids), tag.RowsAffected(), start, err)
 	if err != nil {
 		return fmt.Errorf("record failures: %w", err)
 	}
@@ -560,7 +691,9 @@ func (r *Relay) markFailed(ctx context.Context, b batch, fs []failure) error {
 }
 
 func (r *Relay) release(ctx context.Context, b batch, ids []uuid.UUID) error {
-	tag, err := r.pool.Exec(ctx, r.sql.release, ids, b.token)
+	start := time.Now()
+	tag, err := r.pool.Exec(ctx, r.sql.release, uuidArgs(ids), b.token)
+	r.observeSettle(SettleRelease, len(ids), tag.RowsAffected(), start, err)
 	if err != nil {
 		return fmt.Errorf("release claims: %w", err)
 	}

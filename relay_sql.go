@@ -1,13 +1,22 @@
 package outbox
 
-import "github.com/pgoutbox/outbox/internal/pgident"
+import (
+	"strconv"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
 
 // relaySQL holds the relay's statements for one schema.
 type relaySQL struct {
 	claim, markPublished, markFailed, release string
 }
 
-func newRelaySQL(s pgident.Schema) relaySQL {
+// newRelaySQL builds the statements for schema s and a relay claiming up to
+// batchSize events. The batch size is written into the claim as a literal
+// (the statement still takes it as $1, for the room left for successors):
+// PostgreSQL then plans the claim once per connection and reuses the plan,
+// where a LIMIT $1 makes it re-plan the statement on every execution.
+func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	events := s.Table("outbox_events")
 	return relaySQL{
 		// One statement, so one short transaction. A row is claimable when it
@@ -15,29 +24,30 @@ func newRelaySQL(s pgident.Schema) relaySQL {
 		// head of its aggregate's lane. SKIP LOCKED lets relays claim side by
 		// side; the lease condition is re-checked on the newest row version, and
 		// a stale snapshot of the lane check can only exclude more rows, since
-		// an event never goes from published back to unpublished.
-		claim: `WITH candidates AS (
-	SELECT e.event_id, e.claimed_by FROM ` + events + ` e
-	WHERE e.published_at IS NULL
-	  AND e.quarantined_at IS NULL
-	  AND e.available_at <= now()
-	  AND (e.claim_until IS NULL OR e.claim_until < now())
-	  AND NOT EXISTS (
-		SELECT 1 FROM ` + events + ` p
-		WHERE p.published_at IS NULL
-		  AND p.aggregate_type = e.aggregate_type
-		  AND p.aggregate_id = e.aggregate_id
-		  AND p.aggregate_sequence < e.aggregate_sequence)
-	ORDER BY e.available_at, e.occurred_at
-	LIMIT $1
-	FOR UPDATE OF e SKIP LOCKED
+		// an event never goes from published back to unpublished. A skipped
+		// event counts as published (published_at is set at the skip); the last
+		// column probes the event just before (unique index) for a skip.
+		// The heads are followed by their lanes' contiguous successors when
+		// they leave room in the batch (see successorsSQL).
+		// The second condition on event_id changes nothing but the plan: it
+		// makes the UPDATE find its rows through the primary key, where a
+		// join estimated at batchSize rows may be planned as a hash join over
+		// a sequential scan of the table.
+		claim: `WITH ` + headsSQL(events, batchSize) + `
+), ` + successorsSQL(events) + `
+), candidates AS (
+	SELECT event_id, claimed_by FROM heads
+	UNION ALL
+	SELECT event_id, claimed_by FROM runs
 )
 UPDATE ` + events + ` e
 SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 millisecond'
 FROM candidates c
 WHERE e.event_id = c.event_id
+  AND e.event_id = ANY (ARRAY(SELECT event_id FROM candidates))
 RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type,
-	e.schema_version, e.payload, e.headers, e.occurred_at, e.attempt_count, c.claimed_by`,
+	e.schema_version, e.payload, e.headers, e.occurred_at, e.attempt_count, c.claimed_by,
+	` + skippedFromSQL(events, "e") + ``,
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.
@@ -59,4 +69,124 @@ WHERE e.event_id = f.event_id AND e.claim_token = $6`,
 SET claimed_by = NULL, claim_token = NULL, claim_until = NULL
 WHERE event_id = ANY($1) AND claim_token = $2`,
 	}
+}
+
+// skippedFromSQL is the expression giving the SkippedFrom of event alias e:
+// the skipped_from of the aggregate's previous event when that one was
+// skipped, else 0. One probe of the unique index per row returned.
+func skippedFromSQL(events, e string) string {
+	return `coalesce((SELECT s.skipped_from FROM ` + events + ` s
+		WHERE s.aggregate_type = ` + e + `.aggregate_type AND s.aggregate_id = ` + e + `.aggregate_id
+		  AND s.aggregate_sequence = ` + e + `.aggregate_sequence - 1 AND s.skipped_at IS NOT NULL), 0)`
+}
+
+// successorsSQL continues the claim statement after its heads CTE: the room
+// left in the batch is shared among the claimed heads' lanes, and each lane
+// gets its contiguous successors (head+1, head+2, ...), each locked (SKIP
+// LOCKED) and re-checked on its newest version like a head: unpublished, not
+// quarantined, due, not under a live lease. A lane's run stops at the first
+// sequence that is missing from the locked rows (locked elsewhere, backed
+// off, quarantined, leased, not committed yet), so a relay never holds k+2
+// without k+1. When the heads fill the batch nothing is probed.
+func successorsSQL(events string) string {
+	return `budget AS (
+	SELECT $1 - count(*) AS room, ($1 - count(*) + greatest(count(*), 1) - 1) / greatest(count(*), 1) AS per_lane FROM heads
+), successors AS (
+	SELECT s.event_id, s.claimed_by, s.aggregate_sequence - h.aggregate_sequence AS k,
+		h.aggregate_type, h.aggregate_id
+	FROM heads h
+	CROSS JOIN LATERAL (
+		SELECT s.event_id, s.claimed_by, s.aggregate_sequence FROM ` + events + ` s
+		WHERE s.published_at IS NULL
+		  AND s.aggregate_type = h.aggregate_type
+		  AND s.aggregate_id = h.aggregate_id
+		  AND s.aggregate_sequence > h.aggregate_sequence
+		  AND s.aggregate_sequence <= h.aggregate_sequence + (SELECT per_lane FROM budget)
+		  AND s.quarantined_at IS NULL
+		  AND s.available_at <= now()
+		  AND (s.claim_until IS NULL OR s.claim_until < now())
+		FOR UPDATE OF s SKIP LOCKED) s
+	WHERE (SELECT room FROM budget) > 0
+), runs AS (
+	SELECT r.event_id, r.claimed_by FROM (
+		SELECT s.event_id, s.claimed_by, s.k,
+			row_number() OVER (PARTITION BY s.aggregate_type, s.aggregate_id ORDER BY s.k) AS rn
+		FROM successors s) r
+	WHERE r.k = r.rn
+	ORDER BY r.rn
+	LIMIT (SELECT room FROM budget)`
+}
+
+// claimable is the condition on an event row (alias e) for a relay to claim
+// it, apart from being the head of its lane or a head's successor.
+func claimable(e string) string {
+	return e + `.published_at IS NULL
+	  AND ` + e + `.quarantined_at IS NULL
+	  AND ` + e + `.available_at <= now()
+	  AND (` + e + `.claim_until IS NULL OR ` + e + `.claim_until < now())`
+}
+
+// isHead is the condition that e is the head of its aggregate's lane: its
+// predecessor (aggregate_sequence - 1) is published (or skipped, or cleaned
+// up after publication, or e is the first event). That is the same as "no
+// earlier event of the aggregate is unpublished", because an aggregate's
+// published events always form a prefix of its sequences: the writer hands
+// out gap-free sequences that commit in order, the relay publishes k+1 only
+// after k, and clean-up deletes only published events. Probing the
+// predecessor alone is one key lookup in outbox_pending_lane_idx, however
+// many of the lane's events were published since the last VACUUM (their
+// dead index entries would otherwise be walked by every probe). OFFSET 0
+// keeps PostgreSQL from turning the NOT EXISTS into an anti-join, which it
+// may plan as a hash join over every pending row.
+func isHead(events, e string) string {
+	return `NOT EXISTS (
+		SELECT 1 FROM ` + events + ` p
+		WHERE p.published_at IS NULL
+		  AND p.aggregate_type = ` + e + `.aggregate_type
+		  AND p.aggregate_id = ` + e + `.aggregate_id
+		  AND p.aggregate_sequence = ` + e + `.aggregate_sequence - 1
+		OFFSET 0)`
+}
+
+// headsSQL starts the claim statement: the heads CTE holds up to batchSize
+// heads of lanes, oldest first, locked and re-checked on their newest row
+// version.
+//
+// The claim locks (SKIP LOCKED) the oldest claimable events, a window of
+// 1.25×batchSize of them, and takes the heads among them. Locking the whole
+// window makes concurrent relays take disjoint windows (each skips the
+// rows another one is claiming), and bounds the work of a claim when few
+// lanes hold many events: each row of the window is probed once, and the
+// rest of the lanes' events are not read. Rows of lanes held up elsewhere
+// (by a quarantined, backed-off or leased event, or another relay's claim)
+// only leave fewer heads in the window. Only when the window holds no head
+// at all does the claim scan past it, as far as it takes to find batchSize
+// heads: a blocked lane never starves the others. The window's locks last
+// as long as the claim statement.
+func headsSQL(events string, batchSize int) string {
+	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
+	return `scan AS (
+	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence FROM ` + events + ` e
+	WHERE ` + claimable("e") + `
+	ORDER BY e.available_at, e.occurred_at
+	LIMIT ` + window + `
+	FOR UPDATE OF e SKIP LOCKED
+), scan_heads AS (
+	SELECT w.event_id, w.claimed_by, w.aggregate_type, w.aggregate_id, w.aggregate_sequence FROM scan w
+	WHERE ` + isHead(events, "w") + `
+	LIMIT ` + limit + `
+), blocked AS (
+	SELECT NOT EXISTS (SELECT 1 FROM scan_heads) AND EXISTS (SELECT 1 FROM scan) AS beyond
+), beyond AS (
+	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence FROM ` + events + ` e
+	WHERE (SELECT beyond FROM blocked)
+	  AND ` + claimable("e") + `
+	  AND ` + isHead(events, "e") + `
+	ORDER BY e.available_at, e.occurred_at
+	LIMIT ` + limit + `
+	FOR UPDATE OF e SKIP LOCKED
+), heads AS (
+	SELECT * FROM scan_heads WHERE NOT (SELECT beyond FROM blocked)
+	UNION ALL
+	SELECT * FROM beyond`
 }

@@ -341,7 +341,11 @@ func TestBrokerOutageWaitsAndRecovers(t *testing.T) {
 
 	srv.Shutdown()
 	writeEvents(t, pool, w, 5, 2)
-	outboxtest.Eventually(t, 30*time.Second, "relay saw the outage", func() bool { return r.Stats().Failed >= 5 })
+	outboxtest.Eventually(t, 30*time.Second, "relay saw the outage and recorded it", func() bool {
+		var recorded int
+		_ = pool.QueryRow(context.Background(), `SELECT count(last_error) FROM `+schema+`.outbox_events WHERE published_at IS NULL`).Scan(&recorded)
+		return r.Stats().Failed >= 5 && recorded > 0
+	})
 	var attempts, quarantined int
 	var lastErr *string
 	if err := pool.QueryRow(context.Background(), `SELECT coalesce(sum(attempt_count), 0), count(quarantined_at), max(last_error)

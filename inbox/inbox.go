@@ -6,7 +6,8 @@
 //
 //  1. lock the (consumer, aggregate) high-water mark row in inbox_aggregates;
 //     a sequence at or below it is a duplicate, one more than one above it is
-//     early (an earlier event has not been applied yet);
+//     early (an earlier event has not been applied yet), unless the events in
+//     between were skipped by an operator (outbox.Message.SkippedFrom);
 //  2. INSERT INTO processed_events ... ON CONFLICT DO NOTHING RETURNING:
 //     no row back means a duplicate;
 //  3. the caller's effect, in the same transaction;
@@ -17,12 +18,27 @@
 // (redelivered later, after the missing event arrived). A crash anywhere
 // before the commit leaves nothing behind; a crash after the commit but
 // before the ack causes a redelivery that Handle reports as Duplicate.
+//
+// # Schema evolution
+//
+// Each event carries its payload's schema_version. When an event type's
+// payload changes, register an upcaster per version step in [Upcasters]
+// (v1 → v2, v2 → v3, ...) and process deliveries with [Inbox.HandleMessage]:
+// the effect receives the message upgraded to the newest version, so events
+// written before the change (still in the outbox, or replayed) are applied by
+// the same, current code.
+//
+// # Metrics
+//
+// Config.Observer is told the outcome of every delivery; package outboxprom
+// exports inbox_processed_total, inbox_duplicates_total and friends.
 package inbox
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,6 +80,34 @@ type Config struct {
 	// Schema is the PostgreSQL schema holding the inbox tables. Defaults to
 	// "outbox".
 	Schema string
+	// Upcasters upgrade old payloads before HandleMessage hands a message to
+	// its effect. Optional.
+	Upcasters *Upcasters
+	// Observer is told the outcome of every Handle and HandleMessage call,
+	// for metrics (see package outboxprom). Optional.
+	Observer Observer
+}
+
+// Observer is told the outcome of every delivery the inbox handled. It is
+// called synchronously after the transaction ended and must be safe for
+// concurrent use and fast.
+type Observer interface {
+	ObserveHandle(HandleObservation)
+}
+
+// HandleObservation describes one handled delivery.
+type HandleObservation struct {
+	// Consumer is the inbox's consumer name.
+	Consumer string
+	// AggregateType and EventType identify the kind of event.
+	AggregateType string
+	EventType     string
+	// Outcome is what was done; zero when Err is set.
+	Outcome Outcome
+	// Err is the error Handle returned (the effect's, or the database's).
+	Err error
+	// Duration is the time Handle took, transaction included.
+	Duration time.Duration
 }
 
 // Inbox deduplicates and orders deliveries for one consumer. It is safe for
@@ -72,6 +116,8 @@ type Config struct {
 type Inbox struct {
 	pool     *pgxpool.Pool
 	consumer string
+	up       *Upcasters
+	observer Observer
 	lockMark string
 	insert   string
 	advance  string
@@ -95,6 +141,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Inbox, error) {
 		pool:     pool,
 		marks:    marks,
 		consumer: cfg.Consumer,
+		up:       cfg.Upcasters,
+		observer: cfg.Observer,
 		// The no-op update takes the row lock even when the row exists, so
 		// concurrent deliveries of one aggregate serialise here.
 		lockMark: `INSERT INTO ` + marks + ` AS m (consumer_name, aggregate_type, aggregate_id, last_sequence)
@@ -117,6 +165,43 @@ func (in *Inbox) Consumer() string { return in.consumer }
 // is committed and Handle returns that error (the caller should let the
 // broker redeliver). See the package documentation for the outcomes.
 func (in *Inbox) Handle(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgx.Tx) error) (Outcome, error) {
+	start := time.Now()
+	outcome, err := in.handle(ctx, msg, apply)
+	in.observe(msg, start, outcome, err)
+	return outcome, err
+}
+
+// HandleMessage is Handle for an effect that reads the message: it upgrades
+// msg with Config.Upcasters to the newest schema version of its type, then
+// applies the effect, which receives the upgraded message, at most once, in
+// order, in one transaction with the inbox rows. An upcaster's error is
+// returned without touching the database (the broker should redeliver).
+func (in *Inbox) HandleMessage(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgx.Tx, msg outbox.Message) error) (Outcome, error) {
+	start := time.Now()
+	upgraded, err := in.up.Upcast(msg)
+	if err != nil {
+		in.observe(msg, start, 0, err)
+		return 0, err
+	}
+	outcome, err := in.handle(ctx, upgraded, func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, upgraded) })
+	in.observe(msg, start, outcome, err)
+	return outcome, err
+}
+
+func (in *Inbox) observe(msg outbox.Message, start time.Time, outcome Outcome, err error) {
+	if in.observer == nil {
+		return
+	}
+	if err != nil {
+		outcome = 0
+	}
+	in.observer.ObserveHandle(HandleObservation{
+		Consumer: in.consumer, AggregateType: msg.AggregateType, EventType: msg.Type,
+		Outcome: outcome, Err: err, Duration: time.Since(start),
+	})
+}
+
+func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgx.Tx) error) (Outcome, error) {
 	if msg.AggregateType == "" || msg.AggregateID == "" || msg.Sequence < 1 {
 		return 0, fmt.Errorf("inbox: message %s lacks its aggregate type, id or sequence", msg.ID)
 	}
@@ -130,7 +215,9 @@ func (in *Inbox) Handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 		case msg.Sequence <= last:
 			outcome = Duplicate
 			return errRollback
-		case msg.Sequence > last+1:
+		case msg.Sequence > last+1 && (msg.SkippedFrom < 1 || msg.SkippedFrom > last+1):
+			// Early, unless every event in between was skipped by an
+			// operator and will never come.
 			outcome = Early
 			return errRollback
 		}

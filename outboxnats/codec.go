@@ -30,6 +30,12 @@ const (
 	HeaderContentType   = "content-type"
 	HeaderMsgID         = jetstream.MsgIDHeader // "Nats-Msg-Id"
 
+	// HeaderSkippedFrom carries Message.SkippedFrom (decimal), only when it
+	// is not zero.
+	HeaderSkippedFrom = "ce-skippedfrom"
+	// HeaderReplayID carries Message.ReplayID, only on replayed messages.
+	HeaderReplayID = "ce-replayid"
+
 	// SpecVersion is the CloudEvents version of the messages.
 	SpecVersion = "1.0"
 	// ContentType is the content type of the payloads.
@@ -243,7 +249,18 @@ func (p *Publisher) natsMsg(msg *outbox.Message) (*nats.Msg, error) {
 	h.Set(HeaderSchemaVersion, strconv.Itoa(msg.SchemaVersion))
 	h.Set(HeaderPartitionKey, encodeValue(msg.AggregateID))
 	h.Set(HeaderContentType, ContentType)
-	h.Set(HeaderMsgID, id)
+	if msg.SkippedFrom > 0 {
+		h.Set(HeaderSkippedFrom, strconv.FormatInt(msg.SkippedFrom, 10))
+	}
+	if msg.ReplayID != uuid.Nil {
+		// A replay must reach the stream even within the duplicate window
+		// of the original publish; a second run of the same replay is
+		// still deduplicated.
+		h.Set(HeaderReplayID, msg.ReplayID.String())
+		h.Set(HeaderMsgID, id+":"+msg.ReplayID.String())
+	} else {
+		h.Set(HeaderMsgID, id)
+	}
 
 	m := &nats.Msg{
 		Subject: Subject(p.cfg.SubjectPrefix, msg.AggregateType, msg.AggregateID),
@@ -272,7 +289,7 @@ func headerSize(h nats.Header) int {
 
 // Decode turns a message delivered from the stream (its headers and data)
 // back into an outbox.Message: ID, AggregateType, AggregateID, Sequence,
-// Type, SchemaVersion, Payload (data itself, not a copy), Headers (every
+// Type, SchemaVersion, SkippedFrom, ReplayID, Payload (data itself, not a copy), Headers (every
 // header that is not a ce- attribute, content-type or a Nats- header, such
 // as traceparent; nil when there is none) and OccurredAt (UTC). Attempt is
 // left zero. It returns an error when a required ce- header is missing or
@@ -322,6 +339,20 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 		m.OccurredAt = t.UTC()
 		return err
 	})
+	if v, ok := lookup(header, HeaderSkippedFrom); ok {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 || (m.Sequence > 0 && n >= m.Sequence) {
+			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
+		}
+		m.SkippedFrom = n
+	}
+	if v, ok := lookup(header, HeaderReplayID); ok {
+		id, err := uuid.Parse(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("header %s: %w", HeaderReplayID, err))
+		}
+		m.ReplayID = id
+	}
 	if len(errs) > 0 {
 		return outbox.Message{}, fmt.Errorf("outboxnats: not an outbox event: %w", errors.Join(errs...))
 	}

@@ -26,14 +26,18 @@
 // ce-source (Config.Source), ce-subject (aggregate id), ce-time (occurred_at,
 // RFC 3339 UTC), and the extensions ce-aggregatetype, ce-sequence
 // (aggregate_sequence as 20 zero-padded digits, so it sorts as text),
-// ce-schemaversion and ce-partitionkey (aggregate id). String attributes are
+// ce-schemaversion and ce-partitionkey (aggregate id), plus ce-skippedfrom
+// when events just before this one were skipped by an operator and
+// ce-replayid on a replayed event (see outbox.Message). String attributes are
 // percent-encoded as in the CloudEvents HTTP binding (space, '"', '%' and
 // bytes outside printable ASCII become %XX; plain ids are unchanged), since
 // NATS header values are ASCII lines. The event's own headers, such as the
 // W3C traceparent and tracestate, are copied as they are, except that they
 // never override ce-, content-type or Nats- headers. Nats-Msg-Id is the event
 // id, so the stream drops a republished event within its duplicate window
-// (the publisher reports that as success).
+// (the publisher reports that as success); a replayed event's Nats-Msg-Id is
+// "<event id>:<replay id>", so a replay is stored however recent the
+// original publish.
 //
 // # Delivery and errors
 //

@@ -11,6 +11,11 @@ func main() {
 	cli.Main("outbox", "outbox: a transactional outbox for PostgreSQL", []cli.Command{
 		{Name: "migrate", Summary: "create or upgrade the outbox tables", Run: runMigrate},
 		{Name: "relay", Summary: "publish committed events to the destination", Run: runRelay},
+		{Name: "status", Summary: "is it healthy, what is stuck: backlog, leases, quarantine, relays, sizes", Run: runStatus},
+		{Name: "quarantine", Summary: "list, retry or skip quarantined events", Run: runQuarantine},
+		{Name: "replay", Summary: "publish already-published events again, in order, with their ids", Run: runReplay},
+		{Name: "cleanup", Summary: "delete settled events (and inbox rows) past their horizon", Run: runCleanup},
 		{Name: "demo", Summary: "run the order system end to end and check the invariants", Run: runDemo},
+		{Name: "chaos", Summary: "run the order system as processes under injected faults and check I1-I5", Run: runChaos},
 	})
 }

@@ -28,10 +28,23 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "failed attempts after which an event is quarantined")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", outbox.ShutdownTimeoutDefault, "how long to finish in-flight publishes on shutdown")
 	fs.BoolVar(&cfg.DisableNotify, "no-notify", false, "do not LISTEN for wake-ups; only poll")
+	fs.BoolVar(&cfg.DisableClaimAhead, "no-claim-ahead", false, "do not claim the next batch while one is being published")
+	fs.DurationVar(&cfg.CatchUpInterval, "catch-up-interval", outbox.CatchUpIntervalDefault, "shortest time between two claims while the relay keeps up with the writers (negative: none)")
 	migrate := fs.Bool("migrate", false, "apply migrations before starting")
+	syncCommit := fs.Bool("sync-commit", false, "make the relay's own writes (claims, marks) wait for the WAL flush; off by default: losing them in a database crash only republishes events")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", outbox.HeartbeatIntervalDefault, "how often the relay records itself alive (status, outbox_relays_alive)")
+	var ops relayOpsFlags
+	ops.register(fs)
+	fs.DurationVar(&cfg.CleanupInterval, "cleanup-interval", outbox.CleanupIntervalDefault, "pause between periodic clean-ups")
+	fs.IntVar(&cfg.Cleanup.BatchSize, "cleanup-batch-size", outbox.CleanupBatchSizeDefault, "rows deleted per clean-up transaction")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
+	if err := ops.horizons.check("cleanup-", false); err != nil {
+		return cli.Usagef(fs, "%v", err)
+	}
+	cfg.Cleanup.OlderThan, cfg.Cleanup.InboxOlderThan = ops.horizons.olderThan.D, ops.horizons.inboxOlderThan.D
+	common.RuntimeParams = outbox.RelaySessionParams(*syncCommit)
 	pool, err := common.Connect(ctx)
 	if err != nil {
 		return err
@@ -42,22 +55,32 @@ func runRelay(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	if v, err := outboxmigrate.Version(ctx, pool, common.Schema); err != nil {
-		return err
-	} else if v == 0 {
-		return fmt.Errorf("schema %s has no outbox tables: run 'outbox migrate' first (or pass --migrate)", common.Schema)
+	if err := requireLatestSchema(ctx, pool, common.Schema); err != nil {
+		return fmt.Errorf("%w (or pass --migrate)", err)
 	}
 	pub, closePub, err := destination.Open(ctx, dest)
 	if err != nil {
 		return err
 	}
 	defer closePub()
-	cfg.Publisher = pub
+	cfg.Publisher = brokenBuild(pool, common.Schema, pub) // pub itself, except in the chaos test's broken build
 	cfg.Schema = common.Schema
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	metrics, err := ops.metrics(pool, common.Schema, cfg.Logger)
+	if err != nil {
+		return err
+	}
+	if metrics != nil {
+		cfg.Observer = metrics
+	}
 	relay, err := outbox.NewRelay(pool, cfg)
 	if err != nil {
 		return err
 	}
+	stopMetrics, err := ops.serve(metrics, relay.Ready, cfg.Logger)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	return relay.Run(ctx)
 }

@@ -31,6 +31,9 @@ func Env(key, def string) string {
 type Common struct {
 	DatabaseURL string
 	Schema      string
+	// RuntimeParams are session settings the command wants on its
+	// connections, unless the database URL sets them itself.
+	RuntimeParams map[string]string
 }
 
 // Register adds the common flags to fs.
@@ -44,6 +47,16 @@ func (c *Common) Connect(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(c.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database url: %w", err)
+	}
+	// pgxpool pings a connection idle for over a second before handing it
+	// out. An idle relay polls once a second, so that would double its
+	// queries; ping only connections idle for a minute (a broken connection
+	// fails its query, and the relay retries).
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > time.Minute }
+	for k, v := range c.RuntimeParams {
+		if _, ok := cfg.ConnConfig.RuntimeParams[k]; !ok {
+			cfg.ConnConfig.RuntimeParams[k] = v
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

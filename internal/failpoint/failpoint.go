@@ -11,7 +11,25 @@
 // error (Hit returns an error), sleep(D). "@n" fires on the n-th hit only;
 // "%p" fires with probability p, drawn from a generator seeded by
 // OUTBOX_FAILPOINTS_SEED (default 1), so a run can be replayed. When the
-// variable is empty, Hit is a single atomic load.
+// variable is empty, Hit is a single atomic load (BenchmarkHitDisabled).
+//
+// Rules read from the environment report every firing on stderr, one line
+// "failpoint <name>: <action> (pid N)", so that a supervisor such as
+// "outbox chaos" can count what fired in the processes it runs. A crash is
+// always reported, before the signal.
+//
+// The boundaries named in the code are
+//
+//	order/before-commit                  order API, before a command's COMMIT
+//	order/after-commit-before-response   order API, after COMMIT, before the HTTP response
+//	relay/during-claim                   relay, inside the claim transaction, before its COMMIT
+//	relay/after-claim                    relay, after the claim committed
+//	relay/before-publish                 relay, before each publish wave
+//	relay/after-ack-before-mark          relay, after the broker's acks, before published_at is set
+//	consumer/after-commit-before-ack     inventory consumer, after its inbox transaction, before the ack
+//	cleanup/mid-batch                    clean-up, inside each batch: after its DELETE, before its COMMIT
+//
+// See docs/chaos.md for the tests that crash a process at each of them.
 package failpoint
 
 import (
@@ -56,6 +74,7 @@ type rule struct {
 
 var (
 	enabled atomic.Bool
+	report  atomic.Bool // report every firing on stderr
 	mu      sync.Mutex
 	rules   map[string]*rule
 	rng     *rand.Rand
@@ -80,8 +99,15 @@ func init() {
 			fmt.Fprintf(os.Stderr, "outbox: %s: %v\n", EnvVar, err)
 			os.Exit(2)
 		}
+		report.Store(true)
 	}
 }
+
+// Enabled reports whether any failpoint rule is active. Code that must take a
+// slower path to offer a boundary (such as an explicit transaction around a
+// statement that otherwise runs alone) checks it first, so that the path
+// without failpoints stays as it is.
+func Enabled() bool { return enabled.Load() }
 
 // Enable replaces the active rules with those of spec (the OUTBOX_FAILPOINTS
 // syntax). An empty spec disables every failpoint.
@@ -182,8 +208,14 @@ func hit(name string) error {
 		fmt.Fprintf(os.Stderr, "failpoint %s: crash (SIGKILL pid %d)\n", name, os.Getpid())
 		crashFn()
 	case actSleep:
+		if report.Load() {
+			fmt.Fprintf(os.Stderr, "failpoint %s: sleep %s (pid %d)\n", name, r.sleep, os.Getpid())
+		}
 		time.Sleep(r.sleep)
 		return nil
+	}
+	if report.Load() {
+		fmt.Fprintf(os.Stderr, "failpoint %s: error (pid %d)\n", name, os.Getpid())
 	}
 	return fmt.Errorf("%w at %s", ErrInjected, name)
 }

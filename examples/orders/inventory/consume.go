@@ -165,6 +165,12 @@ func (c *Consumer) process(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(retryDelay(int(delivered), c.cfg.EarlyDelay, 10*time.Second))
 		return
 	}
+	if out == inbox.Duplicate {
+		// Worth a line: a duplicate means a failure upstream (a lost ack, a
+		// relay that crashed between the broker's ack and its mark).
+		c.log.Info("duplicate delivery suppressed: already applied", slog.String("event_id", msg.ID.String()),
+			slog.String("order_id", msg.AggregateID), slog.Int64("sequence", msg.Sequence), slog.Uint64("delivery", delivered))
+	}
 	if err := failpoint.Hit(FailpointAfterCommitBeforeAck); err != nil {
 		// As if the ack were lost: the redelivery will be a duplicate.
 		_ = m.NakWithDelay(c.cfg.EarlyDelay)

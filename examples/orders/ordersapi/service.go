@@ -22,7 +22,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -151,8 +150,7 @@ type Service struct {
 
 	created, cancelled, rolledBack, replayed, refused atomic.Int64
 
-	notifyMu               sync.Mutex
-	notifying, notifyAgain bool
+	notifier *outbox.Notifier
 }
 
 type queries struct {
@@ -182,9 +180,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	notifier, err := outbox.NewNotifier(pool, outbox.NotifierConfig{Schema: cfg.Schema, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
 	orders, items, keys, products := app.Table("orders"), app.Table("order_items"), app.Table("order_idempotency_keys"), app.Table("products")
 	return &Service{
-		pool: pool, cfg: cfg, writer: w, log: cfg.Logger,
+		pool: pool, cfg: cfg, writer: w, log: cfg.Logger, notifier: notifier,
 		q: queries{
 			insertKey: `INSERT INTO ` + keys + ` (idempotency_key, request_hash, order_id) VALUES ($1, $2, $3)
 ON CONFLICT (idempotency_key) DO NOTHING RETURNING true`,
@@ -501,34 +503,8 @@ func (s *Service) Get(ctx context.Context, orderID string) (Order, error) {
 }
 
 // notify wakes the relays after a commit, off the request path and
-// coalesced: while one NOTIFY is in flight, any number of further commits
-// cause exactly one more, sent after it. So every commit is followed by a
-// NOTIFY issued after it, and a burst of commits costs two. It is best
-// effort: relays poll anyway, so a failure only delays publication.
-func (s *Service) notify() {
-	s.notifyMu.Lock()
-	if s.notifying {
-		s.notifyAgain = true
-		s.notifyMu.Unlock()
-		return
-	}
-	s.notifying = true
-	s.notifyMu.Unlock()
-	go func() {
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := s.writer.Notify(ctx, s.pool); err != nil {
-				s.log.Warn("notify relays (they will find the events at their next poll)", slog.Any("error", err))
-			}
-			cancel()
-			s.notifyMu.Lock()
-			if !s.notifyAgain {
-				s.notifying = false
-				s.notifyMu.Unlock()
-				return
-			}
-			s.notifyAgain = false
-			s.notifyMu.Unlock()
-		}
-	}()
-}
+// coalesced (outbox.Notifier): while one NOTIFY is in flight, any number of
+// further commits cause exactly one more, sent after it. So every commit is
+// followed by a NOTIFY issued after it, and a burst of commits costs two. It
+// is best effort: relays poll anyway, so a failure only delays publication.
+func (s *Service) notify() { s.notifier.Notify() }

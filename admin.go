@@ -1,0 +1,639 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// Errors of the operator API. They are wrapped with the event id.
+var (
+	// ErrEventNotFound: no event has that id (it never existed, or clean-up
+	// deleted it).
+	ErrEventNotFound = errors.New("no such event")
+	// ErrNotQuarantined: the event is not quarantined, so it cannot be
+	// retried or skipped (it is pending, in flight, published or skipped).
+	ErrNotQuarantined = errors.New("event is not quarantined")
+	// ErrReasonRequired: a skip without a reason was refused.
+	ErrReasonRequired = errors.New("a skip needs a reason")
+	// ErrActorRequired: an operator action without who does it was refused.
+	ErrActorRequired = errors.New("an operator action needs who does it")
+)
+
+// AdminConfig configures an Admin.
+type AdminConfig struct {
+	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to
+	// "outbox".
+	Schema string
+	// Observer receives clean-up measurements (a CleanupObserver, such as
+	// outboxprom.Metrics). Optional.
+	Observer CleanupObserver
+}
+
+// Admin is the operator's API: what `outbox status`, `outbox quarantine`,
+// `outbox replay` and `outbox cleanup` run. It answers "is it healthy, what
+// is stuck, why" (Status, ListQuarantined) and unsticks (Retry, Skip),
+// replays (Replay) and cleans up (Cleanup). It is safe for concurrent use.
+//
+// It needs the schema at migration version 2 or later.
+type Admin struct {
+	pool   *pgxpool.Pool
+	schema pgident.Schema
+	obs    CleanupObserver
+	t      adminTables
+}
+
+type adminTables struct {
+	events, relays, operations, migrations string
+}
+
+// NewAdmin returns an Admin over pool.
+func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: NewAdmin needs a pool")
+	}
+	s, err := pgident.NewSchema(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	return &Admin{pool: pool, schema: s, obs: cfg.Observer, t: adminTables{
+		events:     s.Table("outbox_events"),
+		relays:     s.Table("outbox_relays"),
+		operations: s.Table("outbox_operations"),
+		migrations: s.Table("outbox_schema_migrations"),
+	}}, nil
+}
+
+// Schema is the schema the Admin works on.
+func (a *Admin) Schema() string { return a.schema.Name() }
+
+// Status is a snapshot of the outbox, taken by Admin.Status. Counts and ages
+// are by the database's clock at At.
+type Status struct {
+	// Schema is the schema the snapshot is of.
+	Schema string `json:"schema"`
+	// MigrationVersion is the highest migration applied to it.
+	MigrationVersion int `json:"migration_version"`
+	// At is the database's clock when the snapshot was taken.
+	At time.Time `json:"at"`
+	// Backlog counts the unsettled events of every aggregate type.
+	Backlog
+	// PublishedLastMinute counts events published (not skipped) in the
+	// minute before At.
+	PublishedLastMinute int64 `json:"published_last_minute"`
+	// BlockedByQuarantine counts pending events waiting behind a
+	// quarantined event of their aggregate.
+	BlockedByQuarantine int64 `json:"blocked_by_quarantine"`
+	// AggregateTypes breaks the backlog down by aggregate type (types with
+	// nothing pending and nothing published in the last minute are left
+	// out).
+	AggregateTypes []AggregateTypeStatus `json:"aggregate_types"`
+	// RelaysAlive counts relays whose heartbeat has not expired.
+	RelaysAlive int `json:"relays_alive"`
+	// Relays are the heartbeat rows, alive or expired (pruned an hour after).
+	Relays []RelayInfo `json:"relays"`
+	// Tables and Indexes are the sizes of the outbox's own tables.
+	Tables  []TableSize `json:"tables"`
+	Indexes []IndexSize `json:"indexes"`
+	// RecentOperations are the last operator actions (retry, skip,
+	// replay), newest first.
+	RecentOperations []Operation `json:"recent_operations"`
+}
+
+// Backlog counts the unsettled events (published_at IS NULL).
+type Backlog struct {
+	// Pending counts unpublished events that are not quarantined (waiting,
+	// backing off, or in flight).
+	Pending int64 `json:"pending"`
+	// Retrying counts pending events that failed at least once.
+	Retrying int64 `json:"retrying"`
+	// Leased counts events under a live lease (being published).
+	Leased int64 `json:"leased"`
+	// ExpiredLeases counts events whose lease expired before their relay
+	// settled them (a relay died or stalled); another relay takes them over.
+	ExpiredLeases int64 `json:"expired_leases"`
+	// Quarantined counts quarantined events.
+	Quarantined int64 `json:"quarantined"`
+	// OldestPendingAgeSeconds is the age of the oldest pending event
+	// (since its occurred_at), 0 when none is pending.
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+}
+
+// AggregateTypeStatus is the backlog of one aggregate type.
+type AggregateTypeStatus struct {
+	// AggregateType is the aggregate type; Backlog its unsettled events;
+	// PublishedLastMinute its events published in the last minute.
+	AggregateType string `json:"aggregate_type"`
+	Backlog
+	PublishedLastMinute int64 `json:"published_last_minute"`
+}
+
+// RelayInfo is a relay's heartbeat row.
+type RelayInfo struct {
+	// ID is the relay's claimed_by name; Hostname and PID where it runs.
+	ID       string `json:"relay_id"`
+	Hostname string `json:"hostname"`
+	PID      int    `json:"pid"`
+	// StartedAt is when it started; HeartbeatAt its last heartbeat;
+	// ExpiresAt when it stops counting as alive without another one.
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+	// Alive reports that the heartbeat has not expired.
+	Alive bool `json:"alive"`
+}
+
+// TableSize is the size of one table.
+type TableSize struct {
+	// Table is the table's name.
+	Table string `json:"table"`
+	// Rows is the planner's estimate (pg_class.reltuples), -1 when the
+	// table was never analysed.
+	Rows int64 `json:"rows_estimate"`
+	// HeapBytes is the table's main data; IndexBytes its indexes;
+	// TotalBytes everything (TOAST included).
+	HeapBytes  int64 `json:"heap_bytes"`
+	IndexBytes int64 `json:"index_bytes"`
+	TotalBytes int64 `json:"total_bytes"`
+}
+
+// IndexSize is the size of one index.
+type IndexSize struct {
+	// Index is the index's name, Table its table's, Bytes its size.
+	Index string `json:"index"`
+	Table string `json:"table"`
+	Bytes int64  `json:"bytes"`
+}
+
+// Operation is one operator action from the audit log.
+type Operation struct {
+	// ID numbers the operations; At is when it happened.
+	ID int64     `json:"operation_id"`
+	At time.Time `json:"at"`
+	// Action is "retry", "skip" or "replay"; Actor who did it.
+	Action string `json:"action"`
+	Actor  string `json:"actor"`
+	// EventID is the event retried or skipped; nil for a replay.
+	EventID *uuid.UUID `json:"event_id,omitempty"`
+	// Reason is a skip's reason.
+	Reason string `json:"reason,omitempty"`
+	// Detail holds the rest: the event's aggregate and last error, a
+	// replay's filters, count and outcome.
+	Detail map[string]any `json:"detail,omitempty"`
+}
+
+// ownTables are the tables Status reports the sizes of.
+var ownTables = []string{"outbox_events", "outbox_aggregates", "processed_events", "inbox_aggregates",
+	"outbox_relays", "outbox_operations", "outbox_schema_migrations"}
+
+// backlogColumns aggregates unsettled rows e into a Backlog.
+const backlogColumns = `count(*) FILTER (WHERE e.quarantined_at IS NULL),
+	count(*) FILTER (WHERE e.quarantined_at IS NULL AND e.attempt_count > 0),
+	count(*) FILTER (WHERE e.claim_until >= now()),
+	count(*) FILTER (WHERE e.claim_token IS NOT NULL AND e.claim_until < now()),
+	count(*) FILTER (WHERE e.quarantined_at IS NOT NULL),
+	coalesce(extract(epoch FROM now() - min(e.occurred_at) FILTER (WHERE e.quarantined_at IS NULL)), 0)::float8`
+
+func (b *Backlog) scanArgs() []any {
+	return []any{&b.Pending, &b.Retrying, &b.Leased, &b.ExpiredLeases, &b.Quarantined, &b.OldestPendingAgeSeconds}
+}
+
+// Status takes a snapshot. Its cost grows with the backlog (one pass over
+// the unsettled rows, through the partial indexes) and with the events
+// published in the last minute, never with the settled history kept.
+func (a *Admin) Status(ctx context.Context) (Status, error) {
+	st := Status{Schema: a.schema.Name()}
+	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT now(), coalesce((SELECT max(version) FROM `+a.t.migrations+`), 0)`).Scan(&st.At, &st.MigrationVersion); err != nil {
+			return fmt.Errorf("read schema version: %w", err)
+		}
+		st.At = st.At.UTC()
+		byType := map[string]int{}
+		rows, err := tx.Query(ctx, `SELECT e.aggregate_type, `+backlogColumns+`
+FROM `+a.t.events+` e WHERE e.published_at IS NULL
+GROUP BY e.aggregate_type ORDER BY e.aggregate_type`)
+		if err != nil {
+			return fmt.Errorf("read backlog: %w", err)
+		}
+		for rows.Next() {
+			var ts AggregateTypeStatus
+			if err := rows.Scan(append([]any{&ts.AggregateType}, ts.Backlog.scanArgs()...)...); err != nil {
+				rows.Close()
+				return fmt.Errorf("read backlog: %w", err)
+			}
+			byType[ts.AggregateType] = len(st.AggregateTypes)
+			st.AggregateTypes = append(st.AggregateTypes, ts)
+			st.Pending += ts.Pending
+			st.Retrying += ts.Retrying
+			st.Leased += ts.Leased
+			st.ExpiredLeases += ts.ExpiredLeases
+			st.Quarantined += ts.Quarantined
+			st.OldestPendingAgeSeconds = max(st.OldestPendingAgeSeconds, ts.OldestPendingAgeSeconds)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read backlog: %w", err)
+		}
+		rows, err = tx.Query(ctx, `SELECT aggregate_type, count(*) FROM `+a.t.events+`
+WHERE published_at > now() - interval '1 minute' AND skipped_at IS NULL
+GROUP BY aggregate_type ORDER BY aggregate_type`)
+		if err != nil {
+			return fmt.Errorf("read published: %w", err)
+		}
+		for rows.Next() {
+			var typ string
+			var n int64
+			if err := rows.Scan(&typ, &n); err != nil {
+				rows.Close()
+				return fmt.Errorf("read published: %w", err)
+			}
+			st.PublishedLastMinute += n
+			i, ok := byType[typ]
+			if !ok {
+				i = len(st.AggregateTypes)
+				st.AggregateTypes = append(st.AggregateTypes, AggregateTypeStatus{AggregateType: typ})
+			}
+			st.AggregateTypes[i].PublishedLastMinute = n
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read published: %w", err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT coalesce(sum(b.n), 0) FROM `+a.t.events+` q
+CROSS JOIN LATERAL (SELECT count(*) AS n FROM `+a.t.events+` p
+	WHERE p.published_at IS NULL AND p.aggregate_type = q.aggregate_type
+	  AND p.aggregate_id = q.aggregate_id AND p.aggregate_sequence > q.aggregate_sequence) b
+WHERE q.quarantined_at IS NOT NULL AND q.published_at IS NULL`).Scan(&st.BlockedByQuarantine); err != nil {
+			return fmt.Errorf("count blocked events: %w", err)
+		}
+		if st.Relays, err = a.relays(ctx, tx); err != nil {
+			return err
+		}
+		for _, r := range st.Relays {
+			if r.Alive {
+				st.RelaysAlive++
+			}
+		}
+		if st.Tables, st.Indexes, err = a.sizes(ctx, tx); err != nil {
+			return err
+		}
+		st.RecentOperations, err = a.operations(ctx, tx, 5)
+		return err
+	})
+	if err != nil {
+		return Status{}, fmt.Errorf("outbox status of schema %s: %w", a.schema.Name(), err)
+	}
+	return st, nil
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func (a *Admin) relays(ctx context.Context, q querier) ([]RelayInfo, error) {
+	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at, expires_at > now()
+FROM `+a.t.relays+` ORDER BY relay_id`)
+	if err != nil {
+		return nil, fmt.Errorf("read relays: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RelayInfo, error) {
+		var r RelayInfo
+		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive)
+		r.StartedAt, r.HeartbeatAt, r.ExpiresAt = r.StartedAt.UTC(), r.HeartbeatAt.UTC(), r.ExpiresAt.UTC()
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read relays: %w", err)
+	}
+	return out, nil
+}
+
+func (a *Admin) sizes(ctx context.Context, q querier) ([]TableSize, []IndexSize, error) {
+	rows, err := q.Query(ctx, `SELECT c.relname, c.reltuples::bigint, pg_relation_size(c.oid), pg_indexes_size(c.oid), pg_total_relation_size(c.oid)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname = ANY($2)
+ORDER BY c.relname`, a.schema.Name(), ownTables)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read table sizes: %w", err)
+	}
+	tables, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (TableSize, error) {
+		var t TableSize
+		return t, row.Scan(&t.Table, &t.Rows, &t.HeapBytes, &t.IndexBytes, &t.TotalBytes)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read table sizes: %w", err)
+	}
+	rows, err = q.Query(ctx, `SELECT i.relname, t.relname, pg_relation_size(i.oid)
+FROM pg_index x
+JOIN pg_class i ON i.oid = x.indexrelid
+JOIN pg_class t ON t.oid = x.indrelid
+JOIN pg_namespace n ON n.oid = t.relnamespace
+WHERE n.nspname = $1 AND t.relname = ANY($2)
+ORDER BY t.relname, i.relname`, a.schema.Name(), ownTables)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read index sizes: %w", err)
+	}
+	indexes, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (IndexSize, error) {
+		var i IndexSize
+		return i, row.Scan(&i.Index, &i.Table, &i.Bytes)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read index sizes: %w", err)
+	}
+	return tables, indexes, nil
+}
+
+func (a *Admin) operations(ctx context.Context, q querier, limit int) ([]Operation, error) {
+	rows, err := q.Query(ctx, `SELECT operation_id, at, action, actor, event_id, coalesce(reason, ''), detail
+FROM `+a.t.operations+` ORDER BY operation_id DESC LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read operations: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) {
+		var o Operation
+		err := row.Scan(&o.ID, &o.At, &o.Action, &o.Actor, &o.EventID, &o.Reason, &o.Detail)
+		o.At = o.At.UTC()
+		return o, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read operations: %w", err)
+	}
+	return out, nil
+}
+
+// Gauges are the database-side figures a metrics exporter samples: the
+// cheap subset of Status.
+type Gauges struct {
+	Backlog
+	// RelaysAlive counts relays whose heartbeat has not expired.
+	RelaysAlive int
+	// TableBytes is the total size (indexes and TOAST included) of each of
+	// the outbox's tables, by table name.
+	TableBytes map[string]int64
+}
+
+// Gauges samples the backlog (one pass over the unsettled rows), the relays
+// alive and the table sizes: three small queries in one read-only
+// transaction.
+func (a *Admin) Gauges(ctx context.Context) (Gauges, error) {
+	g := Gauges{TableBytes: map[string]int64{}}
+	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT `+backlogColumns+`, (SELECT count(*) FROM `+a.t.relays+` WHERE expires_at > now())
+FROM `+a.t.events+` e WHERE e.published_at IS NULL`).Scan(append(g.Backlog.scanArgs(), &g.RelaysAlive)...); err != nil {
+			return fmt.Errorf("read backlog: %w", err)
+		}
+		rows, err := tx.Query(ctx, `SELECT c.relname, pg_total_relation_size(c.oid)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname = ANY($2)`, a.schema.Name(), ownTables)
+		if err != nil {
+			return fmt.Errorf("read table sizes: %w", err)
+		}
+		var name string
+		var size int64
+		_, err = pgx.ForEachRow(rows, []any{&name, &size}, func() error {
+			g.TableBytes[name] = size
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("read table sizes: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return Gauges{}, fmt.Errorf("outbox gauges of schema %s: %w", a.schema.Name(), err)
+	}
+	return g, nil
+}
+
+// EventInfo describes one event for an operator.
+type EventInfo struct {
+	// ID, AggregateType, AggregateID, Sequence, Type, SchemaVersion and
+	// OccurredAt are the event's.
+	ID            uuid.UUID `json:"event_id"`
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	Sequence      int64     `json:"aggregate_sequence"`
+	Type          string    `json:"event_type"`
+	SchemaVersion int       `json:"schema_version"`
+	OccurredAt    time.Time `json:"occurred_at"`
+	// Attempts is the number of failed publish attempts that counted
+	// (attempt_count).
+	Attempts int `json:"attempt_count"`
+	// LastError is the last failed attempt's error.
+	LastError string `json:"last_error,omitempty"`
+	// QuarantinedAt is set while the event is quarantined (and stays set on
+	// a skipped event: it was quarantined when it was skipped).
+	QuarantinedAt *time.Time `json:"quarantined_at,omitempty"`
+	// PublishedAt is when the event was settled: published, or skipped.
+	PublishedAt *time.Time `json:"published_at,omitempty"`
+	// SkippedAt, SkippedBy and SkipReason record a skip: when, who, why.
+	SkippedAt  *time.Time `json:"skipped_at,omitempty"`
+	SkippedBy  string     `json:"skipped_by,omitempty"`
+	SkipReason string     `json:"skip_reason,omitempty"`
+	// Blocked counts the later unpublished events of the aggregate, which
+	// wait behind this one (set by ListQuarantined).
+	Blocked int64 `json:"blocked"`
+}
+
+// State is "pending", "quarantined", "published" or "skipped".
+func (e EventInfo) State() string {
+	switch {
+	case e.SkippedAt != nil:
+		return "skipped"
+	case e.PublishedAt != nil:
+		return "published"
+	case e.QuarantinedAt != nil:
+		return "quarantined"
+	}
+	return "pending"
+}
+
+const eventInfoColumns = `e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type, e.schema_version,
+	e.occurred_at, e.attempt_count, coalesce(e.last_error, ''), e.quarantined_at, e.published_at, e.skipped_at,
+	coalesce(e.skipped_by, ''), coalesce(e.skip_reason, '')`
+
+func scanEventInfo(row pgx.Row, extra ...any) (EventInfo, error) {
+	var e EventInfo
+	err := row.Scan(append([]any{&e.ID, &e.AggregateType, &e.AggregateID, &e.Sequence, &e.Type, &e.SchemaVersion,
+		&e.OccurredAt, &e.Attempts, &e.LastError, &e.QuarantinedAt, &e.PublishedAt, &e.SkippedAt,
+		&e.SkippedBy, &e.SkipReason}, extra...)...)
+	e.OccurredAt = e.OccurredAt.UTC()
+	for _, t := range []*time.Time{e.QuarantinedAt, e.PublishedAt, e.SkippedAt} {
+		if t != nil {
+			*t = t.UTC()
+		}
+	}
+	return e, err
+}
+
+// QuarantineFilter narrows ListQuarantined.
+type QuarantineFilter struct {
+	// AggregateType, when set, lists only that aggregate type's events.
+	AggregateType string
+	// Limit is the most events listed. Defaults to 100.
+	Limit int
+}
+
+// ListQuarantined returns the quarantined events, oldest quarantine first,
+// each with its last error and the number of events blocked behind it.
+func (a *Admin) ListQuarantined(ctx context.Context, f QuarantineFilter) ([]EventInfo, error) {
+	if f.Limit < 0 {
+		return nil, fmt.Errorf("outbox: list quarantined: limit %d is negative", f.Limit)
+	}
+	if f.Limit == 0 {
+		f.Limit = 100
+	}
+	rows, err := a.pool.Query(ctx, `SELECT `+eventInfoColumns+`,
+	(SELECT count(*) FROM `+a.t.events+` p WHERE p.published_at IS NULL AND p.aggregate_type = e.aggregate_type
+	   AND p.aggregate_id = e.aggregate_id AND p.aggregate_sequence > e.aggregate_sequence)
+FROM `+a.t.events+` e
+WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL AND ($1 = '' OR e.aggregate_type = $1)
+ORDER BY e.quarantined_at, e.event_id
+LIMIT $2`, f.AggregateType, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list quarantined: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (EventInfo, error) {
+		var blocked int64
+		e, err := scanEventInfo(row, &blocked)
+		e.Blocked = blocked
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list quarantined: %w", err)
+	}
+	return out, nil
+}
+
+// Event returns one event's state.
+func (a *Admin) Event(ctx context.Context, id uuid.UUID) (EventInfo, error) {
+	e, err := scanEventInfo(a.pool.QueryRow(ctx, `SELECT `+eventInfoColumns+` FROM `+a.t.events+` e WHERE e.event_id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return EventInfo{}, fmt.Errorf("outbox: event %s: %w", id, ErrEventNotFound)
+	}
+	if err != nil {
+		return EventInfo{}, fmt.Errorf("outbox: event %s: %w", id, err)
+	}
+	return e, nil
+}
+
+// lockQuarantined locks the event's row in tx and checks it is quarantined.
+func (a *Admin) lockQuarantined(ctx context.Context, tx pgx.Tx, id uuid.UUID) (EventInfo, error) {
+	e, err := scanEventInfo(tx.QueryRow(ctx, `SELECT `+eventInfoColumns+` FROM `+a.t.events+` e WHERE e.event_id = $1 FOR UPDATE`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return e, fmt.Errorf("event %s: %w", id, ErrEventNotFound)
+	}
+	if err != nil {
+		return e, fmt.Errorf("event %s: %w", id, err)
+	}
+	if st := e.State(); st != "quarantined" {
+		return e, fmt.Errorf("event %s: %w (it is %s)", id, ErrNotQuarantined, st)
+	}
+	return e, nil
+}
+
+// Retry puts a quarantined event back at the head of its lane: it is due at
+// once, with its attempts reset (its last error is kept), and the relays are
+// woken. by names who retries, for the audit log. It returns the event as it
+// was before the retry.
+func (a *Admin) Retry(ctx context.Context, id uuid.UUID, by string) (EventInfo, error) {
+	if by == "" {
+		return EventInfo{}, fmt.Errorf("outbox: retry event %s: %w", id, ErrActorRequired)
+	}
+	var e EventInfo
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		var err error
+		if e, err = a.lockQuarantined(ctx, tx, id); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+a.t.events+`
+SET quarantined_at = NULL, attempt_count = 0, available_at = now(),
+	claimed_by = NULL, claim_token = NULL, claim_until = NULL
+WHERE event_id = $1`, id); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+a.t.operations+` (action, actor, event_id, detail)
+VALUES ('retry', $1, $2, jsonb_build_object('attempt_count', $3::int, 'last_error', $4::text))`, by, id, e.Attempts, e.LastError)
+		return err
+	})
+	if err != nil {
+		return EventInfo{}, fmt.Errorf("outbox: retry: %w", err)
+	}
+	a.wake(ctx)
+	return e, nil
+}
+
+// Skip settles a quarantined event without publishing it, to unblock its
+// aggregate: it will never be published (nor replayed), and the
+// aggregate's next event goes out carrying Message.SkippedFrom, so that
+// inboxes accept it although this one never arrives. by and reason are
+// required; who, when and why are recorded on the event (skipped_by,
+// skipped_at, skip_reason) and in the audit log. It returns the event as
+// skipped.
+func (a *Admin) Skip(ctx context.Context, id uuid.UUID, by, reason string) (EventInfo, error) {
+	switch {
+	case reason == "":
+		return EventInfo{}, fmt.Errorf("outbox: skip event %s: %w", id, ErrReasonRequired)
+	case by == "":
+		return EventInfo{}, fmt.Errorf("outbox: skip event %s: %w", id, ErrActorRequired)
+	}
+	var e EventInfo
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		if _, err := a.lockQuarantined(ctx, tx, id); err != nil {
+			return err
+		}
+		// skipped_from continues a run of skipped events just before this
+		// one (only quarantined heads are skipped, so the previous event is
+		// settled already).
+		var err error
+		e, err = scanEventInfo(tx.QueryRow(ctx, `UPDATE `+a.t.events+` e
+SET published_at = now(), skipped_at = now(), skipped_by = $2, skip_reason = $3,
+	skipped_from = coalesce((SELECT p.skipped_from FROM `+a.t.events+` p
+		WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id
+		  AND p.aggregate_sequence = e.aggregate_sequence - 1 AND p.skipped_at IS NOT NULL), e.aggregate_sequence),
+	claimed_by = NULL, claim_token = NULL, claim_until = NULL
+WHERE e.event_id = $1
+RETURNING `+eventInfoColumns, id, by, reason))
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+a.t.operations+` (action, actor, event_id, reason, detail)
+VALUES ('skip', $1, $2, $3, jsonb_build_object('aggregate_type', $4::text, 'aggregate_id', $5::text,
+	'aggregate_sequence', $6::bigint, 'attempt_count', $7::int, 'last_error', $8::text))`,
+			by, id, reason, e.AggregateType, e.AggregateID, e.Sequence, e.Attempts, e.LastError)
+		return err
+	})
+	if err != nil {
+		return EventInfo{}, fmt.Errorf("outbox: skip: %w", err)
+	}
+	a.wake(ctx)
+	return e, nil
+}
+
+// wake notifies the schema's relays, so that a retried or unblocked lane
+// moves now rather than at the next poll. A failure only delays that.
+func (a *Admin) wake(ctx context.Context) {
+	_, _ = a.pool.Exec(ctx, "SELECT pg_notify($1, '')", NotifyChannel(a.schema.Name()))
+}
+
+// Cleanup deletes settled events past cfg.OlderThan and, with
+// cfg.InboxOlderThan, inbox rows past that, in bounded batches (see
+// CleanupConfig). It never deletes an unpublished or quarantined event, and
+// a crash or cancellation loses at most the uncommitted batch; run it again
+// to go on.
+func (a *Admin) Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, error) {
+	if err := cfg.validate(); err != nil {
+		return CleanupResult{}, err
+	}
+	res, err := newCleaner(a.pool, a.schema, a.obs).run(ctx, cfg)
+	if err != nil {
+		return res, fmt.Errorf("outbox: clean-up of schema %s: %w", a.schema.Name(), err)
+	}
+	return res, nil
+}

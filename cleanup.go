@@ -1,0 +1,191 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox/internal/failpoint"
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// CleanupBatchSizeDefault is the default number of rows one clean-up
+// transaction deletes.
+const CleanupBatchSizeDefault = 1000
+
+// ErrInboxHorizon is wrapped by the error refusing a clean-up whose inbox
+// horizon is shorter than its replay horizon.
+var ErrInboxHorizon = errors.New("inbox horizon shorter than the replay horizon")
+
+// CleanupConfig says what a clean-up deletes. Used by Admin.Cleanup and by
+// the relay's periodic clean-up (RelayConfig.Cleanup).
+type CleanupConfig struct {
+	// OlderThan is the retention, also the replay horizon: settled events
+	// (published or skipped) whose published_at is further back than this
+	// are deleted. Unpublished events, quarantined ones included, are never
+	// deleted, however old; a skipped event is kept until the next event of
+	// its aggregate is settled. Required, positive.
+	OlderThan time.Duration
+	// InboxOlderThan, when positive, also deletes the inbox's
+	// processed_events rows processed further back than this. It must not be
+	// shorter than OlderThan: an event that can still be replayed must still
+	// be known to the inboxes (ErrInboxHorizon). The per-aggregate
+	// high-water marks (inbox_aggregates) are never deleted, so an
+	// aggregate's old events keep being recognised as duplicates. Zero
+	// leaves inbox rows alone.
+	InboxOlderThan time.Duration
+	// BatchSize is the most rows deleted per transaction. Defaults to
+	// CleanupBatchSizeDefault.
+	BatchSize int
+	// Progress, when set, is called after each committed batch.
+	Progress func(CleanupProgress)
+}
+
+// CleanupProgress reports one committed clean-up batch.
+type CleanupProgress struct {
+	// Table is "outbox_events" or "processed_events".
+	Table string
+	// Deleted is how many rows the batch deleted.
+	Deleted int
+	// Total is how many rows of Table this clean-up deleted so far.
+	Total int64
+}
+
+// CleanupResult is what a clean-up deleted.
+type CleanupResult struct {
+	// Events is how many settled events were deleted.
+	Events int64
+	// InboxRows is how many processed_events rows were deleted.
+	InboxRows int64
+	// Batches is how many transactions committed.
+	Batches int
+	// Duration is how long the clean-up took.
+	Duration time.Duration
+}
+
+func (c CleanupConfig) validate() error {
+	switch {
+	case c.OlderThan < 0:
+		return fmt.Errorf("outbox: clean-up horizon %s is negative", c.OlderThan)
+	case c.OlderThan == 0:
+		return errors.New("outbox: clean-up needs a positive horizon (OlderThan, the replay horizon)")
+	case c.InboxOlderThan < 0:
+		return fmt.Errorf("outbox: inbox clean-up horizon %s is negative", c.InboxOlderThan)
+	case c.InboxOlderThan > 0 && c.InboxOlderThan < c.OlderThan:
+		return fmt.Errorf("outbox: %w: inbox rows would be deleted after %s while events can be replayed for %s; keep inbox rows at least as long",
+			ErrInboxHorizon, c.InboxOlderThan, c.OlderThan)
+	case c.BatchSize < 0:
+		return fmt.Errorf("outbox: clean-up batch size %d is negative", c.BatchSize)
+	}
+	return nil
+}
+
+// cleaner deletes rows past their horizon in bounded batches.
+type cleaner struct {
+	pool         *pgxpool.Pool
+	obs          CleanupObserver
+	deleteEvents string
+	deleteInbox  string
+}
+
+func newCleaner(pool *pgxpool.Pool, s pgident.Schema, obs CleanupObserver) *cleaner {
+	events, processed := s.Table("outbox_events"), s.Table("processed_events")
+	return &cleaner{
+		pool: pool,
+		obs:  obs,
+		// Settled rows only: published_at < horizon excludes every unpublished
+		// (and so every quarantined) row. The batch walks
+		// outbox_published_at_idx from the oldest and locks its rows (SKIP
+		// LOCKED lets several cleaners share the work); the DELETE then finds
+		// them by ctid, a TID scan, where "event_id IN (...)" may be planned
+		// as a hash join over the whole table. A skipped event stays until the
+		// next event of its aggregate is settled, since that one's claim reads
+		// its skipped_from (Message.SkippedFrom); the probe is a scalar
+		// subquery (one index lookup, never hashed over the table) evaluated
+		// for skipped rows only.
+		deleteEvents: `DELETE FROM ` + events + ` WHERE ctid = ANY (ARRAY(
+	SELECT e.ctid FROM ` + events + ` e
+	WHERE e.published_at IS NOT NULL AND e.published_at < now() - $1 * interval '1 microsecond'
+	  AND (e.skipped_at IS NULL OR coalesce((
+		SELECT n.published_at IS NOT NULL FROM ` + events + ` n
+		WHERE n.aggregate_type = e.aggregate_type AND n.aggregate_id = e.aggregate_id
+		  AND n.aggregate_sequence = e.aggregate_sequence + 1), false))
+	ORDER BY e.published_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED))`,
+		deleteInbox: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM ` + processed + `
+	WHERE processed_at < now() - $1 * interval '1 microsecond'
+	ORDER BY processed_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED))`,
+	}
+}
+
+// run deletes settled events, then inbox rows, past their horizons, batch
+// by batch until a batch comes back short or ctx ends.
+func (c *cleaner) run(ctx context.Context, cfg CleanupConfig) (CleanupResult, error) {
+	start := time.Now()
+	var res CleanupResult
+	if err := cfg.validate(); err != nil {
+		return res, err
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = CleanupBatchSizeDefault
+	}
+	err := c.table(ctx, cfg, "outbox_events", c.deleteEvents, cfg.OlderThan, &res.Events, &res.Batches)
+	if err == nil && cfg.InboxOlderThan > 0 {
+		err = c.table(ctx, cfg, "processed_events", c.deleteInbox, cfg.InboxOlderThan, &res.InboxRows, &res.Batches)
+	}
+	res.Duration = time.Since(start)
+	return res, err
+}
+
+func (c *cleaner) table(ctx context.Context, cfg CleanupConfig, table, query string, horizon time.Duration, total *int64, batches *int) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("clean up %s: %w", table, err)
+		}
+		start := time.Now()
+		n, err := c.batch(ctx, query, horizon, cfg.BatchSize)
+		if err != nil {
+			return fmt.Errorf("clean up %s: %w", table, err)
+		}
+		*total += int64(n)
+		*batches++
+		if c.obs != nil {
+			c.obs.ObserveCleanup(CleanupObservation{Table: table, Deleted: n, Duration: time.Since(start)})
+		}
+		if cfg.Progress != nil {
+			cfg.Progress(CleanupProgress{Table: table, Deleted: n, Total: *total})
+		}
+		if n < cfg.BatchSize {
+			return nil
+		}
+	}
+}
+
+// batch deletes at most n rows in one transaction. The cleanup/mid-batch
+// failpoint sits between the DELETE and the COMMIT: a crash there rolls the
+// batch back whole.
+func (c *cleaner) batch(ctx context.Context, query string, horizon time.Duration, n int) (int, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	tag, err := tx.Exec(ctx, query, horizon.Microseconds(), n)
+	if err != nil {
+		return 0, err
+	}
+	if err := failpoint.Hit("cleanup/mid-batch"); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}

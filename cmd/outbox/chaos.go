@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/pgoutbox/outbox/internal/chaos"
+	"github.com/pgoutbox/outbox/internal/cli"
+)
+
+const chaosUsage = `chaos --duration D --seed S [flags]
+
+Runs the example order system as processes: the order API ("orders api"), --relays
+relays ("outbox relay", this binary) and --consumers inventory consumers ("orders
+inventory", sharing one durable consumer), on a fresh schema of DATABASE_URL and a
+NATS server of its own (nats-server, or an embedded one). For --duration it drives
+commands over HTTP (creates, cancellations, rollbacks, retries with the same
+Idempotency-Key) and injects faults at the seed's times: SIGKILLs, restarts with a
+failpoint armed (OUTBOX_FAILPOINTS), relays paused past their lease, broker
+restarts. Then it lets everything recover and checks I1-I5 and request
+idempotency on PostgreSQL and the stream. It prints one line per figure and per
+invariant and exits non-zero on any violation. The same seed gives the same
+schedule of faults (--print-schedule lists it).`
+
+func runChaos(ctx context.Context, args []string) error {
+	fs := cli.NewFlagSet("outbox", "chaos", chaosUsage)
+	var cfg chaos.Config
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", cli.DatabaseURLDefault), "PostgreSQL connection URL (env DATABASE_URL)")
+	fs.DurationVar(&cfg.Duration, "duration", time.Minute, "how long to drive commands and inject faults")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule and the command mix (0: random, printed)")
+	ordersBin := fs.String("orders-bin", cli.Env("OUTBOX_CHAOS_ORDERS_BIN", ""), "the orders binary (env OUTBOX_CHAOS_ORDERS_BIN; default: 'orders' beside this binary, else built with the go tool from this module)")
+	natsServer := fs.String("nats-server", cli.Env("OUTBOX_CHAOS_NATS_SERVER", ""), "nats-server executable to run as the broker, or 'embedded' (default: nats-server on PATH or /usr/sbin/nats-server, else embedded)")
+	fs.IntVar(&cfg.Relays, "relays", 2, "relay processes")
+	fs.IntVar(&cfg.Consumers, "consumers", 2, "inventory consumer processes")
+	fs.IntVar(&cfg.Clients, "clients", 4, "concurrent HTTP clients")
+	fs.Float64Var(&cfg.Rate, "rate", 30, "commands per second, in total")
+	fs.DurationVar(&cfg.Every, "fault-interval", 2*time.Second, "mean time between two faults")
+	fs.DurationVar(&cfg.Lease, "lease", 2*time.Second, "the relays' lease")
+	fs.DurationVar(&cfg.RecoverTimeout, "recover-timeout", 3*time.Minute, "how long to wait, after the faults, for everything to be published and applied")
+	fs.BoolVar(&cfg.Keep, "keep", false, "keep the schema, the broker's storage and the logs")
+	fs.BoolVar(&cfg.Verbose, "verbose", false, "copy the processes' output to stderr")
+	printSchedule := fs.Bool("print-schedule", false, "print the fault schedule of --seed and --duration, and exit")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case cfg.Duration < 5*time.Second:
+		return fmt.Errorf("--duration %s: at least 5s", cfg.Duration)
+	case cfg.Relays < 1 || cfg.Consumers < 1 || cfg.Clients < 1 || cfg.Rate <= 0:
+		return errors.New("--relays, --consumers, --clients and --rate must be positive")
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = rand.Uint64()%1_000_000 + 1
+	}
+	if *printSchedule {
+		sys := chaos.NewSystem(chaos.SystemConfig{Relays: cfg.Relays, Consumers: cfg.Consumers})
+		s := chaos.NewSchedule(chaos.ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: sys.Names(), Every: cfg.Every, Lease: cfg.Lease})
+		fmt.Printf("seed %d, %s: schedule %s, %d faults\n%s", cfg.Seed, cfg.Duration, s.Digest(), len(s), s)
+		return nil
+	}
+	switch *natsServer {
+	case "embedded":
+	case "":
+		cfg.NATSServer = chaos.NATSServerPath()
+	default:
+		cfg.NATSServer = *natsServer
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find this binary: %w", err)
+	}
+	cfg.Bins.Outbox = self
+	if cfg.Bins.Orders, err = findOrders(ctx, *ordersBin, self); err != nil {
+		return err
+	}
+	cfg.Out, cfg.Logs = os.Stdout, os.Stderr
+	_, err = chaos.Run(ctx, cfg)
+	return err
+}
+
+// findOrders returns the orders binary: the flag's, the one beside this
+// binary, or one built from the module the working directory is in.
+func findOrders(ctx context.Context, flagged, self string) (string, error) {
+	if flagged != "" {
+		if _, err := os.Stat(flagged); err != nil {
+			return "", fmt.Errorf("--orders-bin: %w", err)
+		}
+		return flagged, nil
+	}
+	beside := filepath.Join(filepath.Dir(self), "orders")
+	if _, err := os.Stat(beside); err == nil {
+		return beside, nil
+	}
+	wd, _ := os.Getwd()
+	root, err := chaos.ModuleRoot(wd)
+	if err != nil {
+		return "", fmt.Errorf("no orders binary: pass --orders-bin (or run from the module to have it built): %w", err)
+	}
+	dir, err := os.MkdirTemp("", "outbox-chaos-orders-")
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(os.Stderr, "building the orders binary from %s\n", root)
+	bins, err := chaos.Build(ctx, root, dir, false)
+	if err != nil {
+		return "", err
+	}
+	return bins.Orders, nil
+}

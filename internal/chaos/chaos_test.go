@@ -1,0 +1,115 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgoutbox/outbox/internal/outboxtest"
+)
+
+// runChaosCommand runs "outbox chaos" of bins as a process and returns its
+// output and exit code.
+func runChaosCommand(t *testing.T, bins Binaries, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bins.Outbox, append([]string{"chaos", "--orders-bin", bins.Orders,
+		"--database-url", outboxtest.DatabaseURL()}, args...)...)
+	cmd.Env = environ("", 0)
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	t.Logf("outbox chaos %s (%s):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Second), out)
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return string(out), 0
+	case errors.As(err, &exit):
+		return string(out), exit.ExitCode()
+	default:
+		t.Fatalf("outbox chaos: %v", err)
+		return "", -1
+	}
+}
+
+// figure returns the number on the report line starting with name.
+func figure(t *testing.T, out, name string) int {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `\s+(\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the report has no %q line", name)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// TestChaosRun is the CI's short chaos run: a minute of faults on the
+// normal build, which must report zero violations.
+func TestChaosRun(t *testing.T) {
+	out, code := runChaosCommand(t, testBinaries(t), "--duration", "60s", "--seed", "20261130")
+	if code != 0 {
+		t.Fatalf("outbox chaos exited with %d", code)
+	}
+	for _, inv := range Invariants {
+		if n := figure(t, out, "violations "+inv); n != 0 {
+			t.Errorf("%d violations of %s", n, inv)
+		}
+	}
+	for _, f := range []string{"commits", "processes killed", "broker restarts", "failpoints fired", "events"} {
+		if figure(t, out, f) == 0 {
+			t.Errorf("the run had no %s", f)
+		}
+	}
+	if !strings.Contains(out, "seed 20261130: all invariants hold") {
+		t.Error("the report does not end with its seed and the verdict")
+	}
+}
+
+// TestChaosCatchesBrokenBuild builds the relay with a deliberate bug
+// (-tags outbox_brokenmark: events marked published before the broker's
+// ack) and shows that a short chaos run reports the events it lost and
+// exits non-zero. The normal build's run is TestChaosRun.
+func TestChaosCatchesBrokenBuild(t *testing.T) {
+	out, code := runChaosCommand(t, testBinaries(t, "outbox_brokenmark"), "--duration", "20s", "--seed", "5", "--recover-timeout", "10s")
+	if m := regexp.MustCompile(`logs kept in (\S+)`).FindStringSubmatch(out); m != nil {
+		t.Cleanup(func() { _ = os.RemoveAll(m[1]) })
+	}
+	if code == 0 {
+		t.Fatal("the chaos run of the broken build passed")
+	}
+	if n := figure(t, out, "violations I3"); n == 0 {
+		t.Fatal("the broken build lost no event the checker saw (I3)")
+	}
+	if !strings.Contains(out, "seed 5: FAILED") {
+		t.Error("the report does not say the run failed")
+	}
+}
+
+// TestScheduleReplays: a seed gives one schedule, another seed another.
+func TestScheduleReplays(t *testing.T) {
+	t.Parallel()
+	members := NewSystem(SystemConfig{Relays: 2, Consumers: 2}).Names()
+	cfg := ScheduleConfig{Seed: 42, Duration: time.Minute, Members: members}
+	a, b := NewSchedule(cfg), NewSchedule(cfg)
+	if a.String() != b.String() || a.Digest() != b.Digest() {
+		t.Fatal("the same seed gave two schedules")
+	}
+	cfg.Seed = 43
+	if c := NewSchedule(cfg); c.Digest() == a.Digest() {
+		t.Fatal("two seeds gave the same schedule")
+	}
+	if a.Count(FaultBroker) == 0 || a.Count(FaultPause) == 0 || a.Count(FaultKill) == 0 || a.Count(FaultFailpoint) == 0 {
+		t.Fatalf("a minute's schedule lacks a kind of fault:\n%s", a)
+	}
+	for _, f := range a {
+		if f.At < 2*time.Second || f.At > 57*time.Second {
+			t.Fatalf("fault outside the fault window: %s", f)
+		}
+	}
+}

@@ -1,0 +1,574 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/outbox/examples/orders/ordersdb"
+	"github.com/pgoutbox/outbox/outboxmigrate"
+	"github.com/pgoutbox/outbox/outboxnats"
+)
+
+// Config configures a chaos run.
+type Config struct {
+	// Duration is how long commands are driven and faults injected.
+	Duration time.Duration
+	// Seed drives the fault schedule, the failpoints' probabilities and the
+	// command mix.
+	Seed uint64
+	// DatabaseURL is the PostgreSQL the run makes a schema of its own in.
+	DatabaseURL string
+	// Bins are the outbox (relays) and orders (API, consumers) executables.
+	Bins Binaries
+	// NATSServer is the nats-server executable the run starts (and
+	// restarts) as its broker; "" runs an embedded server instead.
+	NATSServer string
+	// Relays and Consumers are how many of each run. Default to 2.
+	Relays, Consumers int
+	// Clients and Rate shape the traffic: concurrent HTTP clients and
+	// commands per second in total. Default to 4 and 30.
+	Clients int
+	Rate    float64
+	// Every is the mean time between two faults. Defaults to 2s.
+	Every time.Duration
+	// Lease is the relays' lease. Defaults to 2s.
+	Lease time.Duration
+	// DuplicateWindow is the stream's deduplication window; short, so that
+	// republished events reach the consumers twice. Defaults to 500ms.
+	DuplicateWindow time.Duration
+	// RecoverTimeout bounds the wait, after the faults, for every event to
+	// be published and applied. Defaults to 3m.
+	RecoverTimeout time.Duration
+	// Keep keeps the schema, the broker's storage and the logs.
+	Keep bool
+	// Out receives the report; Logs the processes' output when Verbose.
+	Out, Logs io.Writer
+	Verbose   bool
+}
+
+func (c Config) withDefaults() Config {
+	if c.Relays <= 0 {
+		c.Relays = 2
+	}
+	if c.Consumers <= 0 {
+		c.Consumers = 2
+	}
+	if c.Clients <= 0 {
+		c.Clients = 4
+	}
+	if c.Rate <= 0 {
+		c.Rate = 30
+	}
+	if c.Every <= 0 {
+		c.Every = 2 * time.Second
+	}
+	if c.Lease <= 0 {
+		c.Lease = 2 * time.Second
+	}
+	if c.DuplicateWindow <= 0 {
+		c.DuplicateWindow = 500 * time.Millisecond
+	}
+	if c.RecoverTimeout <= 0 {
+		c.RecoverTimeout = 3 * time.Minute
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	if c.Logs == nil {
+		c.Logs = io.Discard
+	}
+	return c
+}
+
+// Stats count what the run did to the system.
+type Stats struct {
+	// Killed counts SIGKILLs sent by the run (kill faults, and restarts to
+	// arm a failpoint); CrashedAtFailpoint counts processes that killed
+	// themselves at a crash failpoint.
+	Killed, CrashedAtFailpoint int
+	// FailpointsArmed counts restarts with a rule; FailpointsFired counts the
+	// firings the processes reported, per action.
+	FailpointsArmed int
+	FailpointsFired map[string]int
+	// BrokerRestarts, Pauses and Disarmed (clean SIGTERM restarts after a
+	// rule's time) count the other faults.
+	BrokerRestarts, Pauses, Disarmed int
+	// ErrorExits counts processes that exited with an error by themselves
+	// (a relay started while the broker was down, say).
+	ErrorExits int
+	// DuplicatesSuppressed counts the consumers' "duplicate delivery
+	// suppressed" lines; OutOfOrder their out-of-order anomalies.
+	DuplicatesSuppressed, OutOfOrder int
+	// Recovery is how long convergence took after the faults ended.
+	Recovery time.Duration
+}
+
+// Result is a finished run.
+type Result struct {
+	Seed     uint64
+	Schedule Schedule
+	Report   *Report
+	Stats    Stats
+	LogDir   string
+}
+
+// run is one chaos run in progress.
+type run struct {
+	cfg    Config
+	where  Where
+	sys    *System
+	broker *Broker
+	sched  Schedule
+	start  time.Time
+
+	opMu  sync.Mutex // one change to the members at a time
+	stats Stats
+	smu   sync.Mutex
+
+	fired      [3]atomic.Int64 // crash, error, sleep
+	duplicates atomic.Int64
+	outOfOrder atomic.Int64
+}
+
+func (r *run) count(f func(s *Stats)) {
+	r.smu.Lock()
+	defer r.smu.Unlock()
+	f(&r.stats)
+}
+
+func (r *run) printf(format string, args ...any) { fmt.Fprintf(r.cfg.Out, format, args...) }
+
+// Run runs the order system as processes (one API, cfg.Relays relays,
+// cfg.Consumers inventory consumers sharing one durable consumer) on a
+// schema and a broker of its own, drives commands for cfg.Duration while
+// injecting the seed's faults, lets everything recover, and checks the
+// invariants. It prints its progress and report to cfg.Out and returns an
+// error when an invariant was violated (or the run could not be done).
+func Run(ctx context.Context, cfg Config) (res *Result, err error) {
+	cfg = cfg.withDefaults()
+	var suffix [3]byte
+	_, _ = rand.Read(suffix[:])
+	tag := fmt.Sprintf("%d_%x", cfg.Seed, suffix)
+	r := &run{cfg: cfg, where: Where{Schema: "chaos_" + tag, Stream: "CHAOS_" + strings.ToUpper(tag), Prefix: "chaos_" + tag}.withDefaults()}
+	res = &Result{Seed: cfg.Seed}
+
+	logDir, err := os.MkdirTemp("", "outbox-chaos-")
+	if err != nil {
+		return res, err
+	}
+	res.LogDir = logDir
+	logFile, err := os.Create(filepath.Join(logDir, "processes.log"))
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		logFile.Close()
+		if err == nil && !cfg.Keep {
+			_ = os.RemoveAll(logDir)
+		} else {
+			r.printf("logs kept in %s\n", logDir)
+		}
+	}()
+	var logMu sync.Mutex
+	sink := func(name, line string) {
+		r.scan(line)
+		logMu.Lock()
+		defer logMu.Unlock()
+		fmt.Fprintf(logFile, "%-12s| %s\n", name, line)
+		if cfg.Verbose {
+			fmt.Fprintf(cfg.Logs, "%-12s| %s\n", name, line)
+		}
+	}
+
+	// PostgreSQL: a schema of the run's own, with every part's tables.
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return res, fmt.Errorf("database url: %w", err)
+	}
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return res, fmt.Errorf("connect to database: %w", err)
+	}
+	defer pool.Close()
+	if _, err := outboxmigrate.Migrate(ctx, pool, r.where.Schema); err != nil {
+		return res, err
+	}
+	defer func() {
+		if cfg.Keep {
+			r.printf("kept schema %s\n", r.where.Schema)
+			return
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if _, derr := pool.Exec(dctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{r.where.Schema}.Sanitize()+" CASCADE"); derr != nil {
+			err = errors.Join(err, fmt.Errorf("drop schema %s: %w", r.where.Schema, derr))
+		}
+	}()
+	for _, set := range []ordersdb.Set{ordersdb.Orders, ordersdb.Inventory} {
+		if _, err := ordersdb.Migrate(ctx, pool, r.where.Schema, set); err != nil {
+			return res, err
+		}
+	}
+
+	// The broker, with the stream created up front (short dedup window).
+	if r.broker, err = NewBroker(cfg.NATSServer, filepath.Join(logDir, "nats"), sink); err != nil {
+		return res, err
+	}
+	if err := r.broker.Start(ctx); err != nil {
+		return res, err
+	}
+	defer func() { _ = r.broker.Stop() }()
+	nc, err := nats.Connect(r.broker.URL(), nats.Name("outbox-chaos"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.Timeout(5*time.Second))
+	if err != nil {
+		return res, fmt.Errorf("connect to the broker: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return res, err
+	}
+	if _, err := outboxnats.NewPublisher(ctx, js, outboxnats.Config{Stream: r.where.Stream, SubjectPrefix: r.where.Prefix,
+		DuplicateWindow: cfg.DuplicateWindow}); err != nil {
+		return res, err
+	}
+
+	port, err := FreePort()
+	if err != nil {
+		return res, err
+	}
+	r.sys = NewSystem(SystemConfig{
+		Bins: cfg.Bins, DatabaseURL: cfg.DatabaseURL, Schema: r.where.Schema,
+		NATSURL: r.broker.URL(), Stream: r.where.Stream, Prefix: r.where.Prefix, APIPort: port,
+		Relays: cfg.Relays, Consumers: cfg.Consumers, Lease: cfg.Lease, AckWait: 2 * time.Second, Sink: sink,
+	})
+	defer r.sys.KillAll()
+	r.sched = NewSchedule(ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: r.sys.Names(), Every: cfg.Every, Lease: cfg.Lease})
+	res.Schedule = r.sched
+
+	r.printf("outbox chaos: seed %d, %s of faults\n", cfg.Seed, cfg.Duration)
+	r.printf("  processes: %s (orders %s, outbox %s)\n", strings.Join(r.sys.Names(), ", "), cfg.Bins.Orders, cfg.Bins.Outbox)
+	r.printf("  broker: %s at %s; schema %s, stream %s\n", r.broker.Kind(), r.broker.URL(), r.where.Schema, r.where.Stream)
+	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts)\n", r.sched.Digest(), len(r.sched),
+		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker))
+
+	for _, n := range r.sys.Names() {
+		if err := r.sys.Start(n, "", 0); err != nil {
+			return res, err
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = r.sys.WaitAPI(wctx)
+	cancel()
+	if err != nil {
+		return res, err
+	}
+
+	driver := NewDriver(r.sys.APIURL(), tag, cfg.Seed, DefaultMix)
+	defer driver.Close()
+	r.start = time.Now()
+	runCtx, stopRun := context.WithTimeout(ctx, cfg.Duration)
+	defer stopRun()
+	superCtx, stopSuper := context.WithCancel(ctx)
+	defer stopSuper()
+	superDone := make(chan struct{})
+	go func() { defer close(superDone); r.supervise(superCtx) }()
+	var wg sync.WaitGroup
+	wg.Go(func() { driver.Run(runCtx, cfg.Clients, cfg.Rate, 0) })
+	wg.Go(func() { r.inject(runCtx) })
+	wg.Go(func() { r.progress(runCtx, pool, js, driver) })
+	wg.Wait()
+	if ctx.Err() != nil {
+		return res, fmt.Errorf("interrupted: %w", context.Cause(ctx))
+	}
+
+	// Recovery: broker up, nothing paused or armed, every process running.
+	r.printf("[%5.1fs] faults over; recovering\n", r.elapsed())
+	recStart := time.Now()
+	r.opMu.Lock()
+	if err := r.broker.Start(ctx); err != nil {
+		r.opMu.Unlock()
+		return res, err
+	}
+	for _, n := range r.sys.Names() {
+		r.sys.Resume(n)
+		if running, _, fps, _ := r.sys.State(n); !running || fps != "" {
+			if err := r.sys.Start(n, "", 0); err != nil {
+				r.opMu.Unlock()
+				return res, err
+			}
+		}
+	}
+	r.opMu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, cfg.RecoverTimeout)
+	progress, convErr := WaitConverged(rctx, pool, js, r.where)
+	cancel()
+	r.stats.Recovery = time.Since(recStart)
+	if convErr != nil {
+		r.printf("[%5.1fs] NOT RECOVERED within %s: %v\n", r.elapsed(), cfg.RecoverTimeout, convErr)
+	} else {
+		r.printf("[%5.1fs] recovered in %s: %s\n", r.elapsed(), r.stats.Recovery.Round(time.Millisecond), progress)
+	}
+	stopSuper()
+	<-superDone
+
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if err := driver.Ledger.Resolve(cctx, pool, r.where.Schema); err != nil {
+		return res, err
+	}
+	report, err := Check(cctx, pool, js, r.where, driver.Ledger, int(r.outOfOrder.Load()))
+	if err != nil {
+		return res, err
+	}
+	res.Report = report
+	for _, bad := range r.sys.StopAll(15 * time.Second) {
+		r.printf("  unclean stop: %s\n", bad)
+	}
+	r.finishStats()
+	res.Stats = r.stats
+	r.report(res)
+	if n := report.Total(); n > 0 {
+		return res, fmt.Errorf("%d invariant violations (seed %d)", n, cfg.Seed)
+	}
+	return res, nil
+}
+
+func (r *run) elapsed() float64 { return time.Since(r.start).Seconds() }
+
+// scan counts what the processes report in their output.
+func (r *run) scan(line string) {
+	switch {
+	case strings.HasPrefix(line, "failpoint "):
+		switch {
+		case strings.Contains(line, ": crash"):
+			r.fired[0].Add(1)
+		case strings.Contains(line, ": error"):
+			r.fired[1].Add(1)
+		case strings.Contains(line, ": sleep"):
+			r.fired[2].Add(1)
+		}
+	case strings.Contains(line, "duplicate delivery suppressed"):
+		r.duplicates.Add(1)
+	case strings.Contains(line, "cancellation found no reservation"):
+		r.outOfOrder.Add(1)
+	}
+}
+
+func (r *run) finishStats() {
+	r.stats.FailpointsFired = map[string]int{"crash": int(r.fired[0].Load()), "error": int(r.fired[1].Load()), "sleep": int(r.fired[2].Load())}
+	r.stats.DuplicatesSuppressed = int(r.duplicates.Load())
+	r.stats.OutOfOrder = int(r.outOfOrder.Load())
+	r.stats.BrokerRestarts = r.broker.Restarts()
+	for _, x := range r.sys.Exits() {
+		switch {
+		case x.Failpoint != "":
+			r.stats.CrashedAtFailpoint++
+		case !x.ByHarness && x.Signal == 0 && x.Err != nil:
+			r.stats.ErrorExits++
+		}
+	}
+}
+
+// supervise restarts, without failpoints, every member that has been down
+// for 300ms, until ctx ends.
+func (r *run) supervise(ctx context.Context) {
+	down := map[string]time.Time{}
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.opMu.Lock()
+		for _, n := range r.sys.Names() {
+			if running, _, _, _ := r.sys.State(n); running {
+				delete(down, n)
+				continue
+			}
+			since, ok := down[n]
+			if !ok {
+				down[n] = time.Now()
+				continue
+			}
+			if time.Since(since) >= 300*time.Millisecond {
+				if err := r.sys.Start(n, "", 0); err != nil {
+					r.printf("  restart %s: %v\n", n, err)
+				}
+				delete(down, n)
+			}
+		}
+		r.opMu.Unlock()
+	}
+}
+
+// inject applies the schedule's faults at their times until ctx ends.
+func (r *run) inject(ctx context.Context) {
+	var pending sync.WaitGroup
+	defer pending.Wait()
+	for i, f := range r.sched {
+		t := time.NewTimer(time.Until(r.start.Add(f.At)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		switch f.Kind {
+		case FaultKill:
+			r.opMu.Lock()
+			if r.sys.Kill(f.Target) {
+				r.count(func(s *Stats) { s.Killed++ })
+			}
+			r.opMu.Unlock()
+		case FaultFailpoint:
+			r.opMu.Lock()
+			running, _, _, _ := r.sys.State(f.Target)
+			err := r.sys.Start(f.Target, f.Rule, r.cfg.Seed+uint64(i))
+			_, inc, _, _ := r.sys.State(f.Target)
+			r.opMu.Unlock()
+			if err != nil {
+				r.printf("  arm %s on %s: %v\n", f.Rule, f.Target, err)
+				continue
+			}
+			r.count(func(s *Stats) {
+				s.FailpointsArmed++
+				if running {
+					s.Killed++
+				}
+			})
+			pending.Go(func() {
+				if !sleepCtx(ctx, f.For) {
+					return // recovery restarts it clean
+				}
+				r.opMu.Lock()
+				running, now, fps, _ := r.sys.State(f.Target)
+				r.opMu.Unlock()
+				if running && now == inc && fps == f.Rule {
+					_ = r.sys.Stop(f.Target, 10*time.Second)
+					r.count(func(s *Stats) { s.Disarmed++ })
+				}
+			})
+		case FaultPause:
+			r.opMu.Lock()
+			ok := r.sys.Pause(f.Target)
+			r.opMu.Unlock()
+			if !ok {
+				continue
+			}
+			r.count(func(s *Stats) { s.Pauses++ })
+			pending.Go(func() {
+				sleepCtx(ctx, f.For)
+				r.sys.Resume(f.Target)
+			})
+		case FaultBroker:
+			if err := r.broker.Stop(); err != nil {
+				r.printf("  stop the broker: %v\n", err)
+			}
+			pending.Go(func() {
+				if sleepCtx(ctx, f.For) {
+					if err := r.broker.Start(context.WithoutCancel(ctx)); err != nil {
+						r.printf("  start the broker: %v\n", err)
+					}
+				}
+			})
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// progress prints a line every 10s until ctx ends.
+func (r *run) progress(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, d *Driver) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		p, err := GetProgress(qctx, pool, js, r.where)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		state := p.String()
+		if err != nil {
+			state = "progress unknown: " + err.Error()
+		}
+		r.smu.Lock()
+		killed := r.stats.Killed
+		r.smu.Unlock()
+		r.printf("[%5.1fs] %d commands committed | %s | killed %d, failpoints fired %d, broker restarts %d\n",
+			r.elapsed(), d.Ledger.Committed(), state, killed,
+			r.fired[0].Load()+r.fired[1].Load()+r.fired[2].Load(), r.broker.Restarts())
+	}
+}
+
+// report prints one line per figure and per invariant.
+func (r *run) report(res *Result) {
+	rep, s := res.Report, res.Stats
+	line := func(name string, v any, note string) {
+		r.printf("%-26s %8v   %s\n", name, v, note)
+	}
+	fired := s.FailpointsFired["crash"] + s.FailpointsFired["error"] + s.FailpointsFired["sleep"]
+	r.printf("\n")
+	line("commands", rep.Commands, fmt.Sprintf("%d HTTP requests", rep.Requests))
+	line("commits", rep.Commits, fmt.Sprintf("%d orders, %d cancellations", rep.CreatesCommitted, rep.CancelsCommitted))
+	line("rollbacks", rep.Rollbacks, "unknown SKU (422), or unanswered and found not committed")
+	line("refused", rep.Refused, "second cancellations (409)")
+	line("unanswered", rep.Ambiguous, fmt.Sprintf("500 or connection lost; %d settled by retry, %d from the database", rep.Ambiguous-rep.ResolvedByDB, rep.ResolvedByDB))
+	line("idempotent replays", rep.Replays, "same Idempotency-Key: same order, nothing written")
+	line("not sent", rep.NotSent, "the API was down until the run ended")
+	line("events", rep.Events, fmt.Sprintf("%d published", rep.Published))
+	line("stream messages", rep.StreamMessages, fmt.Sprintf("%d duplicates published (republished after a crash or a stale lease)", rep.DuplicatesPublished))
+	line("deliveries", rep.Deliveries, "to the inventory consumers (JetStream)")
+	line("duplicates delivered", rep.DuplicatesDelivered, "deliveries beyond the first of each event")
+	line("duplicates suppressed", s.DuplicatesSuppressed, "by the inbox (counted from the consumers' logs)")
+	line("processes killed", s.Killed+s.CrashedAtFailpoint, fmt.Sprintf("SIGKILL: %d by chaos, %d at a crash failpoint", s.Killed, s.CrashedAtFailpoint))
+	line("failpoints armed", s.FailpointsArmed, fmt.Sprintf("%d disarmed by a clean restart", s.Disarmed))
+	line("failpoints fired", fired, fmt.Sprintf("crash %d, error %d, sleep %d", s.FailpointsFired["crash"], s.FailpointsFired["error"], s.FailpointsFired["sleep"]))
+	line("relays paused", s.Pauses, "SIGSTOP past the lease, then SIGCONT")
+	line("broker restarts", s.BrokerRestarts, "")
+	line("process error exits", s.ErrorExits, "exited by themselves (e.g. started while the broker was down), restarted")
+	line("recovery", s.Recovery.Round(time.Millisecond), "from the end of the faults to all published and applied")
+	for _, inv := range Invariants {
+		line("violations "+inv, rep.Count(inv), Descriptions[inv])
+		for _, v := range rep.Violations[inv] {
+			r.printf("    - %s\n", v)
+		}
+	}
+	if n := rep.Total(); n > 0 {
+		r.printf("seed %d: FAILED, %d violations (schedule %s)\n", res.Seed, n, res.Schedule.Digest())
+	} else {
+		r.printf("seed %d: all invariants hold (schedule %s)\n", res.Seed, res.Schedule.Digest())
+	}
+}

@@ -1,0 +1,168 @@
+package outbox
+
+import (
+	"errors"
+	"time"
+)
+
+// The relay reports what it does to an observer, for metrics. An observer is
+// any value set as RelayConfig.Observer that implements one or more of
+// ClaimObserver, PublishObserver, SettleObserver and CleanupObserver: the
+// relay detects each interface once, by type assertion, and calls only those
+// implemented. New observation kinds come as new interfaces, so existing
+// observers keep compiling. Package outboxprom implements all of them for
+// Prometheus; the root package itself depends on no metrics library.
+//
+// Observers are called synchronously from the relay's loop (and its
+// clean-up goroutine), possibly from several goroutines at once: they must
+// be safe for concurrent use, fast, and must not block.
+
+// ClaimObserver is told about every claim round trip.
+type ClaimObserver interface {
+	ObserveClaim(ClaimObservation)
+}
+
+// ClaimObservation describes one claim.
+type ClaimObservation struct {
+	// Events is how many events were claimed.
+	Events int
+	// TakenOver is how many of them were claimed from another relay's
+	// expired lease (the other relay died or stalled).
+	TakenOver int
+	// Duration is the claim statement's round trip.
+	Duration time.Duration
+	// Err is the claim's error (a database problem), nil on success.
+	Err error
+}
+
+// PublishObserver is told about every event the relay tried to publish.
+type PublishObserver interface {
+	ObservePublish(PublishObservation)
+}
+
+// PublishObservation is the outcome of one event's publish attempt.
+type PublishObservation struct {
+	// AggregateType and EventType identify the kind of event.
+	AggregateType string
+	EventType     string
+	// Attempt is 1 for the event's first attempt, then counts up.
+	Attempt int
+	// Err is the destination's error, nil when the event was acknowledged.
+	Err error
+	// Reason classifies Err; empty on success.
+	Reason FailureReason
+	// Quarantined reports that this failure quarantined the event.
+	Quarantined bool
+	// AckLatency is the duration of the Publisher.Publish call that carried
+	// the event: how long the destination took to acknowledge (or fail) it.
+	AckLatency time.Duration
+	// CommitToAck is the time from the event's occurred_at (its
+	// transaction's start, by the database clock) to the destination's
+	// acknowledgement (by the relay's clock); zero on failure. It includes the
+	// time the writer's transaction took and any difference between the
+	// clocks.
+	CommitToAck time.Duration
+}
+
+// FailureReason classifies a publish failure.
+type FailureReason string
+
+// The failure reasons.
+const (
+	// FailureRetryable: the destination refused or lost the message; the
+	// event backs off and spends one of its attempts.
+	FailureRetryable FailureReason = "retryable"
+	// FailurePermanent: the destination will never accept the message (see
+	// Permanent); the event is quarantined at once.
+	FailurePermanent FailureReason = "permanent"
+	// FailureUnavailable: the destination could not be reached (see
+	// Unavailable); the event backs off without spending an attempt.
+	FailureUnavailable FailureReason = "unavailable"
+)
+
+// Reason classifies a publish error the way the relay does.
+func Reason(err error) FailureReason {
+	switch {
+	case err == nil:
+		return ""
+	case IsUnavailable(err):
+		return FailureUnavailable
+	case IsPermanent(err):
+		return FailurePermanent
+	}
+	return FailureRetryable
+}
+
+// SettleObserver is told about every fenced write-back.
+type SettleObserver interface {
+	ObserveSettle(SettleObservation)
+}
+
+// SettleOp names a write-back.
+type SettleOp string
+
+// The write-backs.
+const (
+	// SettleMarkPublished marks acknowledged events published.
+	SettleMarkPublished SettleOp = "mark_published"
+	// SettleRecordFailures records failed attempts (backoff or quarantine).
+	SettleRecordFailures SettleOp = "record_failures"
+	// SettleRelease hands unattempted events back.
+	SettleRelease SettleOp = "release"
+)
+
+// SettleObservation describes one write-back statement.
+type SettleObservation struct {
+	// Op is the write-back.
+	Op SettleOp
+	// Events is how many events it applied to.
+	Events int
+	// LeaseConflicts is how many it was refused for, because another relay
+	// had taken them over after this relay's lease expired.
+	LeaseConflicts int
+	// Duration is the statement's round trip.
+	Duration time.Duration
+	// Err is the statement's error, nil on success.
+	Err error
+}
+
+// CleanupObserver is told about every clean-up batch, by the relay's
+// periodic clean-up and by Admin.Cleanup.
+type CleanupObserver interface {
+	ObserveCleanup(CleanupObservation)
+}
+
+// CleanupObservation describes one committed clean-up batch.
+type CleanupObservation struct {
+	// Table is "outbox_events" or "processed_events".
+	Table string
+	// Deleted is how many rows the batch deleted.
+	Deleted int
+	// Duration is the batch's transaction time.
+	Duration time.Duration
+}
+
+// observers holds the interfaces an observer value implements.
+type observers struct {
+	claim   ClaimObserver
+	publish PublishObserver
+	settle  SettleObserver
+	cleanup CleanupObserver
+}
+
+// detectObservers type-asserts o once. It refuses a value that implements
+// none of the interfaces, which is always a mistake.
+func detectObservers(o any) (observers, error) {
+	var obs observers
+	if o == nil {
+		return obs, nil
+	}
+	obs.claim, _ = o.(ClaimObserver)
+	obs.publish, _ = o.(PublishObserver)
+	obs.settle, _ = o.(SettleObserver)
+	obs.cleanup, _ = o.(CleanupObserver)
+	if obs.claim == nil && obs.publish == nil && obs.settle == nil && obs.cleanup == nil {
+		return obs, errors.New("outbox: RelayConfig.Observer implements none of ClaimObserver, PublishObserver, SettleObserver, CleanupObserver")
+	}
+	return obs, nil
+}

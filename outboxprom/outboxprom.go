@@ -1,0 +1,358 @@
+// Package outboxprom exports the outbox's metrics to Prometheus.
+//
+// A [Metrics] is a prometheus.Collector and an observer of the relay
+// (outbox.RelayConfig.Observer), of clean-ups (outbox.AdminConfig.Observer)
+// and of an inbox (inbox.Config.Observer). The root package and the inbox
+// depend on no metrics library: they report through small observer
+// interfaces that Metrics implements.
+//
+// # Series
+//
+// Every series has the label schema. Counted by the process as it works:
+//
+//	outbox_claimed_events_total              events claimed
+//	outbox_published_total                   events acknowledged by the destination and marked published
+//	outbox_failures_total{reason}            failed publish attempts: retryable, permanent, unavailable
+//	outbox_quarantined_total                 events this process quarantined
+//	outbox_expired_claims_total              events taken over from another relay's expired lease
+//	outbox_lease_conflicts_total             write-backs refused because another relay had taken the events over
+//	outbox_publish_attempts                  histogram: the attempt on which an event was published
+//	outbox_broker_ack_seconds                histogram: destination acknowledgement latency per event
+//	outbox_commit_to_publish_seconds         histogram: occurred_at to acknowledgement
+//	outbox_db_statement_seconds{statement}   histogram: the relay's statements (claim, mark_published, ...)
+//	outbox_cleanup_deleted_total{table}      rows deleted by clean-up (outbox_events, processed_events)
+//	outbox_relay_up                          1 while the relay's last claim succeeded, 0 after a failed one
+//	inbox_processed_total{consumer}          deliveries applied
+//	inbox_duplicates_total{consumer}         deliveries dropped as duplicates
+//	inbox_early_total{consumer}              deliveries refused because an earlier event is missing
+//	inbox_errors_total{consumer}             deliveries whose effect or transaction failed
+//	inbox_handle_seconds{consumer}           histogram: Handle's duration
+//
+// Sampled from the database (Config.Admin), at most once per
+// Config.GaugesMaxAge whatever the number of scrapes, by one read-only
+// transaction whose cost grows with the backlog, not with the history kept:
+//
+//	outbox_pending_events                    unpublished, not quarantined
+//	outbox_oldest_pending_age_seconds        age of the oldest pending event (0 when none)
+//	outbox_quarantined_events                quarantined events
+//	outbox_leased_events                     events under a live lease (in flight)
+//	outbox_expired_leases                    events whose lease expired before they were settled
+//	outbox_relays_alive                      relays whose heartbeat has not expired
+//	outbox_table_bytes{table}                total size of each outbox table
+//	outbox_gauges_errors_total               failed samples (the gauges are then left out of the scrape)
+//
+// Several relays of one schema export the same database gauges: aggregate
+// them with max(), not sum(). deploy/prometheus/outbox-alerts.yml has example
+// alert rules and deploy/grafana/outbox-dashboard.json a dashboard.
+package outboxprom
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/inbox"
+)
+
+// Defaults for Config.
+const (
+	GaugesMaxAgeDefault  = 10 * time.Second
+	GaugesTimeoutDefault = 5 * time.Second
+)
+
+// Config configures Metrics.
+type Config struct {
+	// Schema is the value of the schema label. Defaults to "outbox".
+	Schema string
+	// Admin, when set, is sampled for the database gauges. Optional.
+	Admin *outbox.Admin
+	// GaugesMaxAge is how long a database sample is reused: scrapes within
+	// it get the same values, so any number of scrapers cost at most one
+	// query per GaugesMaxAge. Defaults to GaugesMaxAgeDefault.
+	GaugesMaxAge time.Duration
+	// GaugesTimeout bounds one sample. Defaults to GaugesTimeoutDefault.
+	GaugesTimeout time.Duration
+	// Logger receives a warning when a sample fails. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Metrics collects the outbox's metrics. Register it with a
+// prometheus.Registerer and pass it as the observer of the relay, the Admin
+// and inboxes. It is safe for concurrent use.
+type Metrics struct {
+	cfg Config
+
+	claimed, published, quarantined, expired, conflicts, gaugeErrors prometheus.Counter
+	failures                                                         *prometheus.CounterVec
+	cleanupDeleted                                                   *prometheus.CounterVec
+	attempts, ackLatency, commitToPublish                            prometheus.Histogram
+	statements                                                       *prometheus.HistogramVec
+	relayUp                                                          prometheus.Gauge
+	inboxProcessed, inboxDuplicates, inboxEarly, inboxErrors         *prometheus.CounterVec
+	inboxSeconds                                                     *prometheus.HistogramVec
+
+	relayMu sync.Mutex
+	relayOn bool // outbox_relay_up is exported once a relay reported
+
+	pendingDesc, oldestDesc, quarantinedDesc, leasedDesc, expiredDesc, relaysDesc, tableBytesDesc *prometheus.Desc
+
+	mu       sync.Mutex // one sample at a time
+	sampled  time.Time
+	gauges   outbox.Gauges
+	gaugesOK bool
+}
+
+var (
+	_ prometheus.Collector   = (*Metrics)(nil)
+	_ outbox.ClaimObserver   = (*Metrics)(nil)
+	_ outbox.PublishObserver = (*Metrics)(nil)
+	_ outbox.SettleObserver  = (*Metrics)(nil)
+	_ outbox.CleanupObserver = (*Metrics)(nil)
+	_ inbox.Observer         = (*Metrics)(nil)
+)
+
+// New returns Metrics for cfg. Nothing is registered yet.
+func New(cfg Config) (*Metrics, error) {
+	if cfg.Schema == "" {
+		cfg.Schema = "outbox"
+	}
+	if cfg.GaugesMaxAge < 0 || cfg.GaugesTimeout < 0 {
+		return nil, errors.New("outboxprom: GaugesMaxAge and GaugesTimeout must not be negative")
+	}
+	if cfg.GaugesMaxAge == 0 {
+		cfg.GaugesMaxAge = GaugesMaxAgeDefault
+	}
+	if cfg.GaugesTimeout == 0 {
+		cfg.GaugesTimeout = GaugesTimeoutDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	labels := prometheus.Labels{"schema": cfg.Schema}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
+	}
+	counterVec := func(name, help string, label string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, []string{label})
+	}
+	histogram := func(name, help string, buckets []float64) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
+	}
+	desc := func(name, help string, variable ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, variable, labels)
+	}
+	latency := prometheus.ExponentialBuckets(0.0005, 2, 17) // 0.5 ms .. 33 s
+	m := &Metrics{
+		cfg:         cfg,
+		claimed:     counter("outbox_claimed_events_total", "Events claimed by the relay (re-claims after failures included)."),
+		published:   counter("outbox_published_total", "Events acknowledged by the destination and marked published."),
+		quarantined: counter("outbox_quarantined_total", "Events quarantined by this process (permanent error or too many attempts)."),
+		expired:     counter("outbox_expired_claims_total", "Events claimed from another relay's expired lease (take-overs)."),
+		conflicts:   counter("outbox_lease_conflicts_total", "Write-backs refused because another relay had taken the events over."),
+		gaugeErrors: counter("outbox_gauges_errors_total", "Failed samples of the database gauges."),
+		failures:    counterVec("outbox_failures_total", "Failed publish attempts, by reason (retryable, permanent, unavailable).", "reason"),
+		cleanupDeleted: counterVec("outbox_cleanup_deleted_total",
+			"Rows deleted by clean-up, by table (outbox_events, processed_events).", "table"),
+		attempts: histogram("outbox_publish_attempts", "The attempt on which an event was published (1: the first).",
+			[]float64{1, 2, 3, 5, 8, 13, 20, 50}),
+		ackLatency: histogram("outbox_broker_ack_seconds", "Time the destination took to acknowledge an event (its Publish call).", latency),
+		commitToPublish: histogram("outbox_commit_to_publish_seconds", "Time from an event's occurred_at to the destination's acknowledgement.",
+			[]float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}),
+		statements: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_db_statement_seconds",
+			Help:        "Round trips of the relay's statements, by statement (claim, mark_published, record_failures, release).",
+			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}, []string{"statement"}),
+		relayUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_up", ConstLabels: labels,
+			Help: "1 while the relay's last claim reached the database, 0 after a failed one."}),
+		inboxProcessed:  counterVec("inbox_processed_total", "Deliveries applied by the consumer's inbox.", "consumer"),
+		inboxDuplicates: counterVec("inbox_duplicates_total", "Deliveries dropped by the inbox as duplicates.", "consumer"),
+		inboxEarly:      counterVec("inbox_early_total", "Deliveries refused by the inbox because an earlier event of the aggregate is missing.", "consumer"),
+		inboxErrors:     counterVec("inbox_errors_total", "Deliveries whose effect or transaction failed.", "consumer"),
+		inboxSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "inbox_handle_seconds", ConstLabels: labels,
+			Help: "Time the inbox took to handle a delivery, transaction included.", Buckets: latency}, []string{"consumer"}),
+
+		pendingDesc:     desc("outbox_pending_events", "Unpublished events that are not quarantined (sampled from the database)."),
+		oldestDesc:      desc("outbox_oldest_pending_age_seconds", "Age of the oldest pending event since its occurred_at, 0 when none is pending."),
+		quarantinedDesc: desc("outbox_quarantined_events", "Quarantined events (sampled from the database)."),
+		leasedDesc:      desc("outbox_leased_events", "Events under a live lease, being published (sampled from the database)."),
+		expiredDesc:     desc("outbox_expired_leases", "Events whose lease expired before they were settled (sampled from the database)."),
+		relaysDesc:      desc("outbox_relays_alive", "Relays whose heartbeat has not expired (sampled from the database)."),
+		tableBytesDesc:  desc("outbox_table_bytes", "Total size of an outbox table, indexes and TOAST included.", "table"),
+	}
+	// Known label values exist from the start, so that rates and alerts see 0
+	// rather than no series.
+	for _, r := range []outbox.FailureReason{outbox.FailureRetryable, outbox.FailurePermanent, outbox.FailureUnavailable} {
+		m.failures.WithLabelValues(string(r))
+	}
+	for _, t := range []string{"outbox_events", "processed_events"} {
+		m.cleanupDeleted.WithLabelValues(t)
+	}
+	return m, nil
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.claimed, m.published, m.quarantined, m.expired, m.conflicts, m.gaugeErrors,
+		m.failures, m.cleanupDeleted, m.attempts, m.ackLatency, m.commitToPublish, m.statements,
+		m.inboxProcessed, m.inboxDuplicates, m.inboxEarly, m.inboxErrors, m.inboxSeconds}
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors() {
+		c.Describe(ch)
+	}
+	m.relayUp.Describe(ch)
+	for _, d := range []*prometheus.Desc{m.pendingDesc, m.oldestDesc, m.quarantinedDesc, m.leasedDesc, m.expiredDesc, m.relaysDesc, m.tableBytesDesc} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. It samples the database when the
+// last sample is older than GaugesMaxAge; a failed sample leaves the
+// database gauges out of this scrape and counts outbox_gauges_errors_total.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	var g outbox.Gauges
+	ok := false
+	if m.cfg.Admin != nil {
+		g, ok = m.sample() // first, so that a failure counts in this scrape
+	}
+	for _, c := range m.collectors() {
+		c.Collect(ch)
+	}
+	m.relayMu.Lock()
+	if m.relayOn {
+		m.relayUp.Collect(ch)
+	}
+	m.relayMu.Unlock()
+	if !ok {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(m.pendingDesc, float64(g.Pending))
+	gauge(m.oldestDesc, g.OldestPendingAgeSeconds)
+	gauge(m.quarantinedDesc, float64(g.Quarantined))
+	gauge(m.leasedDesc, float64(g.Leased))
+	gauge(m.expiredDesc, float64(g.ExpiredLeases))
+	gauge(m.relaysDesc, float64(g.RelaysAlive))
+	for table, size := range g.TableBytes {
+		gauge(m.tableBytesDesc, float64(size), table)
+	}
+}
+
+func (m *Metrics) sample() (outbox.Gauges, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gaugesOK && time.Since(m.sampled) < m.cfg.GaugesMaxAge {
+		return m.gauges, true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.GaugesTimeout)
+	defer cancel()
+	g, err := m.cfg.Admin.Gauges(ctx)
+	if err != nil {
+		m.gaugeErrors.Inc()
+		m.gaugesOK = false
+		m.cfg.Logger.Warn("sample outbox gauges", slog.String("schema", m.cfg.Schema), slog.Any("error", err))
+		return outbox.Gauges{}, false
+	}
+	m.gauges, m.gaugesOK, m.sampled = g, true, time.Now()
+	return g, true
+}
+
+// ObserveClaim implements outbox.ClaimObserver.
+func (m *Metrics) ObserveClaim(o outbox.ClaimObservation) {
+	m.statements.WithLabelValues("claim").Observe(o.Duration.Seconds())
+	m.relayMu.Lock()
+	m.relayOn = true
+	m.relayMu.Unlock()
+	if o.Err != nil {
+		m.relayUp.Set(0)
+		return
+	}
+	m.relayUp.Set(1)
+	m.claimed.Add(float64(o.Events))
+	m.expired.Add(float64(o.TakenOver))
+}
+
+// ObservePublish implements outbox.PublishObserver.
+func (m *Metrics) ObservePublish(o outbox.PublishObservation) {
+	m.ackLatency.Observe(o.AckLatency.Seconds())
+	if o.Err != nil {
+		m.failures.WithLabelValues(string(o.Reason)).Inc()
+		if o.Quarantined {
+			m.quarantined.Inc()
+		}
+		return
+	}
+	m.attempts.Observe(float64(o.Attempt))
+	m.commitToPublish.Observe(o.CommitToAck.Seconds())
+}
+
+// ObserveSettle implements outbox.SettleObserver.
+func (m *Metrics) ObserveSettle(o outbox.SettleObservation) {
+	m.statements.WithLabelValues(string(o.Op)).Observe(o.Duration.Seconds())
+	if o.Err != nil {
+		return
+	}
+	m.conflicts.Add(float64(o.LeaseConflicts))
+	if o.Op == outbox.SettleMarkPublished {
+		m.published.Add(float64(o.Events - o.LeaseConflicts))
+	}
+}
+
+// ObserveCleanup implements outbox.CleanupObserver.
+func (m *Metrics) ObserveCleanup(o outbox.CleanupObservation) {
+	m.cleanupDeleted.WithLabelValues(o.Table).Add(float64(o.Deleted))
+}
+
+// ObserveHandle implements inbox.Observer.
+// Each consumer's four counters exist from its first delivery on, so that
+// their rates are 0 rather than missing.
+func (m *Metrics) ObserveHandle(o inbox.HandleObservation) {
+	m.inboxSeconds.WithLabelValues(o.Consumer).Observe(o.Duration.Seconds())
+	errs, processed := m.inboxErrors.WithLabelValues(o.Consumer), m.inboxProcessed.WithLabelValues(o.Consumer)
+	dups, early := m.inboxDuplicates.WithLabelValues(o.Consumer), m.inboxEarly.WithLabelValues(o.Consumer)
+	switch {
+	case o.Err != nil:
+		errs.Inc()
+	case o.Outcome == inbox.Applied:
+		processed.Inc()
+	case o.Outcome == inbox.Duplicate:
+		dups.Inc()
+	case o.Outcome == inbox.Early:
+		early.Inc()
+	}
+}
+
+// Handler serves g's metrics on /metrics (Prometheus text), /healthz (200
+// while the process serves) and /readyz (200 when ready returns nil, else
+// 503 with the reason; always 200 when ready is nil).
+func Handler(g prometheus.Gatherer, ready func() error) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if ready != nil {
+			if err := ready(); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintf(w, "not ready: %v\n", err)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
