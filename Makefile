@@ -20,4 +20,10 @@ build: ## build the outbox and orders binaries into bin/
 	go build -o bin/outbox ./cmd/outbox
 	go build -o bin/orders ./examples/orders
 
-.PHONY: help demo test ci lint build
+bench: ## run the benchmark against the local PostgreSQL and NATS (BENCHMARKS.md; about 10 min)
+	cd bench && go run .
+
+bench-quick: ## the benchmark at smoke sizes (under a minute)
+	cd bench && go run . --quick
+
+.PHONY: help demo test ci lint build bench bench-quick

@@ -1,0 +1,292 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox"
+)
+
+// ackRecorder notes when the broker acknowledged each event.
+type ackRecorder struct {
+	next outbox.Publisher
+	mu   sync.Mutex
+	acks map[uuid.UUID]time.Time
+}
+
+func (a *ackRecorder) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	errs := a.next.Publish(ctx, msgs)
+	now := time.Now()
+	a.mu.Lock()
+	for i, m := range msgs {
+		if errs == nil || errs[i] == nil {
+			if _, ok := a.acks[m.ID]; !ok {
+				a.acks[m.ID] = now
+			}
+		}
+	}
+	a.mu.Unlock()
+	return errs
+}
+
+func (a *ackRecorder) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.acks)
+}
+
+// latencyRun offers rate events/s (one order + one event per transaction,
+// through the library) for d, with an in-process relay at its defaults,
+// polling only or woken by a Notifier, and returns commit→ack latencies.
+func latencyRun(ctx context.Context, e *env, name string, wake bool) (lat []time.Duration, offered float64, err error) {
+	s, cleanup, err := e.newSpace(ctx, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer cleanup()
+	if err := createOrders(ctx, e, s.schema); err != nil {
+		return nil, 0, err
+	}
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: s.schema})
+	if err != nil {
+		return nil, 0, err
+	}
+	wpool, err := e.pool(ctx, 16)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer wpool.Close()
+	rpool, err := e.relayPool(ctx, 4)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rpool.Close()
+	pub, nc, err := e.publisher(ctx, s)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer nc.Close()
+	rec := &ackRecorder{next: pub, acks: map[uuid.UUID]time.Time{}}
+	ph := &phases{}
+	r, err := outbox.NewRelay(rpool, outbox.RelayConfig{Schema: s.schema, Publisher: rec, DisableNotify: !wake, Logger: quietLogger(), Observer: ph})
+	if err != nil {
+		return nil, 0, err
+	}
+	var notifier *outbox.Notifier
+	if wake {
+		if notifier, err = outbox.NewNotifier(wpool, outbox.NotifierConfig{Schema: s.schema, Logger: quietLogger()}); err != nil {
+			return nil, 0, err
+		}
+		defer notifier.Close()
+	}
+	runCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- r.Run(runCtx) }()
+	defer func() { stopRelay(); <-relayDone }()
+	time.Sleep(300 * time.Millisecond) // relay started and listening
+
+	rate := e.sz.latencyRate
+	d := e.sz.latencyDur
+	ticks := make(chan struct{}, rate)
+	var mu sync.Mutex
+	commits := map[uuid.UUID]time.Time{}
+	var wg sync.WaitGroup
+	var firstErr error
+	for wkr := 0; wkr < 16; wkr++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range ticks {
+				var id uuid.UUID
+				err := pgx.BeginFunc(ctx, wpool, func(tx pgx.Tx) error {
+					oid, _ := uuid.NewV7()
+					if _, err := tx.Exec(ctx, `INSERT INTO `+s.schema+`.orders (order_id, customer_id, total_cents) VALUES ($1, $2, $3)`, oid, "customer-42", 12345); err != nil {
+						return err
+					}
+					recs, err := w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: oid.String(), Type: "OrderCreated", Payload: []byte(payload)})
+					if err == nil {
+						id = recs[0].ID
+					}
+					return err
+				})
+				committed := time.Now()
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					continue
+				}
+				if notifier != nil {
+					notifier.Notify()
+				}
+				mu.Lock()
+				commits[id] = committed
+				mu.Unlock()
+			}
+		}()
+	}
+	start := time.Now()
+	sent := 0
+	for time.Since(start) < d && ctx.Err() == nil {
+		due := int(time.Since(start).Seconds() * float64(rate))
+		for ; sent < due; sent++ {
+			ticks <- struct{}{}
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	close(ticks)
+	wg.Wait()
+	offered = float64(sent) / time.Since(start).Seconds()
+	e.logf("%s: relay %s", name, ph.String(time.Since(start)))
+	if firstErr != nil {
+		return nil, 0, firstErr
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for rec.count() < len(commits) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	missing := 0
+	for id, c := range commits {
+		a, ok := rec.acks[id]
+		if !ok {
+			missing++
+			continue
+		}
+		lat = append(lat, a.Sub(c))
+	}
+	if missing > 0 {
+		return nil, 0, fmt.Errorf("%d of %d events not acknowledged 30s after the load ended", missing, len(commits))
+	}
+	return lat, offered, nil
+}
+
+// notifyWriteRun measures the library write path at 16 clients for d with a
+// relay running at its defaults, in three modes: no wake-up ("off"),
+// a Notifier after each commit ("notifier"), and pg_notify inside each
+// transaction ("in-tx", the trap). Modes alternate within each round.
+func notifyWriteRun(ctx context.Context, e *env) (map[string]float64, map[string][]time.Duration, error) {
+	s, cleanup, err := e.newSpace(ctx, "notify-write")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer cleanup()
+	if err := createOrders(ctx, e, s.schema); err != nil {
+		return nil, nil, err
+	}
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: s.schema})
+	if err != nil {
+		return nil, nil, err
+	}
+	k := newWriteKinds(s.schema, w)
+	wpool, err := e.pool(ctx, 17)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer wpool.Close()
+	rpool, err := e.relayPool(ctx, 4)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rpool.Close()
+	pub, nc, err := e.publisher(ctx, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer nc.Close()
+	r, err := outbox.NewRelay(rpool, outbox.RelayConfig{Schema: s.schema, Publisher: pub, Logger: quietLogger()})
+	if err != nil {
+		return nil, nil, err
+	}
+	notifier, err := outbox.NewNotifier(wpool, outbox.NotifierConfig{Schema: s.schema, Logger: quietLogger()})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer notifier.Close()
+	runCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- r.Run(runCtx) }()
+	defer func() { stopRelay(); <-relayDone }()
+	if _, _, err := closedLoop(ctx, wpool, 16, 300*time.Millisecond, k.libEvent, nil); err != nil {
+		return nil, nil, err
+	}
+	counts := map[string]int{}
+	durs := map[string]time.Duration{}
+	lats := map[string][]time.Duration{}
+	modes := []struct {
+		name  string
+		body  orderTx
+		after func()
+	}{{"off", k.libEvent, nil}, {"notifier", k.libEvent, notifier.Notify}, {"in-tx", k.libNotifyInTx, nil}}
+	for round := 0; round < e.sz.writeRounds; round++ {
+		for _, m := range modes {
+			t := time.Now()
+			n, lat, err := closedLoop(ctx, wpool, 16, e.sz.notifyWriteDur, m.body, m.after)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", m.name, err)
+			}
+			counts[m.name] += n
+			durs[m.name] += time.Since(t)
+			lats[m.name] = append(lats[m.name], lat...)
+		}
+	}
+	rates := map[string]float64{}
+	for name, n := range counts {
+		rates[name] = float64(n) / durs[name].Seconds()
+	}
+	return rates, lats, nil
+}
+
+func benchLatency(ctx context.Context, e *env) ([]Result, error) {
+	var out []Result
+	for _, mode := range []struct {
+		name string
+		wake bool
+	}{{"polling", false}, {"wakeup", true}} {
+		lat, offered, err := latencyRun(ctx, e, "latency-"+mode.name, mode.wake)
+		if err != nil {
+			return out, fmt.Errorf("latency %s: %w", mode.name, err)
+		}
+		p50, p99, mx := percentiles(lat)
+		res := Result{Scenario: fmt.Sprintf("latency/commit-to-ack/%s", mode.name), EventsPerSec: f(offered),
+			P50: f(p50), P99: f(p99), Max: f(mx), Events: int64(len(lat)), Seconds: e.sz.latencyDur.Seconds(),
+			Note: fmt.Sprintf("offered %d events/s for %s, one event per transaction", e.sz.latencyRate, e.sz.latencyDur)}
+		if mode.wake {
+			res.Target, res.Met = "p99 <= 25 ms", b(p99 <= 25)
+		}
+		e.logf("%s: p50 %.1f ms p99 %.1f ms max %.1f ms at %.0f events/s", res.Scenario, p50, p99, mx, offered)
+		out = append(out, res)
+	}
+	rates, lats, err := notifyWriteRun(ctx, e)
+	if err != nil {
+		return out, err
+	}
+	for _, m := range []string{"off", "notifier", "in-tx"} {
+		p50, p99, mx := percentiles(lats[m])
+		res := Result{Scenario: "latency/write-16c/wakeup-" + m, EventsPerSec: f(rates[m]), P50: f(p50), P99: f(p99), Max: f(mx),
+			Events: int64(len(lats[m]))}
+		if m != "off" {
+			res.Ratio, res.RatioOf = f(rates[m]/rates["off"]), "latency/write-16c/wakeup-off"
+		}
+		switch m {
+		case "off":
+			res.Note = "library write path (tx/s), relay running, no wake-up"
+		case "notifier":
+			res.Target, res.Met = ">= 0.90", b(rates[m]/rates["off"] >= 0.9)
+			res.Note = "outbox.Notifier: coalesced pg_notify after commit, off the request path"
+		case "in-tx":
+			res.Note = "pg_notify inside each writing transaction (the trap; for comparison)"
+		}
+		e.logf("%s: %.0f tx/s", res.Scenario, rates[m])
+		out = append(out, res)
+	}
+	return out, nil
+}

@@ -1,0 +1,272 @@
+// Command bench measures the outbox against the machine's limit and a peer
+// (Watermill's SQL forwarder), on the real PostgreSQL and NATS JetStream
+// servers, and prints one table (or --json, one object per scenario).
+//
+// It lives in its own Go module so that the product never depends on the
+// peer. Run it from the repository root:
+//
+//	cd bench && go run .            # the default run (about 10 minutes)
+//	cd bench && go run . --quick    # a smoke run (under a minute)
+//	cd bench && go run . --long     # a 1,000,000-event backlog
+//	cd bench && go run . --json     # one JSON object per scenario
+//
+// Every scenario uses its own PostgreSQL schema (or database) and its own
+// JetStream stream, and removes them when it ends. Progress goes to stderr;
+// the table (or JSON) to stdout. See BENCHMARKS.md for what each figure means
+// and what limits it.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+// Result is one scenario's outcome. EventsPerSec, P50, P99 and Ratio are
+// always present in the JSON (null when they do not apply).
+type Result struct {
+	Scenario     string   `json:"scenario"`
+	EventsPerSec *float64 `json:"events_per_sec"`
+	P50          *float64 `json:"p50_ms"`
+	P99          *float64 `json:"p99_ms"`
+	Ratio        *float64 `json:"ratio"`
+	// RatioOf names the scenario Ratio divides by (same run).
+	RatioOf string   `json:"ratio_of,omitempty"`
+	Max     *float64 `json:"max_ms,omitempty"`
+	// Value and Unit carry figures that are not rates (queries/s, MB).
+	Value   *float64 `json:"value,omitempty"`
+	Unit    string   `json:"unit,omitempty"`
+	Events  int64    `json:"events,omitempty"`
+	Seconds float64  `json:"seconds,omitempty"`
+	Target  string   `json:"target,omitempty"`
+	Met     *bool    `json:"met,omitempty"`
+	Note    string   `json:"note,omitempty"`
+}
+
+func f(v float64) *float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	return &v
+}
+
+func b(v bool) *bool { return &v }
+
+// sizes scale a run.
+type sizes struct {
+	writeDur       time.Duration // per (kind, clients) measurement, per round
+	writeRounds    int
+	clients        []int
+	backlog        int
+	aggregates     int
+	watermillCap   time.Duration
+	latencyDur     time.Duration
+	latencyRate    int
+	notifyWriteDur time.Duration
+	scaleCounts    []int
+	history        int
+	idleDur        time.Duration
+}
+
+func defaultSizes() sizes {
+	return sizes{
+		writeDur: time.Second, writeRounds: 6, clients: []int{1, 4, 16},
+		backlog: 200_000, aggregates: 10_000, watermillCap: 40 * time.Second,
+		latencyDur: 30 * time.Second, latencyRate: 1000, notifyWriteDur: 1500 * time.Millisecond,
+		scaleCounts: []int{1, 2, 4}, history: 5_000_000, idleDur: 20 * time.Second,
+	}
+}
+
+func quickSizes() sizes {
+	return sizes{
+		writeDur: 400 * time.Millisecond, writeRounds: 1, clients: []int{1, 4, 16},
+		backlog: 5_000, aggregates: 500, watermillCap: 4 * time.Second,
+		latencyDur: 3 * time.Second, latencyRate: 1000, notifyWriteDur: 500 * time.Millisecond,
+		scaleCounts: []int{1, 2, 4}, history: 50_000, idleDur: 4 * time.Second,
+	}
+}
+
+// groups in the order they run.
+var allGroups = []string{"write", "relay", "latency", "scale", "history", "idle"}
+
+type options struct {
+	json, quick, long, keep bool
+	skipPeer, tuneBatch     bool
+	syncCommit              bool
+	only                    []string
+	databaseURL, natsURL    string
+	explainFile, jsonOut    string
+	cpuProfile              string
+	sz                      sizes
+}
+
+func main() {
+	var o options
+	var only string
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.BoolVar(&o.json, "json", false, "print one JSON object per scenario instead of the table")
+	fs.BoolVar(&o.quick, "quick", false, "small sizes: a smoke run in under a minute")
+	fs.BoolVar(&o.long, "long", false, "a 1,000,000-event backlog for the relay throughput scenarios")
+	fs.BoolVar(&o.keep, "keep", false, "keep the schemas and streams (to inspect them)")
+	fs.BoolVar(&o.skipPeer, "skip-peer", false, "skip the Watermill scenarios (to iterate on our relay)")
+	fs.BoolVar(&o.tuneBatch, "batch-sweep", false, "also drain the relay backlog with batch sizes 250, 500, 1000 and 2000")
+	fs.BoolVar(&o.syncCommit, "sync-commit", false, "run every relay with synchronous_commit on (outbox relay --sync-commit)")
+	fs.StringVar(&only, "only", "", "comma-separated groups to run: "+strings.Join(allGroups, ","))
+	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL (env DATABASE_URL)")
+	fs.StringVar(&o.natsURL, "nats-url", envOr("NATS_URL", "nats://127.0.0.1:4222"), "NATS with JetStream (env NATS_URL)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (in-process relays, writers) to this file")
+	fs.StringVar(&o.jsonOut, "json-out", "", "also write the JSON objects to this file (with the table on stdout)")
+	fs.StringVar(&o.explainFile, "explain", "", "write the claim's EXPLAIN (ANALYZE, BUFFERS) on the history table to this file")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	o.sz = defaultSizes()
+	if o.quick {
+		o.sz = quickSizes()
+	}
+	if o.long {
+		o.sz.backlog = 1_000_000
+	}
+	o.only = allGroups
+	if only != "" {
+		o.only = strings.Split(only, ",")
+		for _, g := range o.only {
+			if !slices.Contains(allGroups, g) {
+				fmt.Fprintf(os.Stderr, "bench: unknown group %q (groups: %s)\n", g, strings.Join(allGroups, ","))
+				os.Exit(2)
+			}
+		}
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	results, err := run(ctx, o, os.Stderr)
+	if o.json {
+		writeJSON(os.Stdout, results)
+	} else {
+		printTable(os.Stdout, results)
+	}
+	if o.jsonOut != "" {
+		if f, ferr := os.Create(o.jsonOut); ferr == nil {
+			writeJSON(f, results)
+			_ = f.Close()
+		} else {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", ferr)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func writeJSON(w io.Writer, results []Result) {
+	enc := json.NewEncoder(w)
+	for _, r := range results {
+		_ = enc.Encode(r)
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// run runs the selected groups and returns every result, also those of the
+// groups that ran before an error.
+func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
+	e, err := newEnv(ctx, o, logw)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	e.logf("machine: %s", machineLine(ctx, e))
+	start := time.Now()
+	var all []Result
+	for _, g := range o.only {
+		var rs []Result
+		var err error
+		t := time.Now()
+		e.logf("== %s", g)
+		// Start each group from a clean slate: the previous group's WAL and
+		// dirty buffers flushed now rather than by a checkpoint in the middle
+		// of this one (pgbench does the same before a run).
+		if _, err := e.admin.Exec(ctx, "CHECKPOINT"); err != nil {
+			e.logf("checkpoint: %v", err)
+		}
+		switch g {
+		case "write":
+			rs, err = benchWrite(ctx, e)
+		case "relay":
+			rs, err = benchRelay(ctx, e)
+		case "latency":
+			rs, err = benchLatency(ctx, e)
+		case "scale":
+			rs, err = benchScale(ctx, e)
+		case "history":
+			rs, err = benchHistory(ctx, e)
+		case "idle":
+			rs, err = benchIdle(ctx, e)
+		}
+		all = append(all, rs...)
+		if err != nil {
+			return all, fmt.Errorf("%s: %w", g, err)
+		}
+		e.logf("== %s done in %s", g, time.Since(t).Round(time.Second))
+	}
+	e.logf("all done in %s", time.Since(start).Round(time.Second))
+	return all, nil
+}
+
+func printTable(w io.Writer, rs []Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tevents/s\tp50 ms\tp99 ms\tmax ms\tvalue\tratio\tvs\ttarget\tmet\t")
+	num := func(p *float64, prec int) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.*f", prec, *p)
+	}
+	for _, r := range rs {
+		val := "-"
+		if r.Value != nil {
+			val = fmt.Sprintf("%.1f %s", *r.Value, r.Unit)
+		}
+		met := ""
+		if r.Met != nil {
+			met = map[bool]string{true: "yes", false: "NO"}[*r.Met]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Scenario, num(r.EventsPerSec, 0), num(r.P50, 1), num(r.P99, 1),
+			num(r.Max, 1), val, num(r.Ratio, 2), r.RatioOf, r.Target, met)
+	}
+	_ = tw.Flush()
+	for _, r := range rs {
+		if r.Note != "" {
+			fmt.Fprintf(w, "  %s: %s\n", r.Scenario, r.Note)
+		}
+	}
+}

@@ -1,0 +1,366 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/outboxnats"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// drainOurs drains the space's backlog of n events with one in-process relay
+// (default configuration) and returns the elapsed time, from Run to the last
+// mark.
+func drainOurs(ctx context.Context, e *env, s space, n int, tweak func(*outbox.RelayConfig)) (time.Duration, *outbox.Relay, error) {
+	pool, err := e.relayPool(ctx, 4)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer pool.Close()
+	pub, nc, err := e.publisher(ctx, s)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer nc.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return 0, nil, err
+	}
+	ph := &phases{}
+	cfg := outbox.RelayConfig{Schema: s.schema, Publisher: pub, Logger: quietLogger(), Observer: ph}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	r, err := outbox.NewRelay(pool, cfg)
+	if err != nil {
+		return 0, nil, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(runCtx) }()
+	limit := time.Now().Add(10 * time.Minute)
+	for r.Stats().Published < int64(n) {
+		if time.Now().After(limit) || ctx.Err() != nil {
+			stop()
+			<-done
+			return 0, r, fmt.Errorf("relay published %d of %d", r.Stats().Published, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	stop()
+	if err := <-done; err != nil {
+		return 0, r, err
+	}
+	e.logf("%s: %s", s.schema, ph.String(elapsed))
+	return elapsed, r, nil
+}
+
+// naiveRelay is the machine's limit: no ordering at all. It claims the 1,000
+// oldest pending rows (SKIP LOCKED, a lease), publishes them all
+// asynchronously with their event id as Nats-Msg-Id and the same headers
+// outboxnats sends, waits for every ack, marks them published, repeats.
+func naiveRelay(ctx context.Context, e *env, s space, n int) (time.Duration, error) {
+	return naiveWorkers(ctx, e, s, n, 1)
+}
+
+// naiveWorkers runs workers copies of the naive relay's loop side by side
+// (SKIP LOCKED keeps their claims apart) until n events are marked.
+func naiveWorkers(ctx context.Context, e *env, s space, n, workers int) (time.Duration, error) {
+	pool, err := e.relayPool(ctx, int32(2*workers+2))
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	// Create the stream the same way as for our relay.
+	if _, nc, err := e.publisher(ctx, s); err != nil {
+		return 0, err
+	} else {
+		nc.Close()
+	}
+	events := s.schema + ".outbox_events"
+	claim := `UPDATE ` + events + ` e SET claimed_by = 'naive', claim_until = now() + interval '30 seconds'
+WHERE e.event_id IN (SELECT event_id FROM ` + events + `
+	WHERE published_at IS NULL AND (claim_until IS NULL OR claim_until < now())
+	ORDER BY available_at, occurred_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
+RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type, e.schema_version, e.payload, e.occurred_at`
+	mark := `UPDATE ` + events + ` SET published_at = now(), claimed_by = NULL, claim_until = NULL WHERE event_id = ANY($1)`
+	var mu sync.Mutex
+	done := 0
+	var claimT, pubT, markT time.Duration
+	worker := func() error {
+		nc, err := nats.Connect(e.o.natsURL, nats.Name("outbox-bench-naive"))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+		if err != nil {
+			return err
+		}
+		for {
+			mu.Lock()
+			finished := done >= n
+			mu.Unlock()
+			if finished {
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			t0 := time.Now()
+			rows, err := pool.Query(ctx, claim)
+			if err != nil {
+				return err
+			}
+			var ids [][16]byte // raw 16-byte ids: cheaper to encode than uuid.UUID's strings
+			var futures []jetstream.PubAckFuture
+			for rows.Next() {
+				var m outbox.Message
+				if err := rows.Scan(&m.ID, &m.AggregateType, &m.AggregateID, &m.Sequence, &m.Type, &m.SchemaVersion, &m.Payload, &m.OccurredAt); err != nil {
+					rows.Close()
+					return err
+				}
+				ids = append(ids, m.ID)
+				paf, err := js.PublishMsgAsync(naiveMsg(s.prefix, &m))
+				if err != nil {
+					rows.Close()
+					return err
+				}
+				futures = append(futures, paf)
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if len(ids) == 0 {
+				time.Sleep(time.Millisecond) // the others hold the rest
+				continue
+			}
+			t1 := time.Now()
+			for _, paf := range futures {
+				select {
+				case <-paf.Ok():
+				case err := <-paf.Err():
+					return err
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			t2 := time.Now()
+			if _, err := pool.Exec(ctx, mark, ids); err != nil {
+				return err
+			}
+			mu.Lock()
+			done += len(ids)
+			claimT += t1.Sub(t0) // includes sending the messages (async, as rows arrive)
+			pubT += t2.Sub(t1)
+			markT += time.Since(t2)
+			mu.Unlock()
+		}
+	}
+	start := time.Now()
+	var g errgroup.Group
+	for w := 0; w < workers; w++ {
+		g.Go(worker)
+	}
+	err = g.Wait()
+	elapsed := time.Since(start)
+	per := func(d time.Duration) float64 { return ms(d) / float64(max(done, 1)) * 1000 }
+	e.logf("%s: naive (%d workers): claims %.2f ms, publish %.2f ms, marks %.2f ms per 1000 events (summed over workers)",
+		s.schema, workers, per(claimT), per(pubT), per(markT))
+	return elapsed, err
+}
+
+// naiveMsg carries the same subject, headers and data as outboxnats would.
+func naiveMsg(prefix string, m *outbox.Message) *nats.Msg {
+	id := m.ID.String()
+	h := nats.Header{}
+	h.Set(outboxnats.HeaderSpecVersion, outboxnats.SpecVersion)
+	h.Set(outboxnats.HeaderID, id)
+	h.Set(outboxnats.HeaderType, m.Type)
+	h.Set(outboxnats.HeaderSource, outboxnats.SourceDefault)
+	h.Set(outboxnats.HeaderSubject, m.AggregateID)
+	h.Set(outboxnats.HeaderTime, m.OccurredAt.UTC().Format(time.RFC3339Nano))
+	h.Set(outboxnats.HeaderAggregateType, m.AggregateType)
+	h.Set(outboxnats.HeaderSequence, outbox.SequenceHeader(m.Sequence))
+	h.Set(outboxnats.HeaderSchemaVersion, fmt.Sprint(m.SchemaVersion))
+	h.Set(outboxnats.HeaderPartitionKey, m.AggregateID)
+	h.Set(outboxnats.HeaderContentType, outboxnats.ContentType)
+	h.Set(outboxnats.HeaderMsgID, id)
+	return &nats.Msg{Subject: outboxnats.Subject(prefix, m.AggregateType, m.AggregateID), Header: h, Data: m.Payload}
+}
+
+// benchRelay drains the same backlog with our relay, the naive relay and
+// Watermill's forwarder (defaults, then batch 1,000), in that order.
+func benchRelay(ctx context.Context, e *env) ([]Result, error) {
+	n, aggs := e.sz.backlog, e.sz.aggregates
+	var out []Result
+
+	// Ours and the naive relay, each on a fresh copy of the backlog, in two
+	// rounds of opposite order (ours, naive, naive, ours): on a shared
+	// machine, load that comes and goes then weighs on both alike.
+	var oursTime, naiveTime time.Duration
+	var distinct int
+	var stats outbox.RelayStats
+	for round, order := range [][]string{{"ours", "naive"}, {"naive", "ours"}} {
+		for _, kind := range order {
+			s, cleanup, err := e.newSpace(ctx, fmt.Sprintf("relay-%s-%d", kind, round))
+			if err != nil {
+				return nil, err
+			}
+			if err := e.loadBacklog(ctx, s.schema, n, aggs, "o-", 1<<40, false); err != nil {
+				cleanup()
+				return nil, err
+			}
+			var elapsed time.Duration
+			if kind == "ours" {
+				var r *outbox.Relay
+				elapsed, r, err = drainOurs(ctx, e, s, n, nil)
+				if err == nil {
+					stats = r.Stats()
+					distinct, err = e.checkOrder(ctx, s.stream)
+				}
+				oursTime += elapsed
+			} else {
+				elapsed, err = naiveRelay(ctx, e, s, n)
+				naiveTime += elapsed
+			}
+			cleanup()
+			if err != nil {
+				return nil, fmt.Errorf("%s relay: %w", kind, err)
+			}
+			e.logf("relay/%s round %d: %.0f events/s (%s)", kind, round+1, float64(n)/elapsed.Seconds(), elapsed.Round(time.Millisecond))
+		}
+	}
+	ours := float64(2*n) / oursTime.Seconds()
+	naive := float64(2*n) / naiveTime.Seconds()
+	// The machine's capacity: the naive relay with two workers.
+	s2, cleanup2, err := e.newSpace(ctx, "relay-naive2")
+	if err != nil {
+		return nil, err
+	}
+	if err := e.loadBacklog(ctx, s2.schema, n, aggs, "o-", 1<<40, false); err != nil {
+		cleanup2()
+		return nil, err
+	}
+	naive2Time, err := naiveWorkers(ctx, e, s2, n, 2)
+	cleanup2()
+	if err != nil {
+		return nil, fmt.Errorf("naive relay, 2 workers: %w", err)
+	}
+	naive2 := float64(n) / naive2Time.Seconds()
+	e.logf("relay/naive 2 workers: %.0f events/s", naive2)
+	e.logf("relay/ours: %.0f events/s, naive %.0f events/s; I5 holds over %d events, stats %+v", ours, naive, distinct, stats)
+	oursRes := Result{Scenario: "relay/ours", EventsPerSec: f(ours), Events: int64(2 * n), Seconds: oursTime.Seconds(),
+		Note: fmt.Sprintf("per-aggregate order; two drains of %d events over %d aggregates; I5 checked on the stream (%d events)", n, aggs, distinct)}
+	elapsed := naiveTime
+
+	// Hot aggregates: a quarter of the backlog over 10 aggregates, so each
+	// lane holds thousands of events: the claim must take each lane's
+	// contiguous successors, or it gets 10 events per round trip.
+	hotN := n / 4
+	s, cleanup, err := e.newSpace(ctx, "relay-hot")
+	if err != nil {
+		return nil, err
+	}
+	if err := e.loadBacklog(ctx, s.schema, hotN, 10, "o-", 1<<40, false); err != nil {
+		cleanup()
+		return nil, err
+	}
+	hotElapsed, _, err := drainOurs(ctx, e, s, hotN, nil)
+	if err == nil {
+		_, err = e.checkOrder(ctx, s.stream)
+	}
+	cleanup()
+	if err != nil {
+		return nil, fmt.Errorf("hot aggregates: %w", err)
+	}
+	s, cleanup, err = e.newSpace(ctx, "relay-hot-naive")
+	if err != nil {
+		return nil, err
+	}
+	if err := e.loadBacklog(ctx, s.schema, hotN, 10, "o-", 1<<40, false); err != nil {
+		cleanup()
+		return nil, err
+	}
+	hotNaiveElapsed, err := naiveRelay(ctx, e, s, hotN)
+	cleanup()
+	if err != nil {
+		return nil, fmt.Errorf("hot aggregates, naive: %w", err)
+	}
+	hot, hotNaive := float64(hotN)/hotElapsed.Seconds(), float64(hotN)/hotNaiveElapsed.Seconds()
+	e.logf("relay/hot: ours %.0f events/s, naive %.0f events/s", hot, hotNaive)
+	hotResults := []Result{
+		{Scenario: "relay/ours-10-hot-aggregates", EventsPerSec: f(hot), Ratio: f(hot / hotNaive), RatioOf: "relay/naive-10-hot-aggregates",
+			Events: int64(hotN), Seconds: hotElapsed.Seconds(), Note: fmt.Sprintf("%d events over 10 aggregates; I5 checked on the stream", hotN)},
+		{Scenario: "relay/naive-10-hot-aggregates", EventsPerSec: f(hotNaive), Events: int64(hotN), Seconds: hotNaiveElapsed.Seconds()}}
+
+	if e.o.tuneBatch {
+		for _, bs := range []int{250, 500, 1000, 2000} {
+			s, cleanup, err := e.newSpace(ctx, fmt.Sprintf("relay-batch-%d", bs))
+			if err != nil {
+				return nil, err
+			}
+			if err := e.loadBacklog(ctx, s.schema, n, aggs, "o-", 1<<40, false); err != nil {
+				cleanup()
+				return nil, err
+			}
+			elapsed, _, err := drainOurs(ctx, e, s, n, func(c *outbox.RelayConfig) { c.BatchSize = bs })
+			cleanup()
+			if err != nil {
+				return nil, err
+			}
+			rate := float64(n) / elapsed.Seconds()
+			e.logf("relay/ours batch %d: %.0f events/s", bs, rate)
+			out = append(out, Result{Scenario: fmt.Sprintf("relay/ours-batch-%d", bs), EventsPerSec: f(rate), Ratio: f(rate / naive),
+				RatioOf: "relay/naive-unordered", Events: int64(n), Seconds: elapsed.Seconds()})
+		}
+	}
+	if e.o.skipPeer {
+		oursRes.Ratio, oursRes.RatioOf = f(ours/naive), "relay/naive-unordered"
+		out = append(out, oursRes, Result{Scenario: "relay/naive-unordered", EventsPerSec: f(naive), Events: int64(2 * n)})
+		return append(out, hotResults...), nil
+	}
+
+	// Watermill.
+	wmDef, wmDefNote, err := benchWatermill(ctx, e, n, aggs, 0, false)
+	if err != nil {
+		return nil, fmt.Errorf("watermill defaults: %w", err)
+	}
+	wm1000, wm1000Note, err := benchWatermill(ctx, e, n, aggs, 1000, false)
+	if err != nil {
+		return nil, fmt.Errorf("watermill batch 1000: %w", err)
+	}
+	wmRS, wmRSNote, err := benchWatermill(ctx, e, n, aggs, 1000, true)
+	if err != nil {
+		return nil, fmt.Errorf("watermill batch 1000, relay session: %w", err)
+	}
+
+	oursRes.Ratio, oursRes.RatioOf = f(ours/naive), "relay/naive-unordered"
+	oursRes.Target, oursRes.Met = ">= 0.80", b(ours/naive >= 0.8)
+	out = append(out, oursRes,
+		Result{Scenario: "relay/naive-unordered", EventsPerSec: f(naive), Events: int64(2 * n), Seconds: elapsed.Seconds(),
+			Note: "no ordering: claim 1000, async publish all, wait for acks, mark; two drains, interleaved with ours"},
+		Result{Scenario: "relay/naive-unordered-2-workers", EventsPerSec: f(naive2), Ratio: f(naive2 / naive), RatioOf: "relay/naive-unordered",
+			Events: int64(n), Seconds: naive2Time.Seconds(), Note: "the machine's capacity for draining: two naive workers on one table"},
+		Result{Scenario: "relay/watermill-defaults", EventsPerSec: f(wmDef), Ratio: f(wmDef / ours), RatioOf: "relay/ours", Note: wmDefNote},
+		Result{Scenario: "relay/watermill-batch1000", EventsPerSec: f(wm1000), Ratio: f(wm1000 / ours), RatioOf: "relay/ours", Note: wm1000Note},
+		Result{Scenario: "relay/watermill-batch1000-our-session", EventsPerSec: f(wmRS), Ratio: f(wmRS / ours), RatioOf: "relay/ours",
+			Note: "Watermill batch 1000 on a pool with our relay's session settings (jit off, synchronous_commit off); " + wmRSNote},
+		Result{Scenario: "relay/ours-vs-watermill-batch1000", Ratio: f(ours / wm1000), RatioOf: "relay/watermill-batch1000",
+			Target: ">= 5.0", Met: b(ours/wm1000 >= 5)},
+		Result{Scenario: "relay/ours-vs-watermill-our-session", Ratio: f(ours / wmRS), RatioOf: "relay/watermill-batch1000-our-session"},
+	)
+	out = append(out, hotResults...)
+	return out, nil
+}
