@@ -15,9 +15,6 @@ import (
 // p99_ms and ratio. It checks no target: the figures of a smoke run on a
 // shared machine mean nothing.
 func TestQuickRun(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the whole benchmark at smoke sizes")
-	}
 	o := options{quick: true, only: allGroups, sz: quickSizes(),
 		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222")}
