@@ -73,5 +73,5 @@ func ExampleWriter_InsertTx_invalid() {
 		outbox.Event{AggregateType: "order", AggregateID: "ord-1", Type: "OrderCreated", Payload: []byte(`{"total":`)})
 	fmt.Println(err)
 	// Output:
-	// invalid event 0: payload is not valid JSON
+	// invalid event 0: payload: not valid JSON
 }

@@ -18,9 +18,13 @@ type Message struct {
 	Sequence      int64
 	Type          string
 	SchemaVersion int
-	Payload       []byte
-	Headers       map[string]string
-	OccurredAt    time.Time
+	// ContentType is the payload's media type (CloudEvents datacontenttype):
+	// the Event's ContentType, or ContentTypeJSON when it had none.
+	ContentType string
+	// Payload is the payload exactly as the writer was given it.
+	Payload    []byte
+	Headers    map[string]string
+	OccurredAt time.Time
 	// Attempt is 1 for the first publish attempt, then counts up.
 	Attempt int
 	// SkippedFrom is zero unless an operator skipped the events just before

@@ -45,9 +45,7 @@ SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 mi
 FROM candidates c
 WHERE e.event_id = c.event_id
   AND e.event_id = ANY (ARRAY(SELECT event_id FROM candidates))
-RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type,
-	e.schema_version, e.payload, e.headers, e.occurred_at, e.attempt_count, c.claimed_by,
-	` + skippedFromSQL(events, "e") + ``,
+RETURNING ` + messageColumns(events, "e") + `, e.attempt_count, c.claimed_by`,
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.
@@ -69,6 +67,18 @@ WHERE e.event_id = f.event_id AND e.claim_token = $6`,
 SET claimed_by = NULL, claim_token = NULL, claim_until = NULL
 WHERE event_id = ANY($1) AND claim_token = $2`,
 	}
+}
+
+// messageColumns lists, for event alias e, the columns a Message is read
+// from (see messageRow): the payload as written (payload_bytes, or the text
+// of a jsonb payload inserted by hand or before migration 003), the content
+// type (NULL is JSON), the headers as raw JSON, decoded in Go so that a row
+// whose headers are not a string map fails alone instead of the whole query.
+func messageColumns(events, e string) string {
+	return e + `.event_id, ` + e + `.aggregate_type, ` + e + `.aggregate_id, ` + e + `.aggregate_sequence, ` + e + `.event_type,
+	` + e + `.schema_version, coalesce(` + e + `.content_type, '` + ContentTypeJSON + `'),
+	coalesce(` + e + `.payload_bytes, convert_to(` + e + `.payload::text, 'UTF8')), ` + e + `.headers::text, ` + e + `.occurred_at,
+	` + skippedFromSQL(events, e)
 }
 
 // skippedFromSQL is the expression giving the SkippedFrom of event alias e:

@@ -202,8 +202,7 @@ func (a *Admin) replay(ctx context.Context, pub Publisher, cfg ReplayConfig, res
 	where, args := cfg.filter()
 	n := len(args)
 	pageSQL := func(after bool) string {
-		q := `SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type, e.schema_version,
-	e.payload, e.headers, e.occurred_at, ` + skippedFromSQL(a.t.events, "e") + `
+		q := `SELECT ` + messageColumns(a.t.events, "e") + `
 FROM ` + a.t.events + ` e
 WHERE ` + where
 		if after {
@@ -223,11 +222,16 @@ WHERE ` + where
 			return fmt.Errorf("read events: %w", err)
 		}
 		page, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Message, error) {
-			m := Message{ReplayID: res.ReplayID, Attempt: 1}
-			err := row.Scan(&m.ID, &m.AggregateType, &m.AggregateID, &m.Sequence, &m.Type, &m.SchemaVersion,
-				&m.Payload, &m.Headers, &m.OccurredAt, &m.SkippedFrom)
-			m.OccurredAt = m.OccurredAt.UTC()
-			return m, err
+			var r messageRow
+			if err := row.Scan(r.dest()...); err != nil {
+				return Message{}, err
+			}
+			m, err := r.decode()
+			if err != nil {
+				return m, fmt.Errorf("event %s: %w", m.ID, err)
+			}
+			m.ReplayID, m.Attempt = res.ReplayID, 1
+			return m, nil
 		})
 		if err != nil {
 			return fmt.Errorf("read events: %w", err)

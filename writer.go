@@ -70,7 +70,7 @@ func insertEventsSQL(s pgident.Schema) string {
 	return `WITH input AS (
 	SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(
 		ord int, event_id uuid, aggregate_type text, aggregate_id text,
-		event_type text, schema_version int, payload jsonb, headers jsonb)
+		event_type text, schema_version int, content_type text, payload text, headers jsonb)
 ), counts AS (
 	SELECT aggregate_type, aggregate_id, count(*) AS n
 	FROM input GROUP BY aggregate_type, aggregate_id
@@ -82,10 +82,10 @@ func insertEventsSQL(s pgident.Schema) string {
 	RETURNING a.aggregate_type, a.aggregate_id, a.last_sequence
 )
 INSERT INTO ` + s.Table("outbox_events") + ` (event_id, aggregate_type, aggregate_id,
-	aggregate_sequence, event_type, schema_version, payload, headers)
+	aggregate_sequence, event_type, schema_version, content_type, payload_bytes, headers)
 SELECT i.event_id, i.aggregate_type, i.aggregate_id,
 	s.last_sequence - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
-	i.event_type, i.schema_version, coalesce(i.payload, 'null'::jsonb), coalesce(i.headers, '{}'::jsonb)
+	i.event_type, i.schema_version, i.content_type, decode(coalesce(i.payload, ''), 'base64'), coalesce(i.headers, '{}'::jsonb)
 FROM input i
 JOIN counts c USING (aggregate_type, aggregate_id)
 JOIN seq s USING (aggregate_type, aggregate_id)
@@ -107,14 +107,14 @@ func insertOneSQL(s pgident.Schema) string {
 	RETURNING a.last_sequence
 )
 INSERT INTO ` + s.Table("outbox_events") + ` (event_id, aggregate_type, aggregate_id,
-	aggregate_sequence, event_type, schema_version, payload, headers)
-SELECT $1::uuid, $2::text, $3::text, seq.last_sequence, $4::text, $5::int, $6::text::jsonb, $7::text::jsonb FROM seq
+	aggregate_sequence, event_type, schema_version, payload_bytes, headers, content_type)
+SELECT $1::uuid, $2::text, $3::text, seq.last_sequence, $4::text, $5::int, $6::bytea, $7::text::jsonb, $8::text FROM seq
 RETURNING event_id, aggregate_sequence, occurred_at`
 }
 
 // one holds the parameters of insertOneSQL.
 type one struct {
-	args [7]any
+	args [8]any
 	id   uuid.UUID
 }
 
@@ -143,7 +143,20 @@ func (w *Writer) prepareOne(ev *Event) (one, error) {
 		}
 		headers = string(b)
 	}
-	return one{id: id, args: [7]any{id.String(), ev.AggregateType, ev.AggregateID, ev.Type, version, string(ev.Payload), headers}}, nil
+	payload := ev.Payload
+	if payload == nil {
+		payload = []byte{} // NULL would break the payload CHECK
+	}
+	return one{id: id, args: [8]any{id.String(), ev.AggregateType, ev.AggregateID, ev.Type, version, payload, headers, contentType(ev.ContentType)}}, nil
+}
+
+// contentType is the content_type column's value: NULL for JSON, the
+// default.
+func contentType(ct string) any {
+	if ct == "" || ct == ContentTypeJSON {
+		return nil
+	}
+	return ct
 }
 
 type eventRow struct {
@@ -153,7 +166,8 @@ type eventRow struct {
 	AggregateID   string            `json:"aggregate_id"`
 	EventType     string            `json:"event_type"`
 	SchemaVersion int               `json:"schema_version"`
-	Payload       json.RawMessage   `json:"payload"`
+	ContentType   string            `json:"content_type,omitempty"`
+	Payload       []byte            `json:"payload"` // base64 in the document
 	Headers       map[string]string `json:"headers,omitempty"`
 }
 
@@ -190,6 +204,9 @@ func (w *Writer) prepare(events []Event) (string, []uuid.UUID, error) {
 		rows[i] = eventRow{
 			Ord: i, EventID: id, AggregateType: ev.AggregateType, AggregateID: ev.AggregateID,
 			EventType: ev.Type, SchemaVersion: version, Payload: ev.Payload, Headers: ev.Headers,
+		}
+		if ct, ok := contentType(ev.ContentType).(string); ok {
+			rows[i].ContentType = ct
 		}
 	}
 	arg, err := json.Marshal(rows)

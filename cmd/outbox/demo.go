@@ -832,7 +832,7 @@ GROUP BY o.order_id, o.status`, orderevents.OrderCreated, orderevents.OrderCance
 	(SELECT count(*) FROM `+d.table("outbox_events")+` e WHERE NOT EXISTS (
 		SELECT 1 FROM `+d.table("orders")+` o WHERE o.order_id = e.aggregate_id)),
 	(SELECT count(*) FROM `+d.table("orders")+` WHERE customer_id = ANY($1)),
-	(SELECT count(*) FROM `+d.table("outbox_events")+` WHERE payload->>'customer_id' = ANY($1))`,
+	(SELECT count(*) FROM `+d.table("outbox_events")+` WHERE convert_from(payload_bytes, 'UTF8')::jsonb->>'customer_id' = ANY($1))`,
 		b.rolledBack).Scan(&strayEvents, &rbOrders, &rbEvents); err != nil {
 		return nil, err
 	}

@@ -458,7 +458,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, w Wh
 	}
 	var events []eventRow
 	rows, err = pool.Query(ctx, `SELECT event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type,
-	coalesce(payload->>'customer_id', ''), published_at IS NOT NULL, quarantined_at IS NOT NULL
+	coalesce(convert_from(payload_bytes, 'UTF8')::jsonb->>'customer_id', ''), published_at IS NOT NULL, quarantined_at IS NOT NULL
 FROM `+w.table("outbox_events")+` ORDER BY aggregate_id, aggregate_sequence`)
 	if err != nil {
 		return nil, err

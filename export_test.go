@@ -1,0 +1,25 @@
+package outbox
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// ReadMessage reads event id as the relay's claim would hand it to a
+// destination (same columns, same decoding), for tests in package outbox_test.
+func ReadMessage(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid.UUID) (Message, error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return Message{}, err
+	}
+	events := s.Table("outbox_events")
+	var row messageRow
+	if err := pool.QueryRow(ctx, `SELECT `+messageColumns(events, "e")+` FROM `+events+` e WHERE e.event_id = $1`, id).Scan(row.dest()...); err != nil {
+		return Message{}, err
+	}
+	return row.decode()
+}
