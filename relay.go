@@ -33,6 +33,8 @@ const (
 	HeartbeatIntervalDefault = 10 * time.Second
 	// CleanupIntervalDefault is how often a relay's periodic clean-up runs.
 	CleanupIntervalDefault = time.Minute
+	// LoneOutageLimitDefault is RelayConfig.LoneOutageLimit's default.
+	LoneOutageLimitDefault = 3
 )
 
 // RelayConfig configures a Relay.
@@ -100,6 +102,14 @@ type RelayConfig struct {
 	// CleanupInterval is the pause between two periodic clean-ups. Defaults
 	// to CleanupIntervalDefault.
 	CleanupInterval time.Duration
+	// LoneOutageLimit is how many consecutive claims an event may fail as
+	// Unavailable while other events of its batch are published before the
+	// relay stops believing the destination is down and counts the error
+	// against the event: attempts are spent, and the event is quarantined
+	// after MaxAttempts. It catches a destination that reports a
+	// message-specific error as an outage. Defaults to
+	// LoneOutageLimitDefault.
+	LoneOutageLimit int
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -117,6 +127,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = MaxAttemptsDefault
+	}
+	if c.LoneOutageLimit == 0 {
+		c.LoneOutageLimit = LoneOutageLimitDefault
 	}
 	def(&c.LeaseDuration, LeaseDurationDefault)
 	def(&c.PollInterval, PollIntervalDefault)
@@ -149,6 +162,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: RetryBackoffMax %s is below RetryBackoffMin %s", c.RetryBackoffMax, c.RetryBackoffMin)
 	case c.MaxAttempts < 1:
 		return fmt.Errorf("outbox: MaxAttempts %d must be positive", c.MaxAttempts)
+	case c.LoneOutageLimit < 1:
+		return fmt.Errorf("outbox: LoneOutageLimit %d must be positive", c.LoneOutageLimit)
 	case c.HeartbeatInterval < 10*time.Millisecond:
 		return fmt.Errorf("outbox: HeartbeatInterval %s is under 10ms", c.HeartbeatInterval)
 	case c.CleanupInterval < 0:
@@ -212,6 +227,7 @@ type Relay struct {
 
 	claimed, published, failed, quarantined, conflicts, takenOver atomic.Int64
 	outages                                                       int // consecutive unavailable batches
+	lone                                                          loneOutages
 
 	obs     observers
 	ahead   *ahead // the next batch, claimed while this one is published
@@ -395,7 +411,8 @@ func backoff(n int, min, max time.Duration) time.Duration {
 // claimedEvent is a claimed row.
 type claimedEvent struct {
 	Message
-	attempts int // attempt_count before this attempt
+	attempts    int   // attempt_count before this attempt
+	undecodable error // the row could not be read into a Message
 }
 
 // batch is one claim's events and its fencing token.
@@ -471,15 +488,15 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 	var takenOver int64
 	laneOf := map[[2]string]int{}
 	for rows.Next() {
+		var row messageRow
 		var ev claimedEvent
 		var prevOwner *string
-		if err := rows.Scan(&ev.ID, &ev.AggregateType, &ev.AggregateID, &ev.Sequence, &ev.Type, &ev.SchemaVersion,
-			&ev.Payload, headersScan{&ev.Headers}, &ev.OccurredAt, &ev.attempts, &prevOwner, &ev.SkippedFrom); err != nil {
+		if err := rows.Scan(row.dest(&ev.attempts, &prevOwner)...); err != nil {
 			rows.Close()
 			return b, fmt.Errorf("claim batch: %w", err)
 		}
+		ev.Message, ev.undecodable = row.decode()
 		ev.Attempt = ev.attempts + 1
-		ev.OccurredAt = ev.OccurredAt.UTC()
 		if prevOwner != nil {
 			takenOver++
 		}
@@ -515,6 +532,9 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 			return b, err
 		}
 	}
+	if err := r.quarantineUndecodable(ctx, &b); err != nil {
+		return b, err
+	}
 	// Leave a safety margin: stop publishing well before the lease could have
 	// been taken over, since the database clock and ours may differ slightly.
 	b.deadline = start.Add(r.cfg.LeaseDuration * 8 / 10)
@@ -524,6 +544,8 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 
 type failure struct {
 	id         uuid.UUID
+	prior      int  // the event's attempt_count before this attempt
+	outage     bool // failed as Unavailable: no attempt spent
 	delay      time.Duration
 	attempts   int // attempts to add
 	err        string
@@ -593,6 +615,12 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 			}
 		}
 	}
+	if outage && len(published) > 0 {
+		outage = r.blameLoneOutages(failures)
+	}
+	for _, id := range published {
+		r.forgetLoneOutage(id)
+	}
 	if outage {
 		r.outages++
 	} else if len(published) > 0 {
@@ -628,11 +656,11 @@ func containsFailure(fs []failure, id uuid.UUID) bool {
 
 func (r *Relay) classify(ev claimedEvent, err error, outage *bool) failure {
 	r.failed.Add(1)
-	f := failure{id: ev.ID, err: truncate(err.Error(), 2000)}
+	f := failure{id: ev.ID, prior: ev.attempts, err: truncate(err.Error(), 2000)}
 	switch {
 	case IsUnavailable(err):
 		// The destination is down: no attempt is spent on this event.
-		*outage = true
+		*outage, f.outage = true, true
 		f.delay = backoff(r.outages+1, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
 	case IsPermanent(err):
 		f.attempts, f.quarantine = 1, true
