@@ -27,7 +27,8 @@ type CleanupConfig struct {
 	// (published or skipped) whose published_at is further back than this
 	// are deleted. Unpublished events, quarantined ones included, are never
 	// deleted, however old; a skipped event is kept until the next event of
-	// its aggregate is settled. Required, positive.
+	// its aggregate was written and cleaned up (a replay of that event needs the
+	// skip marker). Required, positive.
 	OlderThan time.Duration
 	// InboxOlderThan, when positive, also deletes the inbox's
 	// processed_events rows processed further back than this. It must not be
@@ -92,7 +93,7 @@ type cleaner struct {
 }
 
 func newCleaner(pool *pgxpool.Pool, s pgident.Schema, obs CleanupObserver) *cleaner {
-	events, processed := s.Table("outbox_events"), s.Table("processed_events")
+	events, processed, aggregates := s.Table("outbox_events"), s.Table("processed_events"), s.Table("outbox_aggregates")
 	return &cleaner{
 		pool: pool,
 		obs:  obs,
@@ -101,18 +102,24 @@ func newCleaner(pool *pgxpool.Pool, s pgident.Schema, obs CleanupObserver) *clea
 		// outbox_published_at_idx from the oldest and locks its rows (SKIP
 		// LOCKED lets several cleaners share the work); the DELETE then finds
 		// them by ctid, a TID scan, where "event_id IN (...)" may be planned
-		// as a hash join over the whole table. A skipped event stays until the
-		// next event of its aggregate is settled, since that one's claim reads
-		// its skipped_from (Message.SkippedFrom); the probe is a scalar
-		// subquery (one index lookup, never hashed over the table) evaluated
-		// for skipped rows only.
+		// as a hash join over the whole table. A skipped event stays as long
+		// as the next event of its aggregate is in the table, and until that
+		// one was written: the next event's claim, and any replay of it, read
+		// the skipped event's skipped_from (Message.SkippedFrom), without
+		// which an inbox would wait for the skipped events forever. So it goes
+		// only once the counter row shows a later sequence was handed out and
+		// that event is gone (cleaned up after it, in a later batch). The
+		// probes are scalar subqueries (index lookups, never hashed over the
+		// table) evaluated for skipped rows only.
 		deleteEvents: `DELETE FROM ` + events + ` WHERE ctid = ANY (ARRAY(
 	SELECT e.ctid FROM ` + events + ` e
 	WHERE e.published_at IS NOT NULL AND e.published_at < now() - $1 * interval '1 microsecond'
-	  AND (e.skipped_at IS NULL OR coalesce((
-		SELECT n.published_at IS NOT NULL FROM ` + events + ` n
+	  AND (e.skipped_at IS NULL OR (
+		(SELECT a.last_sequence FROM ` + aggregates + ` a
+		 WHERE a.aggregate_type = e.aggregate_type AND a.aggregate_id = e.aggregate_id) > e.aggregate_sequence
+		AND NOT EXISTS (SELECT 1 FROM ` + events + ` n
 		WHERE n.aggregate_type = e.aggregate_type AND n.aggregate_id = e.aggregate_id
-		  AND n.aggregate_sequence = e.aggregate_sequence + 1), false))
+		  AND n.aggregate_sequence = e.aggregate_sequence + 1)))
 	ORDER BY e.published_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED))`,
