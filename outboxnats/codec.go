@@ -3,6 +3,7 @@ package outboxnats
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -38,9 +39,25 @@ const (
 
 	// SpecVersion is the CloudEvents version of the messages.
 	SpecVersion = "1.0"
-	// ContentType is the content type of the payloads.
-	ContentType = "application/json"
+	// ContentType is the content type of a payload whose message has none
+	// (outbox.ContentTypeJSON). A message's own content type (the CloudEvents
+	// datacontenttype, which the binary mode carries as content-type) is sent
+	// as it is.
+	ContentType = outbox.ContentTypeJSON
 )
+
+// MaxSubjectBytes is the longest subject the publisher sends. The server
+// closes a connection whose control line ("HPUB <subject> <reply> <sizes>")
+// passes its max_control_line (4,096 bytes by default), which fails every
+// message in flight on it and, since the same event comes back first after a
+// reconnect, would stop publishing for good. A longer subject is refused for
+// its message alone, as outbox.Permanent. With the writer's limits
+// (outbox.MaxAggregateIDBytes, outbox.MaxNameBytes) and a prefix of at most
+// MaxSubjectPrefixBytes every subject fits, even percent-encoded.
+const MaxSubjectBytes = 3840
+
+// MaxSubjectPrefixBytes is the longest Config.SubjectPrefix accepted.
+const MaxSubjectPrefixBytes = 256
 
 // Subject returns the subject of an aggregate's events:
 // "<prefix>.<type token>.<id token>". Each token is the string with every
@@ -225,8 +242,26 @@ func validHeaderKey(k string) bool {
 	return true
 }
 
-// natsMsg builds the NATS message of an outbox message.
+// natsMsg builds the NATS message of an outbox message, within the
+// server's max payload.
 func (p *Publisher) natsMsg(msg *outbox.Message) (*nats.Msg, error) {
+	m, err := encode(msg, p.cfg.SubjectPrefix, p.cfg.Source)
+	if err != nil {
+		return nil, err
+	}
+	if max := p.nc.MaxPayload(); max > 0 {
+		if size := int64(len(m.Data) + headerSize(m.Header)); size > max {
+			return nil, outbox.Permanent(fmt.Errorf("event %s: message of %d bytes (payload and headers) exceeds the NATS server's max payload of %d bytes: %w",
+				msg.ID, size, max, nats.ErrMaxPayload))
+		}
+	}
+	return m, nil
+}
+
+// encode builds the NATS message of an outbox message: its subject, the
+// CloudEvents attributes as ce- headers, the message's own headers and the
+// payload as the data.
+func encode(msg *outbox.Message, prefix, source string) (*nats.Msg, error) {
 	id := msg.ID.String()
 	h := make(nats.Header, 12+len(msg.Headers))
 	for k, v := range msg.Headers {
@@ -241,14 +276,18 @@ func (p *Publisher) natsMsg(msg *outbox.Message) (*nats.Msg, error) {
 	h.Set(HeaderSpecVersion, SpecVersion)
 	h.Set(HeaderID, id)
 	h.Set(HeaderType, encodeValue(msg.Type))
-	h.Set(HeaderSource, encodeValue(p.cfg.Source))
+	h.Set(HeaderSource, encodeValue(source))
 	h.Set(HeaderSubject, encodeValue(msg.AggregateID))
 	h.Set(HeaderTime, msg.OccurredAt.UTC().Format(time.RFC3339Nano))
 	h.Set(HeaderAggregateType, encodeValue(msg.AggregateType))
 	h.Set(HeaderSequence, outbox.SequenceHeader(msg.Sequence))
 	h.Set(HeaderSchemaVersion, strconv.Itoa(msg.SchemaVersion))
 	h.Set(HeaderPartitionKey, encodeValue(msg.AggregateID))
-	h.Set(HeaderContentType, ContentType)
+	ct := msg.ContentType
+	if ct == "" {
+		ct = ContentType
+	}
+	h.Set(HeaderContentType, encodeValue(ct))
 	if msg.SkippedFrom > 0 {
 		h.Set(HeaderSkippedFrom, strconv.FormatInt(msg.SkippedFrom, 10))
 	}
@@ -263,15 +302,13 @@ func (p *Publisher) natsMsg(msg *outbox.Message) (*nats.Msg, error) {
 	}
 
 	m := &nats.Msg{
-		Subject: Subject(p.cfg.SubjectPrefix, msg.AggregateType, msg.AggregateID),
+		Subject: Subject(prefix, msg.AggregateType, msg.AggregateID),
 		Header:  h,
 		Data:    msg.Payload,
 	}
-	if max := p.nc.MaxPayload(); max > 0 {
-		if size := int64(len(m.Data) + headerSize(h)); size > max {
-			return nil, outbox.Permanent(fmt.Errorf("event %s: message of %d bytes (payload and headers) exceeds the NATS server's max payload of %d bytes: %w",
-				id, size, max, nats.ErrMaxPayload))
-		}
+	if len(m.Subject) > MaxSubjectBytes {
+		return nil, outbox.Permanent(fmt.Errorf("event %s: subject of %d bytes (aggregate type and id percent-encoded) exceeds %d bytes; the server would close the connection",
+			id, len(m.Subject), MaxSubjectBytes))
 	}
 	return m, nil
 }
@@ -289,7 +326,8 @@ func headerSize(h nats.Header) int {
 
 // Decode turns a message delivered from the stream (its headers and data)
 // back into an outbox.Message: ID, AggregateType, AggregateID, Sequence,
-// Type, SchemaVersion, SkippedFrom, ReplayID, Payload (data itself, not a copy), Headers (every
+// Type, SchemaVersion, ContentType (ContentType when the header is absent),
+// SkippedFrom, ReplayID, Payload (data itself, not a copy), Headers (every
 // header that is not a ce- attribute, content-type or a Nats- header, such
 // as traceparent; nil when there is none) and OccurredAt (UTC). Attempt is
 // left zero. It returns an error when a required ce- header is missing or
@@ -328,23 +366,47 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 		}
 		return nil
 	})
-	parse(HeaderID, func(v string) (err error) { m.ID, err = uuid.Parse(v); return err })
+	parse(HeaderID, func(v string) (err error) {
+		if len(v) != 36 { // uuid.Parse takes urn:uuid:, braces and no dashes too
+			return fmt.Errorf("%q is not a UUID in its canonical form", v)
+		}
+		m.ID, err = uuid.Parse(v)
+		return err
+	})
 	m.Type = text(HeaderType)
 	m.AggregateType = text(HeaderAggregateType)
 	m.AggregateID = text(HeaderSubject)
-	parse(HeaderSequence, func(v string) (err error) { m.Sequence, err = strconv.ParseInt(v, 10, 64); return err })
-	parse(HeaderSchemaVersion, func(v string) (err error) { m.SchemaVersion, err = strconv.Atoi(v); return err })
+	parse(HeaderSequence, func(v string) (err error) {
+		m.Sequence, err = positive(v)
+		return err
+	})
+	parse(HeaderSchemaVersion, func(v string) error {
+		n, err := positive(v)
+		if err == nil && n > math.MaxInt32 {
+			err = fmt.Errorf("%q is out of range", v)
+		}
+		m.SchemaVersion = int(n)
+		return err
+	})
 	parse(HeaderTime, func(v string) error {
 		t, err := time.Parse(time.RFC3339Nano, v)
 		m.OccurredAt = t.UTC()
 		return err
 	})
 	if v, ok := lookup(header, HeaderSkippedFrom); ok {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 1 || (m.Sequence > 0 && n >= m.Sequence) {
+		n, err := positive(v)
+		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
 			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
 		}
 		m.SkippedFrom = n
+	}
+	m.ContentType = ContentType
+	if v, ok := lookup(header, HeaderContentType); ok {
+		ct, err := decodeValue(v)
+		if err != nil || ct == "" {
+			errs = append(errs, fmt.Errorf("header %s: %q is not a content type", HeaderContentType, v))
+		}
+		m.ContentType = ct
 	}
 	if v, ok := lookup(header, HeaderReplayID); ok {
 		id, err := uuid.Parse(v)
@@ -367,6 +429,20 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 	}
 	m.Payload = data
 	return m, nil
+}
+
+// positive parses a decimal number of at least 1, digits only (no sign).
+func positive(v string) (int64, error) {
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, fmt.Errorf("%q is not a positive decimal number", v)
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%q is not a positive decimal number", v)
+	}
+	return n, nil
 }
 
 func lookup(h nats.Header, key string) (string, bool) {

@@ -49,6 +49,7 @@ func event(id string, seq int64) outbox.Message {
 		Sequence:      seq,
 		Type:          "OrderCreated",
 		SchemaVersion: 1,
+		ContentType:   outbox.ContentTypeJSON,
 		Payload:       fmt.Appendf(nil, `{"order":%q,"seq":%d}`, id, seq),
 		OccurredAt:    occurred.Add(time.Duration(seq) * time.Millisecond),
 		Attempt:       1,

@@ -214,6 +214,9 @@ func subjectCovers(filter, prefix string) bool {
 }
 
 func validatePrefix(prefix string) error {
+	if len(prefix) > MaxSubjectPrefixBytes {
+		return fmt.Errorf("outboxnats: subject prefix is %d bytes, over the %d-byte limit", len(prefix), MaxSubjectPrefixBytes)
+	}
 	for _, tok := range strings.Split(prefix, ".") {
 		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n") {
 			return fmt.Errorf("outboxnats: invalid subject prefix %q: it needs non-empty tokens separated by '.', without wildcards or whitespace", prefix)

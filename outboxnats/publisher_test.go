@@ -225,7 +225,7 @@ func TestDecodeRoundTrip(t *testing.T) {
 			m := event(id, int64(i+1))
 			m.AggregateType = "order " + id // weird types too
 			m.Type = "Order Created"
-			m.SchemaVersion = i
+			m.SchemaVersion = i + 1
 			if i%2 == 0 {
 				m.Headers = map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 			}
@@ -253,7 +253,7 @@ func TestDecodeRoundTrip(t *testing.T) {
 
 func equalMessage(a, b outbox.Message) bool {
 	return a.ID == b.ID && a.AggregateType == b.AggregateType && a.AggregateID == b.AggregateID &&
-		a.Sequence == b.Sequence && a.Type == b.Type && a.SchemaVersion == b.SchemaVersion &&
+		a.Sequence == b.Sequence && a.Type == b.Type && a.SchemaVersion == b.SchemaVersion && a.ContentType == b.ContentType &&
 		bytes.Equal(a.Payload, b.Payload) && maps.Equal(a.Headers, b.Headers) &&
 		a.OccurredAt.Equal(b.OccurredAt) && a.OccurredAt.Location() == time.UTC && a.Attempt == b.Attempt
 }
