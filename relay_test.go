@@ -29,7 +29,7 @@ type natsBundle struct {
 	prefix string
 }
 
-func newNATS(t *testing.T, url string, window time.Duration) natsBundle {
+func newNATS(t testing.TB, url string, window time.Duration) natsBundle {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {

@@ -27,7 +27,7 @@ func newWriter(t *testing.T, schema string) *outbox.Writer {
 	return w
 }
 
-func countEvents(t *testing.T, pool *pgxpool.Pool, schema string) int {
+func countEvents(t testing.TB, pool *pgxpool.Pool, schema string) int {
 	t.Helper()
 	var n int
 	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+schema+".outbox_events").Scan(&n); err != nil {
