@@ -38,6 +38,13 @@ func (e *env) rows() int {
 	return o + i + ev + k + a
 }
 
+// orders is the number of orders.
+func (e *env) orders() int {
+	e.t.Helper()
+	o, _, _, _, _ := e.written()
+	return o
+}
+
 func ptr(s string) *string { return &s }
 
 // body is a create request with the given customer id and first SKU, both as
