@@ -174,6 +174,8 @@ func (s *Service) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		p.Type, p.Title, p.Status = ProblemTypeBase+"order-not-found", "Order not found", http.StatusNotFound
 	case NotCancellable:
 		p.Type, p.Title, p.Status = ProblemTypeBase+"order-not-cancellable", "Order cannot be cancelled", http.StatusConflict
+	case Malformed:
+		p.Type, p.Title, p.Status = ProblemTypeBase+"malformed-request", "Malformed request", http.StatusBadRequest
 	default:
 		p.Type, p.Title, p.Status = ProblemTypeBase+"bad-request", "Bad request", http.StatusBadRequest
 	}

@@ -20,14 +20,14 @@ import (
 )
 
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	svc    *ordersapi.Service
 	srv    *httptest.Server
 	pool   *pgxpool.Pool
 	schema string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	pool, schema := outboxtest.Schema(t)
 	svc, err := ordersapi.New(pool, ordersapi.Config{Schema: schema})

@@ -98,6 +98,10 @@ const (
 	NotFound
 	// NotCancellable: the order is already cancelled (409).
 	NotCancellable
+	// Malformed: a value is not text the API can store: invalid UTF-8, a NUL
+	// character or U+FFFD in a field, the Idempotency-Key or the order id
+	// (400). The detail names the field.
+	Malformed
 )
 
 // Error is a request the service refused. Nothing was written for it.
@@ -222,45 +226,46 @@ func (s *Service) Stats() Stats {
 		Replayed: s.replayed.Load(), Refused: s.refused.Load()}
 }
 
-// Validate checks the request against the API's rules.
+// Validate checks the request against the API's rules. A field holding text
+// PostgreSQL cannot store is refused as Malformed, any other broken rule as
+// Invalid (see checkText).
 func (r *CreateRequest) Validate() error {
-	var problems []string
-	switch {
-	case r.CustomerID == "":
-		problems = append(problems, "customer_id is required")
-	case len(r.CustomerID) > MaxIDLength:
-		problems = append(problems, fmt.Sprintf("customer_id is longer than %d bytes", MaxIDLength))
+	if problems := r.problems(); len(problems) > 0 {
+		return refuseFields(problems)
 	}
+	return nil
+}
+
+// problems lists every rule the request breaks.
+func (r *CreateRequest) problems() []*fieldProblem {
+	var problems []*fieldProblem
+	add := func(p *fieldProblem) {
+		if p != nil {
+			problems = append(problems, p)
+		}
+	}
+	add(checkText("customer_id", r.CustomerID, MaxIDLength))
 	switch {
 	case len(r.Items) == 0:
-		problems = append(problems, "items must list at least one item")
+		add(&fieldProblem{Field: "items", Reason: "must list at least one item"})
 	case len(r.Items) > MaxItems:
-		problems = append(problems, fmt.Sprintf("items lists %d items, more than %d", len(r.Items), MaxItems))
+		add(&fieldProblem{Field: "items", Reason: fmt.Sprintf("lists %d items, more than %d", len(r.Items), MaxItems)})
 	}
 	seen := map[string]bool{}
 	for i, it := range r.Items {
-		switch {
-		case it.SKU == "":
-			problems = append(problems, fmt.Sprintf("items[%d].sku is required", i))
-		case len(it.SKU) > MaxIDLength:
-			problems = append(problems, fmt.Sprintf("items[%d].sku is longer than %d bytes", i, MaxIDLength))
-		case seen[it.SKU]:
-			problems = append(problems, fmt.Sprintf("items[%d].sku %q is listed twice", i, it.SKU))
+		sku := fmt.Sprintf("items[%d].sku", i)
+		if p := checkText(sku, it.SKU, MaxIDLength); p != nil {
+			add(p)
+		} else if seen[it.SKU] {
+			add(&fieldProblem{Field: sku, Reason: fmt.Sprintf("%q is listed twice", it.SKU)})
 		}
 		seen[it.SKU] = true
 		if it.Quantity <= 0 || it.Quantity > MaxQuantity {
-			problems = append(problems, fmt.Sprintf("items[%d].quantity must be between 1 and %d, not %d", i, MaxQuantity, it.Quantity))
+			add(&fieldProblem{Field: fmt.Sprintf("items[%d].quantity", i),
+				Reason: fmt.Sprintf("must be between 1 and %d, not %d", MaxQuantity, it.Quantity)})
 		}
 	}
-	if len(problems) == 0 {
-		return nil
-	}
-	e := refuse(Invalid, "%s", problems[0])
-	if len(problems) > 1 {
-		e.Detail = fmt.Sprintf("%s (and %d more)", problems[0], len(problems)-1)
-		e.Errors = problems
-	}
-	return e
+	return problems
 }
 
 // hash identifies the request's content for idempotency: the canonical JSON
@@ -284,11 +289,14 @@ func (s *Service) refusal(err error) error {
 // (replayed is true, nothing is written); the same key with different
 // content is refused with KeyReused.
 func (s *Service) Create(ctx context.Context, idempotencyKey string, req CreateRequest) (order Order, replayed bool, err error) {
-	if err := req.Validate(); err != nil {
-		return Order{}, false, s.refusal(err)
+	problems := req.problems()
+	if idempotencyKey != "" {
+		if p := checkText(HeaderIdempotencyKey, idempotencyKey, MaxKeyLength); p != nil {
+			problems = append(problems, p)
+		}
 	}
-	if len(idempotencyKey) > MaxKeyLength {
-		return Order{}, false, s.refusal(refuse(Invalid, "Idempotency-Key is longer than %d bytes", MaxKeyLength))
+	if len(problems) > 0 {
+		return Order{}, false, s.refusal(refuseFields(problems))
 	}
 	hash := req.hash()
 	id, err := uuid.NewV7()
@@ -408,8 +416,8 @@ func (s *Service) unknownSKU(ctx context.Context, skus []string) error {
 // Cancel cancels an order and records OrderCancelled. Cancelling an order
 // that is already cancelled is refused with NotCancellable.
 func (s *Service) Cancel(ctx context.Context, orderID string) (order Order, err error) {
-	if orderID == "" || len(orderID) > MaxIDLength {
-		return Order{}, s.refusal(refuse(NotFound, "order %q does not exist", orderID))
+	if err := checkOrderID(orderID); err != nil {
+		return Order{}, s.refusal(err)
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -469,10 +477,25 @@ func (s *Service) Cancel(ctx context.Context, orderID string) (order Order, err 
 	return s.Get(ctx, orderID)
 }
 
-// Get returns an order, or an error of kind NotFound.
+// checkOrderID refuses an order id a client sent before it reaches the
+// database: Malformed when it is not storable text (checkText), NotFound when
+// it is not an id this API issues (a UUID in canonical form), since no order
+// can have it.
+func checkOrderID(orderID string) error {
+	if p := checkText("{id}", orderID, MaxIDLength); p != nil && p.Malformed {
+		return refuseFields([]*fieldProblem{p})
+	}
+	if id, err := uuid.Parse(orderID); err != nil || id.String() != orderID {
+		return refuse(NotFound, "order %q does not exist", orderID)
+	}
+	return nil
+}
+
+// Get returns an order, or an error of kind NotFound (Malformed for an id
+// that is not storable text).
 func (s *Service) Get(ctx context.Context, orderID string) (Order, error) {
-	if orderID == "" || len(orderID) > MaxIDLength {
-		return Order{}, refuse(NotFound, "order %q does not exist", orderID)
+	if err := checkOrderID(orderID); err != nil {
+		return Order{}, err
 	}
 	o := Order{ID: orderID}
 	err := s.pool.QueryRow(ctx, s.q.selectOrder, orderID).Scan(&o.CustomerID, &o.Status, &o.CreatedAt, &o.CancelledAt)
