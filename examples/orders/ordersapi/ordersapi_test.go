@@ -146,7 +146,7 @@ type eventRow struct {
 
 func (e *env) events(orderID string) []eventRow {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT event_type, aggregate_sequence, payload FROM `+e.table("outbox_events")+`
+	rows, err := e.pool.Query(context.Background(), `SELECT event_type, aggregate_sequence, payload_bytes FROM `+e.table("outbox_events")+`
 WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY aggregate_sequence`, orderevents.AggregateType, orderID)
 	if err != nil {
 		e.t.Fatal(err)
