@@ -254,8 +254,17 @@ func collect(r rows, ids []uuid.UUID) ([]Recorded, error) {
 // InsertTx records events in tx, the caller's pgx transaction, and returns
 // what was stored, in the order given. The events become visible to the relay
 // when tx commits and vanish if it rolls back. Invalid events are refused
-// with an error wrapping ErrInvalidEvent before anything is written; on any
-// error the caller should roll tx back.
+// with an error wrapping ErrInvalidEvent before anything is written (the
+// transaction stays usable); on any other error the caller should roll tx
+// back.
+//
+// Record all of a transaction's events in one call. Each aggregate's counter
+// row stays locked until tx ends, so that its sequences commit in order; one
+// call locks the rows of all its aggregates in a fixed order, but two
+// transactions that call InsertTx once per aggregate, for the same
+// aggregates in different orders, can deadlock (PostgreSQL then aborts one
+// of them with SQLSTATE 40P01). If events must be recorded in several calls,
+// make every transaction touch aggregates in the same order.
 func (w *Writer) InsertTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]Recorded, error) {
 	if len(events) == 1 {
 		p, err := w.prepareOne(&events[0])
@@ -287,7 +296,7 @@ func (w *Writer) InsertTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]Re
 
 // InsertSQLTx is InsertTx for a database/sql transaction, so that code built
 // on sqlx, GORM, bun or ent (with any PostgreSQL driver) records events in
-// its own transaction.
+// its own transaction. The same rule applies: one call per transaction.
 func (w *Writer) InsertSQLTx(ctx context.Context, tx *sql.Tx, events ...Event) ([]Recorded, error) {
 	if len(events) == 1 {
 		p, err := w.prepareOne(&events[0])
