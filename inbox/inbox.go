@@ -43,8 +43,9 @@
 // (waiting_since, waiting_for, waiting_seen); applying an event clears it.
 // [Admin.Waiting] (`outbox inbox status`) lists the aggregates waiting and since
 // when, and [Admin.Gauges] feeds the inbox_waiting_aggregates and
-// inbox_oldest_waiting_age_seconds metrics. Recording costs one write per wait,
-// not per redelivery, and nothing on the apply path.
+// inbox_oldest_waiting_age_seconds metrics. Recording costs one write per wait
+// (and per lower sequence seen while waiting), not per redelivery, and nothing
+// on the apply path.
 //
 // # Schema evolution
 //
