@@ -71,3 +71,92 @@ func ExampleUpcasters() {
 	// effect got v2 {"currency":"EUR","total_cents":1350}
 	// applied
 }
+
+// exampleSchema migrates a schema of its own for an example; drop it with
+// the returned function.
+func exampleSchema(ctx context.Context, prefix string) (*pgxpool.Pool, string, func()) {
+	pool, err := pgxpool.New(ctx, outboxtest.DatabaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	schema := prefix + "_" + uuid.NewString()[:8]
+	if _, err := outboxmigrate.Migrate(ctx, pool, schema); err != nil {
+		log.Fatal(err)
+	}
+	return pool, schema, func() {
+		pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+		pool.Close()
+	}
+}
+
+// A consumer deployed long after the producer: the stream's retention
+// dropped the first events of order o-1, so the consumer sees #7 first.
+// Strict (the default), it would refuse #7 as early forever; with
+// StartAtFirstSeen it starts the aggregate there and records that it did.
+func ExampleConfig_startAtFirstSeen() {
+	ctx := context.Background()
+	pool, schema, drop := exampleSchema(ctx, "example_first_seen")
+	defer drop()
+
+	in, err := inbox.New(pool, inbox.Config{Schema: schema, Consumer: "analytics",
+		StartAtFirstSeen: true, StartReason: "analytics deployed 2026-12-01; earlier orders not needed"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, seq := range []int64{7, 6, 8} {
+		m := outbox.Message{ID: uuid.New(), AggregateType: "order", AggregateID: "o-1", Sequence: seq, Type: "OrderUpdated"}
+		outcome, err := in.Handle(ctx, m, func(ctx context.Context, tx pgx.Tx) error { return nil })
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("#%d %s\n", seq, outcome)
+	}
+	admin, err := inbox.NewAdmin(pool, inbox.AdminConfig{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	a, err := admin.Aggregate(ctx, "analytics", "order", "o-1")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("mark %d; start %s: #%d..#%d never applied (%s)\n", a.LastSequence, a.Start.Kind, a.Start.PriorMark+1, a.Start.Mark, a.Start.Reason)
+	// Output:
+	// #7 applied
+	// #6 duplicate
+	// #8 applied
+	// mark 8; start first_seen: #1..#6 never applied (analytics deployed 2026-12-01; earlier orders not needed)
+}
+
+// A consumer restores its read model from a snapshot taken when order o-1
+// was at sequence 41, and seeds the inbox's mark in the same transaction, so
+// that the state and the mark commit together. Deliveries up to #41 are then
+// duplicates and #42 is applied.
+func ExampleInbox_SeedTx() {
+	ctx := context.Background()
+	pool, schema, drop := exampleSchema(ctx, "example_seed")
+	defer drop()
+
+	in, err := inbox.New(pool, inbox.Config{Schema: schema, Consumer: "search"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// ... restore the snapshot's rows through tx ...
+		return in.SeedTx(ctx, tx, "order", "o-1", 41, "restored from snapshot 2026-12-01T00:00Z")
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, seq := range []int64{41, 43, 42} {
+		m := outbox.Message{ID: uuid.New(), AggregateType: "order", AggregateID: "o-1", Sequence: seq, Type: "OrderUpdated"}
+		outcome, err := in.Handle(ctx, m, func(ctx context.Context, tx pgx.Tx) error { return nil })
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("#%d %s\n", seq, outcome)
+	}
+	// Output:
+	// #41 duplicate
+	// #43 early
+	// #42 applied
+}

@@ -19,6 +19,34 @@
 // before the commit leaves nothing behind; a crash after the commit but
 // before the ack causes a redelivery that Handle reports as Duplicate.
 //
+// # Starting mid-stream
+//
+// By default the inbox is strict: the first event it applies of an aggregate is
+// sequence 1, and an aggregate whose earlier events the consumer will never
+// receive (it joined the stream late, or broker retention or a redelivery limit
+// dropped them) stays Early forever. Three explicit ways set an aggregate's
+// high-water mark without applying the events below it, and each is recorded
+// on the mark row (start_kind, start_prior_mark, start_mark, started_at,
+// start_reason, start_by), so an operator sees later where and why the
+// consumer's history of the aggregate begins ([AggregateInfo.Start]):
+//
+//   - Config.StartAtFirstSeen: for an aggregate the consumer has no mark for,
+//     the first event seen is applied whatever its sequence ([StartFirstSeen]);
+//   - [Inbox.Seed] and [Inbox.SeedTx]: the application sets the mark, e.g. in
+//     the transaction that restores its state from a snapshot ([StartSeeded]);
+//   - [Admin.Resolve] (`outbox inbox resolve`): an operator moves a stuck
+//     aggregate's mark past a gap, with a reason, audited ([StartResolved]).
+//
+// # Waiting on a gap
+//
+// The first Early of an aggregate records the wait on its mark row
+// (waiting_since, waiting_for, waiting_seen); applying an event clears it.
+// [Admin.Waiting] (`outbox inbox status`) lists the aggregates waiting and since
+// when, and [Admin.Gauges] feeds the inbox_waiting_aggregates and
+// inbox_oldest_waiting_age_seconds metrics. Recording costs one write per wait
+// (and per lower sequence seen while waiting), not per redelivery, and nothing
+// on the apply path.
+//
 // # Schema evolution
 //
 // Each event carries its payload's schema_version. When an event type's
@@ -86,7 +114,33 @@ type Config struct {
 	// Observer is told the outcome of every Handle and HandleMessage call,
 	// for metrics (see package outboxprom). Optional.
 	Observer Observer
+	// StartAtFirstSeen makes a consumer that joins a stream mid-way start
+	// each aggregate at the first event it sees: for an aggregate it has no
+	// high-water mark for (it never applied, nor was seeded with, an event of
+	// it), that event is applied whatever its sequence, instead of being
+	// Early until sequence 1 arrives. The start is recorded on the mark row
+	// (start_kind "first_seen", start_mark = that sequence - 1, started_at,
+	// start_reason = StartReason). An aggregate whose first event seen is
+	// sequence 1 starts normally and records nothing.
+	//
+	// The events of the aggregate below the first one seen are never
+	// applied: if the broker delivers an aggregate's events out of order
+	// (a redelivery after a nak), an earlier one arriving second is dropped
+	// as a Duplicate. Use it for consumers that only need the events from
+	// now on; to start from a known state, use Seed instead. An aggregate
+	// already started keeps its strict order: a later gap is still Early.
+	//
+	// Defaults to false: strict, an aggregate starts at sequence 1.
+	StartAtFirstSeen bool
+	// StartReason is recorded as the reason of every aggregate started by
+	// StartAtFirstSeen, e.g. "consumer deployed 2026-12-01, history not
+	// needed". Defaults to StartReasonDefault.
+	StartReason string
 }
+
+// StartReasonDefault is the reason recorded for an aggregate started at its
+// first seen event when Config.StartReason is empty.
+const StartReasonDefault = "consumer started mid-stream: took the first event seen as the start (Config.StartAtFirstSeen)"
 
 // Observer is told the outcome of every delivery the inbox handled. It is
 // called synchronously after the transaction ended and must be safe for
@@ -114,14 +168,20 @@ type HandleObservation struct {
 // concurrent use; deliveries of the same aggregate serialise on their
 // high-water mark row.
 type Inbox struct {
-	pool     *pgxpool.Pool
-	consumer string
-	up       *Upcasters
-	observer Observer
-	lockMark string
-	insert   string
-	advance  string
-	marks    string
+	pool        *pgxpool.Pool
+	consumer    string
+	up          *Upcasters
+	observer    Observer
+	firstSeen   bool
+	startReason string
+	lockMark    string
+	insert      string
+	advance     string
+	advanceWait string // advance, and clear the wait of a waiting aggregate
+	startFirst  string // advance, recording a first-seen start
+	wait        string // record a wait
+	seed        string
+	marks       string
 }
 
 // New returns an Inbox over pool.
@@ -136,24 +196,60 @@ func New(pool *pgxpool.Pool, cfg Config) (*Inbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.StartReason == "" {
+		cfg.StartReason = StartReasonDefault
+	}
 	marks := s.Table("inbox_aggregates")
+	const where = `
+WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3`
+	const clearWait = `, waiting_since = NULL, waiting_for = NULL, waiting_seen = NULL`
 	return &Inbox{
-		pool:     pool,
-		marks:    marks,
-		consumer: cfg.Consumer,
-		up:       cfg.Upcasters,
-		observer: cfg.Observer,
-		// The no-op update takes the row lock even when the row exists, so
-		// concurrent deliveries of one aggregate serialise here.
-		lockMark: `INSERT INTO ` + marks + ` AS m (consumer_name, aggregate_type, aggregate_id, last_sequence)
-VALUES ($1, $2, $3, 0)
-ON CONFLICT (consumer_name, aggregate_type, aggregate_id) DO UPDATE SET last_sequence = m.last_sequence
-RETURNING last_sequence`,
+		pool:        pool,
+		marks:       marks,
+		consumer:    cfg.Consumer,
+		up:          cfg.Upcasters,
+		observer:    cfg.Observer,
+		firstSeen:   cfg.StartAtFirstSeen,
+		startReason: cfg.StartReason,
+		lockMark:    lockMarkSQL(marks),
 		insert: `INSERT INTO ` + s.Table("processed_events") + ` (consumer_name, event_id) VALUES ($1, $2)
 ON CONFLICT DO NOTHING RETURNING true`,
-		advance: `UPDATE ` + marks + ` SET last_sequence = $4, updated_at = now()
-WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
+		advance:     `UPDATE ` + marks + ` SET last_sequence = $4, updated_at = now()` + where,
+		advanceWait: `UPDATE ` + marks + ` SET last_sequence = $4, updated_at = now()` + clearWait + where,
+		startFirst: `UPDATE ` + marks + ` SET last_sequence = $4, updated_at = now()` + clearWait + `,
+	start_kind = 'first_seen', start_prior_mark = 0, start_mark = $4::bigint - 1, started_at = now(), start_reason = $5, start_by = NULL` + where,
+		// The first early delivery of a wait sets waiting_since; a lower
+		// sequence seen later lowers waiting_seen (resolving then passes over
+		// fewer events).
+		wait: `UPDATE ` + marks + ` SET waiting_since = coalesce(waiting_since, now()), waiting_for = $4, waiting_seen = $5` + where,
+		seed: `UPDATE ` + marks + ` SET last_sequence = $4, updated_at = now()` + clearWait + `,
+	start_kind = 'seeded', start_prior_mark = $5, start_mark = $4, started_at = now(), start_reason = $6, start_by = NULL` + where,
 	}, nil
+}
+
+// lockMarkSQL locks a (consumer, aggregate) mark row, creating it at 0 when
+// missing. The no-op update takes the row lock even when the row exists, so
+// concurrent deliveries of one aggregate (and seeds and resolves) serialise
+// here. It returns the mark, the lowest sequence seen while waiting on a gap
+// (NULL when not waiting) and whether a start was recorded.
+func lockMarkSQL(marks string) string {
+	return `INSERT INTO ` + marks + ` AS m (consumer_name, aggregate_type, aggregate_id, last_sequence)
+VALUES ($1, $2, $3, 0)
+ON CONFLICT (consumer_name, aggregate_type, aggregate_id) DO UPDATE SET last_sequence = m.last_sequence
+RETURNING last_sequence, waiting_seen, start_kind IS NOT NULL`
+}
+
+// markState is what lockMarkSQL returns.
+type markState struct {
+	last        int64
+	waitingSeen *int64
+	started     bool
+}
+
+func lockMark(ctx context.Context, tx pgx.Tx, sql, consumer, aggregateType, aggregateID string) (markState, error) {
+	var m markState
+	err := tx.QueryRow(ctx, sql, consumer, aggregateType, aggregateID).Scan(&m.last, &m.waitingSeen, &m.started)
+	return m, err
 }
 
 // Consumer is the consumer name the inbox records under.
@@ -207,22 +303,29 @@ func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 	}
 	var outcome Outcome
 	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
-		var last int64
-		if err := tx.QueryRow(ctx, in.lockMark, in.consumer, msg.AggregateType, msg.AggregateID).Scan(&last); err != nil {
+		mark, err := lockMark(ctx, tx, in.lockMark, in.consumer, msg.AggregateType, msg.AggregateID)
+		if err != nil {
 			return fmt.Errorf("inbox: lock high-water mark: %w", err)
 		}
+		last := mark.last
+		// Every event in between was skipped by an operator and will never
+		// come.
+		skipped := msg.SkippedFrom >= 1 && msg.SkippedFrom <= last+1
+		// An aggregate the consumer has no mark for starts at this event.
+		firstSeen := in.firstSeen && last == 0 && !mark.started && msg.Sequence > 1 && !skipped
 		switch {
 		case msg.Sequence <= last:
 			outcome = Duplicate
 			return errRollback
-		case msg.Sequence > last+1 && (msg.SkippedFrom < 1 || msg.SkippedFrom > last+1):
-			// Early, unless every event in between was skipped by an
-			// operator and will never come.
+		case msg.Sequence > last+1 && !skipped && !firstSeen:
 			outcome = Early
-			return errRollback
+			if mark.waitingSeen != nil && *mark.waitingSeen <= msg.Sequence {
+				return errRollback // the wait is recorded already
+			}
+			return in.recordWait(ctx, tx, msg, last)
 		}
 		var inserted bool
-		err := tx.QueryRow(ctx, in.insert, in.consumer, msg.ID).Scan(&inserted)
+		err = tx.QueryRow(ctx, in.insert, in.consumer, msg.ID).Scan(&inserted)
 		if errors.Is(err, pgx.ErrNoRows) {
 			outcome = Duplicate
 			return errRollback
@@ -233,7 +336,15 @@ func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 		if err := apply(ctx, tx); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, in.advance, in.consumer, msg.AggregateType, msg.AggregateID, msg.Sequence); err != nil {
+		args := []any{in.consumer, msg.AggregateType, msg.AggregateID, msg.Sequence}
+		advance := in.advance
+		switch {
+		case firstSeen:
+			advance, args = in.startFirst, append(args, in.startReason)
+		case mark.waitingSeen != nil:
+			advance = in.advanceWait
+		}
+		if _, err := tx.Exec(ctx, advance, args...); err != nil {
 			return fmt.Errorf("inbox: advance high-water mark: %w", err)
 		}
 		outcome = Applied
@@ -246,6 +357,67 @@ func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 		return 0, err
 	}
 	return outcome, nil
+}
+
+// recordWait records on the mark row that the aggregate waits on a gap: it
+// expected last+1 and saw msg. The record is for monitoring only (a crash
+// losing it is repaired by the next early delivery), so its commit does not
+// wait for the WAL flush. One round trip.
+func (in *Inbox) recordWait(ctx context.Context, tx pgx.Tx, msg outbox.Message, last int64) error {
+	b := &pgx.Batch{}
+	b.Queue(`SET LOCAL synchronous_commit TO off`)
+	b.Queue(in.wait, in.consumer, msg.AggregateType, msg.AggregateID, last+1, msg.Sequence)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("inbox: record wait: %w", err)
+	}
+	return nil
+}
+
+// Seed sets the consumer's high-water mark of an aggregate to lastApplied, in
+// a transaction of its own: the events up to lastApplied count as applied
+// (later deliveries of them are Duplicate) and the next one applied is
+// lastApplied+1. See SeedTx.
+func (in *Inbox) Seed(ctx context.Context, aggregateType, aggregateID string, lastApplied int64, reason string) error {
+	return pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+		return in.SeedTx(ctx, tx, aggregateType, aggregateID, lastApplied, reason)
+	})
+}
+
+// SeedTx sets the consumer's high-water mark of an aggregate to lastApplied
+// in the caller's transaction: typically the one that restores the
+// consumer's state from a snapshot taken at lastApplied, so that the state
+// and the mark commit together. The events up to lastApplied count as
+// applied (later deliveries of them are Duplicate) and the next one applied
+// is lastApplied+1. The seed is recorded on the mark row (start_kind
+// "seeded", start_prior_mark, start_mark, started_at, start_reason) and ends
+// a wait on a gap.
+//
+// reason is required (ErrReasonRequired). A mark never goes back: seeding
+// below the current mark returns ErrMarkAhead (the consumer applied later
+// events already), and seeding at the current mark does nothing.
+func (in *Inbox) SeedTx(ctx context.Context, tx pgx.Tx, aggregateType, aggregateID string, lastApplied int64, reason string) error {
+	switch {
+	case aggregateType == "" || aggregateID == "":
+		return errors.New("inbox: seed: the aggregate type and id are required")
+	case lastApplied < 0:
+		return fmt.Errorf("inbox: seed %s/%s: last applied sequence %d is negative", aggregateType, aggregateID, lastApplied)
+	case reason == "":
+		return fmt.Errorf("inbox: seed %s/%s: %w", aggregateType, aggregateID, ErrReasonRequired)
+	}
+	mark, err := lockMark(ctx, tx, in.lockMark, in.consumer, aggregateType, aggregateID)
+	if err != nil {
+		return fmt.Errorf("inbox: seed %s/%s: lock high-water mark: %w", aggregateType, aggregateID, err)
+	}
+	switch {
+	case lastApplied < mark.last:
+		return fmt.Errorf("inbox: seed %s/%s at %d: %w (consumer %s is at %d)", aggregateType, aggregateID, lastApplied, ErrMarkAhead, in.consumer, mark.last)
+	case lastApplied == mark.last:
+		return nil
+	}
+	if _, err := tx.Exec(ctx, in.seed, in.consumer, aggregateType, aggregateID, lastApplied, mark.last, reason); err != nil {
+		return fmt.Errorf("inbox: seed %s/%s: %w", aggregateType, aggregateID, err)
+	}
+	return nil
 }
 
 // errRollback ends the transaction without an error for the caller.

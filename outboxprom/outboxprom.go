@@ -41,6 +41,12 @@
 //	outbox_table_bytes{table}                total size of each outbox table
 //	outbox_gauges_errors_total               failed samples (the gauges are then left out of the scrape)
 //
+// Sampled the same way from the inbox tables (Config.Inbox), for every
+// consumer with a high-water mark in the schema:
+//
+//	inbox_waiting_aggregates{consumer}          aggregates waiting on a gap (an event refused as early, none applied since)
+//	inbox_oldest_waiting_age_seconds{consumer}  age of the oldest wait (0 when none)
+//
 // Several relays of one schema export the same database gauges: aggregate
 // them with max(), not sum(). deploy/prometheus/outbox-alerts.yml has example
 // alert rules and deploy/grafana/outbox-dashboard.json a dashboard.
@@ -74,6 +80,11 @@ type Config struct {
 	Schema string
 	// Admin, when set, is sampled for the database gauges. Optional.
 	Admin *outbox.Admin
+	// Inbox, when set, is sampled for the inbox gauges (aggregates waiting
+	// on a gap), in the same sample as Admin's. Set it in the process that
+	// exports a consumer's metrics, or in a relay whose schema also holds
+	// consumers' inboxes. Optional.
+	Inbox *inbox.Admin
 	// GaugesMaxAge is how long a database sample is reused: scrapes within
 	// it get the same values, so any number of scrapers cost at most one
 	// query per GaugesMaxAge. Defaults to GaugesMaxAgeDefault.
@@ -104,11 +115,20 @@ type Metrics struct {
 	relayOn bool // outbox_relay_up is exported once a relay reported
 
 	pendingDesc, oldestDesc, quarantinedDesc, leasedDesc, expiredDesc, relaysDesc, tableBytesDesc *prometheus.Desc
+	inboxWaitingDesc, inboxOldestWaitDesc                                                         *prometheus.Desc
 
 	mu       sync.Mutex // one sample at a time
 	sampled  time.Time
-	gauges   outbox.Gauges
+	last     sample
 	gaugesOK bool
+}
+
+// sample is one reading of the database gauges.
+type sample struct {
+	outbox   outbox.Gauges
+	outboxOK bool
+	inbox    []inbox.ConsumerWaiting
+	inboxOK  bool
 }
 
 var (
@@ -186,6 +206,10 @@ func New(cfg Config) (*Metrics, error) {
 		expiredDesc:     desc("outbox_expired_leases", "Events whose lease expired before they were settled (sampled from the database)."),
 		relaysDesc:      desc("outbox_relays_alive", "Relays whose heartbeat has not expired (sampled from the database)."),
 		tableBytesDesc:  desc("outbox_table_bytes", "Total size of an outbox table, indexes and TOAST included.", "table"),
+		inboxWaitingDesc: desc("inbox_waiting_aggregates",
+			"Aggregates whose inbox refused an event as early and applied none since: waiting on a gap (sampled from the database).", "consumer"),
+		inboxOldestWaitDesc: desc("inbox_oldest_waiting_age_seconds",
+			"Age of the consumer's oldest wait on a gap, 0 when none (sampled from the database).", "consumer"),
 	}
 	// Known label values exist from the start, so that rates and alerts see 0
 	// rather than no series.
@@ -210,7 +234,8 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 		c.Describe(ch)
 	}
 	m.relayUp.Describe(ch)
-	for _, d := range []*prometheus.Desc{m.pendingDesc, m.oldestDesc, m.quarantinedDesc, m.leasedDesc, m.expiredDesc, m.relaysDesc, m.tableBytesDesc} {
+	for _, d := range []*prometheus.Desc{m.pendingDesc, m.oldestDesc, m.quarantinedDesc, m.leasedDesc, m.expiredDesc, m.relaysDesc, m.tableBytesDesc,
+		m.inboxWaitingDesc, m.inboxOldestWaitDesc} {
 		ch <- d
 	}
 }
@@ -219,10 +244,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 // last sample is older than GaugesMaxAge; a failed sample leaves the
 // database gauges out of this scrape and counts outbox_gauges_errors_total.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	var g outbox.Gauges
-	ok := false
-	if m.cfg.Admin != nil {
-		g, ok = m.sample() // first, so that a failure counts in this scrape
+	var smp sample
+	if m.cfg.Admin != nil || m.cfg.Inbox != nil {
+		smp = m.sample() // first, so that a failure counts in this scrape
 	}
 	for _, c := range m.collectors() {
 		c.Collect(ch)
@@ -232,12 +256,19 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		m.relayUp.Collect(ch)
 	}
 	m.relayMu.Unlock()
-	if !ok {
-		return
-	}
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	if smp.inboxOK {
+		for _, c := range smp.inbox {
+			gauge(m.inboxWaitingDesc, float64(c.Waiting), c.Consumer)
+			gauge(m.inboxOldestWaitDesc, c.OldestWaitSeconds, c.Consumer)
+		}
+	}
+	if !smp.outboxOK {
+		return
+	}
+	g := smp.outbox
 	gauge(m.pendingDesc, float64(g.Pending))
 	gauge(m.oldestDesc, g.OldestPendingAgeSeconds)
 	gauge(m.quarantinedDesc, float64(g.Quarantined))
@@ -249,23 +280,43 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (m *Metrics) sample() (outbox.Gauges, bool) {
+// sample reads the database gauges, or returns the last reading while it is
+// younger than GaugesMaxAge. A reading with a failed part is not reused.
+func (m *Metrics) sample() sample {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.gaugesOK && time.Since(m.sampled) < m.cfg.GaugesMaxAge {
-		return m.gauges, true
+		return m.last
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.GaugesTimeout)
 	defer cancel()
-	g, err := m.cfg.Admin.Gauges(ctx)
-	if err != nil {
+	var s sample
+	failed := false
+	if m.cfg.Admin != nil {
+		g, err := m.cfg.Admin.Gauges(ctx)
+		if err != nil {
+			failed = true
+			m.cfg.Logger.Warn("sample outbox gauges", slog.String("schema", m.cfg.Schema), slog.Any("error", err))
+		} else {
+			s.outbox, s.outboxOK = g, true
+		}
+	}
+	if m.cfg.Inbox != nil {
+		w, err := m.cfg.Inbox.Gauges(ctx)
+		if err != nil {
+			failed = true
+			m.cfg.Logger.Warn("sample inbox gauges", slog.String("schema", m.cfg.Schema), slog.Any("error", err))
+		} else {
+			s.inbox, s.inboxOK = w, true
+		}
+	}
+	if failed {
 		m.gaugeErrors.Inc()
 		m.gaugesOK = false
-		m.cfg.Logger.Warn("sample outbox gauges", slog.String("schema", m.cfg.Schema), slog.Any("error", err))
-		return outbox.Gauges{}, false
+		return s
 	}
-	m.gauges, m.gaugesOK, m.sampled = g, true, time.Now()
-	return g, true
+	m.last, m.gaugesOK, m.sampled = s, true, time.Now()
+	return s
 }
 
 // ObserveClaim implements outbox.ClaimObserver.

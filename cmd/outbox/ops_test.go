@@ -263,6 +263,11 @@ func seedForCleanup(t *testing.T, pool *pgxpool.Pool, schema string, old int) []
 	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.processed_events (consumer_name, event_id, processed_at) VALUES ('c', gen_random_uuid(), now())`); err != nil {
 		t.Fatal(err)
 	}
+	// Consumer c's high-water mark: clean-up keeps it, and a relay's
+	// metrics report c's inbox (aggregates waiting on a gap: none).
+	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.inbox_aggregates (consumer_name, aggregate_type, aggregate_id, last_sequence) VALUES ('c', 'order', 'old-1', 1)`); err != nil {
+		t.Fatal(err)
+	}
 	return []uuid.UUID{
 		insertEvent(t, pool, schema, "recent", 1, "published_at = now() - interval '5 minutes'"),
 		insertEvent(t, pool, schema, "stuck", 1, "occurred_at = now() - interval '30 days'"),

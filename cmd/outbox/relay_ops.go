@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/inbox"
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/outboxprom"
 )
@@ -51,7 +52,13 @@ func (o *relayOpsFlags) metrics(pool *pgxpool.Pool, schema string, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	return outboxprom.New(outboxprom.Config{Schema: schema, Admin: admin, GaugesMaxAge: o.gaugesMaxAge, Logger: log})
+	// The schema's inbox tables too: consumers whose inbox lives in this
+	// database and schema are reported (aggregates waiting on a gap).
+	inboxAdmin, err := inbox.NewAdmin(pool, inbox.AdminConfig{Schema: schema})
+	if err != nil {
+		return nil, err
+	}
+	return outboxprom.New(outboxprom.Config{Schema: schema, Admin: admin, Inbox: inboxAdmin, GaugesMaxAge: o.gaugesMaxAge, Logger: log})
 }
 
 // serve starts the metrics server when m is set. It logs the address it
