@@ -11,9 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgoutbox/outbox/internal/failpoint"
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
@@ -276,15 +274,6 @@ func (r *Relay) Stats() RelayStats {
 	}
 }
 
-// Wake makes an idle relay look for events now. It never blocks; wake-ups
-// that arrive while the relay is busy collapse into one.
-func (r *Relay) Wake() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
-
 // Run relays events until ctx ends. Then it stops claiming, lets in-flight
 // publishes finish (up to ShutdownTimeout), marks what was acknowledged,
 // releases the rest and returns nil. It returns an error only for a problem
@@ -331,100 +320,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-func (r *Relay) waitIdle(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	case <-r.wake:
-	}
-}
-
-// listen holds one connection with LISTEN on the schema's channel and turns
-// notifications into wake-ups. On any error it reconnects after a pause; the
-// relay keeps polling meanwhile.
-func (r *Relay) listen(ctx context.Context) {
-	channel := pgx.Identifier{NotifyChannel(r.schema.Name())}.Sanitize()
-	failures := 0
-	for ctx.Err() == nil {
-		err := func() error {
-			conn, err := r.pool.Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Release()
-			if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
-				return err
-			}
-			defer func() {
-				// The connection goes back to the pool: stop listening first.
-				// If ctx was canceled mid-wait the connection is closed by pgx.
-				if !conn.Conn().IsClosed() {
-					_, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN "+channel)
-				}
-			}()
-			failures = 0
-			r.Wake() // catch anything committed before LISTEN took effect
-			for {
-				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
-					return err
-				}
-				r.Wake()
-			}
-		}()
-		if ctx.Err() != nil {
-			return
-		}
-		failures++
-		r.log.Warn("listen for notifications failed; polling meanwhile", slog.Any("error", err))
-		sleep(ctx, backoff(failures, 100*time.Millisecond, 5*time.Second))
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
-// backoff returns an exponential delay for the n-th consecutive failure
-// (n >= 1), capped at max, with "equal jitter": between half and all of it.
-func backoff(n int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	if d <= 0 {
-		return 0
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
-}
-
-// claimedEvent is a claimed row.
-type claimedEvent struct {
-	Message
-	attempts    int   // attempt_count before this attempt
-	undecodable error // the row could not be read into a Message
-}
-
-// batch is one claim's events and its fencing token.
-type batch struct {
-	token    uuid.UUID
-	deadline time.Time // local time after which the lease may be gone
-	lanes    [][]claimedEvent
-	total    int
-	// takenOver counts events claimed from an expired lease.
-	takenOver int
-}
-
 // runBatch claims, publishes and settles one batch. It returns how many
 // events were claimed.
 func (r *Relay) runBatch(ctx context.Context) (int, error) {
@@ -453,285 +348,28 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	return b.total, err
 }
 
-func allIDs(b batch) []uuid.UUID {
-	ids := make([]uuid.UUID, 0, b.total)
-	for _, lane := range b.lanes {
-		for _, ev := range lane {
-			ids = append(ids, ev.ID)
-		}
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
-	return ids
 }
 
-func (r *Relay) claim(ctx context.Context) (batch, error) {
-	b := batch{token: uuid.New()}
-	start := time.Now()
-	// The claim is one autocommit statement (one round trip). Only when
-	// failpoints are enabled does it run in an explicit transaction, so that
-	// relay/during-claim sits between the UPDATE and the COMMIT.
-	var q interface {
-		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	} = r.pool
-	var tx pgx.Tx
-	if failpoint.Enabled() {
-		var err error
-		if tx, err = r.pool.Begin(ctx); err != nil {
-			return b, fmt.Errorf("claim batch: %w", err)
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		q = tx
+// backoff returns an exponential delay for the n-th consecutive failure
+// (n >= 1), capped at max, with "equal jitter": between half and all of it.
+func backoff(n int, min, max time.Duration) time.Duration {
+	d := min
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
 	}
-	rows, err := q.Query(ctx, r.sql.claim, r.cfg.BatchSize, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds())
-	if err != nil {
-		return b, fmt.Errorf("claim batch: %w", err)
+	if d > max {
+		d = max
 	}
-	var takenOver int64
-	laneOf := map[[2]string]int{}
-	for rows.Next() {
-		var row messageRow
-		var ev claimedEvent
-		var prevOwner *string
-		if err := rows.Scan(row.dest(&ev.attempts, &prevOwner)...); err != nil {
-			rows.Close()
-			return b, fmt.Errorf("claim batch: %w", err)
-		}
-		ev.Message, ev.undecodable = row.decode()
-		ev.Attempt = ev.attempts + 1
-		if prevOwner != nil {
-			takenOver++
-		}
-		key := [2]string{ev.AggregateType, ev.AggregateID}
-		i, ok := laneOf[key]
-		if !ok {
-			i = len(b.lanes)
-			laneOf[key] = i
-			b.lanes = append(b.lanes, nil)
-		}
-		b.lanes[i] = append(b.lanes[i], ev)
-		b.total++
+	if d <= 0 {
+		return 0
 	}
-	if err := rows.Err(); err != nil {
-		return b, fmt.Errorf("claim batch: %w", err)
-	}
-	if tx != nil {
-		if b.total > 0 {
-			if err := failpoint.Hit("relay/during-claim"); err != nil {
-				return batch{}, fmt.Errorf("claim batch: %w", err)
-			}
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return batch{}, fmt.Errorf("claim batch: %w", err)
-		}
-	}
-	r.takenOver.Add(takenOver)
-	b.takenOver = int(takenOver)
-	if cut := orderLanes(b.lanes); len(cut) > 0 {
-		r.log.Error("claim returned a lane with a gap; releasing the events after it", slog.Int("events", len(cut)))
-		b.total -= len(cut)
-		if err := r.release(ctx, b, cut); err != nil {
-			return b, err
-		}
-	}
-	if err := r.quarantineUndecodable(ctx, &b); err != nil {
-		return b, err
-	}
-	// Leave a safety margin: stop publishing well before the lease could have
-	// been taken over, since the database clock and ours may differ slightly.
-	b.deadline = start.Add(r.cfg.LeaseDuration * 8 / 10)
-	r.claimed.Add(int64(b.total))
-	return b, nil
-}
-
-type failure struct {
-	id         uuid.UUID
-	prior      int  // the event's attempt_count before this attempt
-	outage     bool // failed as Unavailable: no attempt spent
-	delay      time.Duration
-	attempts   int // attempts to add
-	err        string
-	quarantine bool
-}
-
-// publishAndSettle publishes a batch in waves (the i-th event of every lane
-// in wave i, so an aggregate's events go out strictly one after the other),
-// then records the outcome with fenced updates.
-func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
-	var published []uuid.UUID
-	var failures []failure
-	var unsent []uuid.UUID
-	live := make([]int, len(b.lanes)) // lanes still going
-	for i := range live {
-		live[i] = i
-	}
-	outage := false
-	for wave := 0; len(live) > 0; wave++ {
-		if ctx.Err() != nil || time.Now().After(b.deadline) {
-			break
-		}
-		msgs := make([]Message, len(live))
-		for j, lane := range live {
-			msgs[j] = b.lanes[lane][wave].Message
-		}
-		if err := failpoint.Hit("relay/before-publish"); err != nil {
-			break
-		}
-		pubStart := time.Now()
-		errs := r.cfg.Publisher.Publish(ctx, msgs)
-		ackLatency, ackedAt := time.Since(pubStart), time.Now()
-		if errs != nil && len(errs) != len(msgs) {
-			return fmt.Errorf("publisher returned %d results for %d messages", len(errs), len(msgs))
-		}
-		cut := ctx.Err() != nil // shutdown timeout: failures are not the events' fault
-		next := live[:0]
-		for j, lane := range live {
-			ev := b.lanes[lane][wave]
-			if errs == nil || errs[j] == nil {
-				r.observePublish(ev, nil, false, ackLatency, ackedAt)
-				published = append(published, ev.ID)
-				if wave+1 < len(b.lanes[lane]) {
-					next = append(next, lane)
-				}
-				continue
-			}
-			if !cut {
-				f := r.classify(ev, errs[j], &outage)
-				r.observePublish(ev, errs[j], f.quarantine, ackLatency, time.Time{})
-				failures = append(failures, f)
-			}
-		}
-		live = next
-		if err := failpoint.Hit("relay/after-ack-before-mark"); err != nil {
-			return err
-		}
-	}
-	// Whatever was not attempted goes back to the table untouched.
-	for _, lane := range b.lanes {
-		if len(published)+len(failures) == b.total {
-			break // everything was attempted (the common case)
-		}
-		for _, ev := range lane {
-			if !contains(published, ev.ID) && !containsFailure(failures, ev.ID) {
-				unsent = append(unsent, ev.ID)
-			}
-		}
-	}
-	if outage && len(published) > 0 {
-		outage = r.blameLoneOutages(failures)
-	}
-	for _, id := range published {
-		r.forgetLoneOutage(id)
-	}
-	if outage {
-		r.outages++
-	} else if len(published) > 0 {
-		r.outages = 0
-	}
-	settleCtx := context.WithoutCancel(ctx)
-	if len(failures) == 0 && len(unsent) == 0 {
-		if len(published) == 0 {
-			return nil
-		}
-		return r.markPublished(settleCtx, b, published) // the common case
-	}
-	return r.settleAll(settleCtx, b, published, failures, unsent)
-}
-
-func contains(ids []uuid.UUID, id uuid.UUID) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
-}
-
-func containsFailure(fs []failure, id uuid.UUID) bool {
-	for _, f := range fs {
-		if f.id == id {
-			return true
-		}
-	}
-	return false
-}
-
-func (r *Relay) classify(ev claimedEvent, err error, outage *bool) failure {
-	r.failed.Add(1)
-	f := failure{id: ev.ID, prior: ev.attempts, err: truncate(err.Error(), 2000)}
-	switch {
-	case IsUnavailable(err):
-		// The destination is down: no attempt is spent on this event.
-		*outage, f.outage = true, true
-		f.delay = backoff(r.outages+1, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
-	case IsPermanent(err):
-		f.attempts, f.quarantine = 1, true
-	default:
-		f.attempts = 1
-		if ev.attempts+1 >= r.cfg.MaxAttempts {
-			f.quarantine = true
-		} else {
-			f.delay = backoff(ev.attempts+1, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
-		}
-	}
-	if f.quarantine {
-		r.quarantined.Add(1)
-		r.log.Error("event quarantined", slog.String("event_id", ev.ID.String()), slog.String("aggregate_type", ev.AggregateType),
-			slog.String("aggregate_id", ev.AggregateID), slog.Int64("sequence", ev.Sequence), slog.Any("error", err))
-	}
-	return f
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
-
-func (r *Relay) markPublished(ctx context.Context, b batch, ids []uuid.UUID) error {
-	start := time.Now()
-	tag, err := r.pool.Exec(ctx, r.sql.markPublished, uuidArgs(ids), b.token)
-	r.observeSettle(SettleMarkPublished, len(ids), tag.RowsAffected(), start, err)
-	if err != nil {
-		return fmt.Errorf("mark published: %w", err)
-	}
-	r.published.Add(tag.RowsAffected())
-	r.noteConflicts("mark published", len(ids), tag.RowsAffected())
-	return nil
-}
-
-func (r *Relay) markFailed(ctx context.Context, b batch, fs []failure) error {
-	ids := make([]uuid.UUID, len(fs))
-	delays := make([]int64, len(fs))
-	attempts := make([]int32, len(fs))
-	msgs := make([]string, len(fs))
-	quarantine := make([]bool, len(fs))
-	for i, f := range fs {
-		ids[i], delays[i], attempts[i], msgs[i], quarantine[i] = f.id, f.delay.Milliseconds(), int32(f.attempts), f.err, f.quarantine
-	}
-	start := time.Now()
-	tag, err := r.pool.Exec(ctx, r.sql.markFailed, uuidArgs(ids), delays, attempts, msgs, quarantine, b.token)
-	r.observeSettle(SettleRecordFailures, len(ids), tag.RowsAffected(), start, err)
-	if err != nil {
-		return fmt.Errorf("record failures: %w", err)
-	}
-	r.noteConflicts("record failures", len(ids), tag.RowsAffected())
-	return nil
-}
-
-func (r *Relay) release(ctx context.Context, b batch, ids []uuid.UUID) error {
-	start := time.Now()
-	tag, err := r.pool.Exec(ctx, r.sql.release, uuidArgs(ids), b.token)
-	r.observeSettle(SettleRelease, len(ids), tag.RowsAffected(), start, err)
-	if err != nil {
-		return fmt.Errorf("release claims: %w", err)
-	}
-	r.noteConflicts("release", len(ids), tag.RowsAffected())
-	return nil
-}
-
-func (r *Relay) noteConflicts(op string, want int, got int64) {
-	if lost := int64(want) - got; lost > 0 {
-		r.conflicts.Add(lost)
-		r.log.Warn("lease lost: another relay took these events over", slog.String("op", op), slog.Int64("events", lost))
-	}
+	half := d / 2
+	return half + rand.N(d-half+1)
 }

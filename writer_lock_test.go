@@ -43,7 +43,7 @@ func TestOneCallLocksAggregatesInAFixedOrder(t *testing.T) {
 	}
 	second := make(chan error, 1)
 	go func() { _, err := w.InsertTx(ctx, tx1, b); second <- err }() // waits for tx2
-	_, err2 := w.InsertTx(ctx, tx2, a)                              // waits for tx1: a cycle
+	_, err2 := w.InsertTx(ctx, tx2, a)                               // waits for tx1: a cycle
 	var err1 error
 	if err2 != nil {
 		_ = tx2.Rollback(ctx) // PostgreSQL chose tx2: tx1 goes on
