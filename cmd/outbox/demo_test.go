@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgoutbox/outbox/internal/chaos"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
@@ -37,9 +38,14 @@ func runDemoTest(t *testing.T, args ...string) (report, schema, stream string) {
 	if err != nil {
 		t.Fatalf("demo failed: %v\nlogs:\n%s", err, logs.String())
 	}
-	for _, check := range []string{"API", "I1", "I2", "I3", "I4", "I5"} {
-		if !regexp.MustCompile(`(?m)^\s+` + check + `\s+OK\s`).MatchString(report) {
-			t.Errorf("the report does not say %s OK", check)
+	for _, inv := range chaos.Invariants {
+		if !regexp.MustCompile(`(?m)^violations ` + inv + `\s+0\s`).MatchString(report) {
+			t.Errorf("the report does not say %s has no violations", inv)
+		}
+	}
+	for _, figure := range []string{"commits", "key reuses refused", "duplicates suppressed", "commit-to-publish lag"} {
+		if !strings.Contains(report, "\n"+figure+" ") {
+			t.Errorf("the report has no %q line", figure)
 		}
 	}
 	if strings.Contains(report, "FAIL") || !strings.Contains(report, "demo passed: all invariants hold") {

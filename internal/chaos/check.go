@@ -60,6 +60,7 @@ func (w Where) table(name string) string { return pgx.Identifier{w.Schema, name}
 type Figures struct {
 	Commands, Requests, Commits, CreatesCommitted, CancelsCommitted int
 	Rollbacks, Refused, NotSent, Ambiguous, ResolvedByDB, Replays   int
+	KeyReusesRefused                                                int
 	Events, Published                                               int64
 	StreamMessages, DuplicatesPublished                             int64
 	Deliveries, DuplicatesDelivered                                 int64
@@ -396,6 +397,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, w Wh
 		r.Commands++
 		r.Requests += c.Requests
 		r.Replays += c.Replays
+		r.KeyReusesRefused += c.KeyReusesRefused
 		if c.AmbiguousAttempts > 0 {
 			r.Ambiguous++
 		}

@@ -1,8 +1,9 @@
 // Package chaos runs the example order system as real processes and proves
 // the outbox's invariants under faults: it is the harness of the boundary
 // tests (a process crashed at each failpoint), of the infrastructure fault
-// tests (broker and PostgreSQL restarts, a relay paused past its lease) and
-// of "outbox chaos".
+// tests (broker and PostgreSQL restarts, a relay paused past its lease), of
+// "outbox chaos" and of "outbox demo", which runs the system in one process
+// but drives it with the same Driver and checks it with the same Check.
 //
 // # Pieces
 //
@@ -18,8 +19,8 @@
 //     "consumer-N"): start (with OUTBOX_FAILPOINTS), kill, pause, resume,
 //     stop, and a record of how each incarnation ended.
 //   - Driver sends commands over HTTP (creates with and without
-//     Idempotency-Key, resends, rollbacks on an unknown SKU, cancellations,
-//     second cancellations) and keeps a Ledger of what the client knows:
+//     Idempotency-Key, resends, a key reused with another body, rollbacks on
+//     an unknown SKU, cancellations, second cancellations) and keeps a Ledger of what the client knows:
 //     committed, rolled back, or ambiguous (a 500 or a lost connection),
 //     settled by a retry with the same key or, at the end, from the database.
 //   - Check compares PostgreSQL, the stream and the consumers' tables with

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -84,13 +85,16 @@ type Command struct {
 	Items      []orderevents.Item
 	// Resend asks the driver to send a committed create again with the same
 	// key (an idempotent retry): it must get the same order back.
-	Resend  bool
-	OrderID string
-	Outcome Outcome
+	Resend bool
+	// ReuseKey asks the driver to send a committed create's key again with
+	// another body: the API must refuse it (422) and write nothing.
+	ReuseKey bool
+	OrderID  string
+	Outcome  Outcome
 	// Requests counts HTTP requests sent; Replays the 200 answers with
-	// Idempotent-Replayed; AmbiguousAttempts the attempts without a
-	// definitive answer.
-	Requests, Replays, AmbiguousAttempts int
+	// Idempotent-Replayed; KeyReusesRefused the 422 answers to ReuseKey;
+	// AmbiguousAttempts the attempts without a definitive answer.
+	Requests, Replays, KeyReusesRefused, AmbiguousAttempts int
 	// ResolvedByDB is set when Resolve decided the outcome.
 	ResolvedByDB bool
 }
@@ -122,6 +126,13 @@ func (l *Ledger) Commands() []Command {
 		out[i] = *c
 	}
 	return out
+}
+
+// Len counts the commands sent so far.
+func (l *Ledger) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.cmds)
 }
 
 // Committed counts the committed commands.
@@ -188,14 +199,15 @@ func (l *Ledger) set(c *Command, f func(c *Command)) {
 }
 
 // Mix is the share of each kind of command, in percent (the rest are
-// creates); KeyedPercent of the creates carry an Idempotency-Key and
-// ResendPercent of those are sent twice.
+// creates); KeyedPercent of the creates carry an Idempotency-Key,
+// ResendPercent of those are sent twice and ReuseKeyPercent have their key
+// sent again with another body.
 type Mix struct {
-	RollbackPercent, CancelPercent, CancelAgainPercent, KeyedPercent, ResendPercent int
+	RollbackPercent, CancelPercent, CancelAgainPercent, KeyedPercent, ResendPercent, ReuseKeyPercent int
 }
 
-// DefaultMix is the chaos run's command mix.
-var DefaultMix = Mix{RollbackPercent: 10, CancelPercent: 20, CancelAgainPercent: 4, KeyedPercent: 85, ResendPercent: 25}
+// DefaultMix is the command mix of "outbox chaos" and "outbox demo".
+var DefaultMix = Mix{RollbackPercent: 10, CancelPercent: 20, CancelAgainPercent: 4, KeyedPercent: 85, ResendPercent: 25, ReuseKeyPercent: 5}
 
 // Driver sends commands to the order API and records them in its Ledger.
 type Driver struct {
@@ -251,6 +263,9 @@ func (d *Driver) next() *Command {
 	if d.rng.IntN(100) < d.mix.KeyedPercent {
 		c.Key = "k-" + c.CustomerID
 		c.Resend = c.Kind == Create && d.rng.IntN(100) < d.mix.ResendPercent
+		if d.mix.ReuseKeyPercent > 0 { // no draw otherwise: older mixes keep their command streams
+			c.ReuseKey = c.Kind == Create && d.rng.IntN(100) < d.mix.ReuseKeyPercent
+		}
 	}
 	return c
 }
@@ -439,6 +454,9 @@ func (d *Driver) create(ctx context.Context, c *Command) {
 			if c.Resend {
 				d.resend(ctx, c, body)
 			}
+			if c.ReuseKey {
+				d.reuseKey(ctx, c, body)
+			}
 			return
 		case a.status == http.StatusUnprocessableEntity && problemType(a) == ordersapi.ProblemTypeBase+"unknown-sku" && c.Kind == Rollback:
 			l.set(c, func(c *Command) { c.Outcome = RolledBack })
@@ -454,27 +472,54 @@ func (d *Driver) create(ctx context.Context, c *Command) {
 // resend sends a committed create again with its key: the API must answer
 // 200 with Idempotent-Replayed and the same order.
 func (d *Driver) resend(ctx context.Context, c *Command, body ordersapi.CreateRequest) {
-	l := d.Ledger
-	for n := 1; ; n++ {
-		a, class := d.send(ctx, http.MethodPost, "/orders", c.Key, body)
-		if class != refused {
-			l.set(c, func(c *Command) { c.Requests++ })
-		}
-		if class != definitive {
-			if !retry(ctx, n) {
-				return
-			}
-			continue
-		}
-		var o ordersapi.Order
-		_ = json.Unmarshal(a.body, &o)
-		if a.status != http.StatusOK || a.header.Get(ordersapi.HeaderIdempotentReplayed) != "true" || o.ID != c.OrderID {
-			l.problem(&l.idem, "command %d: resent with key %s: %d replayed=%q order %s, want 200 replayed order %s",
-				c.Seq, c.Key, a.status, a.header.Get(ordersapi.HeaderIdempotentReplayed), o.ID, c.OrderID)
-			return
-		}
-		l.set(c, func(c *Command) { c.Replays++ })
+	a, ok := d.sendSafe(ctx, c, http.MethodPost, "/orders", c.Key, body)
+	if !ok {
 		return
+	}
+	l := d.Ledger
+	var o ordersapi.Order
+	_ = json.Unmarshal(a.body, &o)
+	if a.status != http.StatusOK || a.header.Get(ordersapi.HeaderIdempotentReplayed) != "true" || o.ID != c.OrderID {
+		l.problem(&l.idem, "command %d: resent with key %s: %d replayed=%q order %s, want 200 replayed order %s",
+			c.Seq, c.Key, a.status, a.header.Get(ordersapi.HeaderIdempotentReplayed), o.ID, c.OrderID)
+		return
+	}
+	l.set(c, func(c *Command) { c.Replays++ })
+}
+
+// reuseKey sends a committed create's key with another body: the API must
+// refuse it with a 422 idempotency-key-reused problem (and write nothing,
+// which Check sees: one order per customer and per key).
+func (d *Driver) reuseKey(ctx context.Context, c *Command, body ordersapi.CreateRequest) {
+	other := ordersapi.CreateRequest{CustomerID: body.CustomerID, Items: slices.Clone(body.Items)}
+	other.Items[0].Quantity++
+	a, ok := d.sendSafe(ctx, c, http.MethodPost, "/orders", c.Key, other)
+	if !ok {
+		return
+	}
+	l := d.Ledger
+	if a.status != http.StatusUnprocessableEntity || problemType(a) != ordersapi.ProblemTypeBase+"idempotency-key-reused" {
+		l.problem(&l.idem, "command %d: key %s reused with another body: %d %s, want a 422 idempotency-key-reused problem",
+			c.Seq, c.Key, a.status, bytes.TrimSpace(a.body))
+		return
+	}
+	l.set(c, func(c *Command) { c.KeyReusesRefused++ })
+}
+
+// sendSafe sends a request that is safe to repeat until it gets a
+// definitive answer; it reports false when ctx ended first.
+func (d *Driver) sendSafe(ctx context.Context, c *Command, method, path, key string, body any) (answer, bool) {
+	for n := 1; ; n++ {
+		a, class := d.send(ctx, method, path, key, body)
+		if class != refused {
+			d.Ledger.set(c, func(c *Command) { c.Requests++ })
+		}
+		if class == definitive {
+			return a, true
+		}
+		if !retry(ctx, n) {
+			return answer{}, false
+		}
 	}
 }
 

@@ -536,22 +536,10 @@ func (r *run) progress(ctx context.Context, pool *pgxpool.Pool, js jetstream.Jet
 // report prints one line per figure and per invariant.
 func (r *run) report(res *Result) {
 	rep, s := res.Report, res.Stats
-	line := func(name string, v any, note string) {
-		r.printf("%-26s %8v   %s\n", name, v, note)
-	}
+	line := func(name string, v any, note string) { Line(r.cfg.Out, name, v, note) }
 	fired := s.FailpointsFired["crash"] + s.FailpointsFired["error"] + s.FailpointsFired["sleep"]
 	r.printf("\n")
-	line("commands", rep.Commands, fmt.Sprintf("%d HTTP requests", rep.Requests))
-	line("commits", rep.Commits, fmt.Sprintf("%d orders, %d cancellations", rep.CreatesCommitted, rep.CancelsCommitted))
-	line("rollbacks", rep.Rollbacks, "unknown SKU (422), or unanswered and found not committed")
-	line("refused", rep.Refused, "second cancellations (409)")
-	line("unanswered", rep.Ambiguous, fmt.Sprintf("500 or connection lost; %d settled by retry, %d from the database", rep.Ambiguous-rep.ResolvedByDB, rep.ResolvedByDB))
-	line("idempotent replays", rep.Replays, "same Idempotency-Key: same order, nothing written")
-	line("not sent", rep.NotSent, "the API was down until the run ended")
-	line("events", rep.Events, fmt.Sprintf("%d published", rep.Published))
-	line("stream messages", rep.StreamMessages, fmt.Sprintf("%d duplicates published (republished after a crash or a stale lease)", rep.DuplicatesPublished))
-	line("deliveries", rep.Deliveries, "to the inventory consumers (JetStream)")
-	line("duplicates delivered", rep.DuplicatesDelivered, "deliveries beyond the first of each event")
+	rep.WriteFigures(r.cfg.Out)
 	line("duplicates suppressed", s.DuplicatesSuppressed, "by the inbox (counted from the consumers' logs)")
 	line("processes killed", s.Killed+s.CrashedAtFailpoint, fmt.Sprintf("SIGKILL: %d by chaos, %d at a crash failpoint", s.Killed, s.CrashedAtFailpoint))
 	line("failpoints armed", s.FailpointsArmed, fmt.Sprintf("%d disarmed by a clean restart", s.Disarmed))
@@ -560,12 +548,7 @@ func (r *run) report(res *Result) {
 	line("broker restarts", s.BrokerRestarts, "")
 	line("process error exits", s.ErrorExits, "exited by themselves (e.g. started while the broker was down), restarted")
 	line("recovery", s.Recovery.Round(time.Millisecond), "from the end of the faults to all published and applied")
-	for _, inv := range Invariants {
-		line("violations "+inv, rep.Count(inv), Descriptions[inv])
-		for _, v := range rep.Violations[inv] {
-			r.printf("    - %s\n", v)
-		}
-	}
+	rep.WriteViolations(r.cfg.Out)
 	if n := rep.Total(); n > 0 {
 		r.printf("seed %d: FAILED, %d violations (schedule %s)\n", res.Seed, n, res.Schedule.Digest())
 	} else {
