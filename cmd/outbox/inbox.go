@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -30,22 +29,10 @@ and end such waits. Run 'outbox inbox <status|resolve> --help' for each one's fl
 
 func runInbox(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "inbox", inboxUsage)
-	if len(args) == 0 {
-		return cli.Usagef(fs, "missing subcommand: status or resolve")
-	}
-	switch args[0] {
-	case "status":
-		return inboxStatus(ctx, args[1:])
-	case "resolve":
-		return inboxResolve(ctx, args[1:])
-	case "-h", "-help", "--help", "help":
-		fs.Usage()
-		return nil
-	}
-	if strings.HasPrefix(args[0], "-") {
-		return cli.Usagef(fs, "missing subcommand: status or resolve comes before the flags")
-	}
-	return cli.Usagef(fs, "unknown subcommand %q: want status or resolve", args[0])
+	return cli.Dispatch(ctx, fs, args, []cli.Command{
+		{Name: "status", Run: inboxStatus},
+		{Name: "resolve", Run: inboxResolve},
+	})
 }
 
 // openInboxAdmin connects, checks the schema and returns an inbox Admin;

@@ -138,7 +138,7 @@ func TestInboxCommandsRefuseBadArguments(t *testing.T) {
 		code int
 		want string
 	}{
-		{with("inbox"), 2, "missing subcommand: status or resolve"},
+		{with("inbox"), 2, "missing subcommand: status, resolve"},
 		{with("inbox", "purge"), 2, `unknown subcommand "purge"`},
 		{with("inbox", "--consumer", "x"), 2, "comes before the flags"},
 		{with("inbox", "status", "extra"), 2, `unexpected argument "extra"`},

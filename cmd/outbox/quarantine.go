@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -29,24 +28,11 @@ Run 'outbox quarantine <list|retry|skip> --help' for each one's flags.`
 
 func runQuarantine(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "quarantine", quarantineUsage)
-	if len(args) == 0 {
-		return cli.Usagef(fs, "missing subcommand: list, retry or skip")
-	}
-	switch args[0] {
-	case "list":
-		return quarantineList(ctx, args[1:])
-	case "retry":
-		return quarantineRetry(ctx, args[1:])
-	case "skip":
-		return quarantineSkip(ctx, args[1:])
-	case "-h", "-help", "--help", "help":
-		fs.Usage()
-		return nil
-	}
-	if strings.HasPrefix(args[0], "-") {
-		return cli.Usagef(fs, "missing subcommand: list, retry or skip comes before the flags")
-	}
-	return cli.Usagef(fs, "unknown subcommand %q: want list, retry or skip", args[0])
+	return cli.Dispatch(ctx, fs, args, []cli.Command{
+		{Name: "list", Run: quarantineList},
+		{Name: "retry", Run: quarantineRetry},
+		{Name: "skip", Run: quarantineSkip},
+	})
 }
 
 func quarantineList(ctx context.Context, args []string) error {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -149,4 +150,31 @@ func Main(binary, about string, commands []Command) {
 	}
 	fmt.Fprintf(os.Stderr, "%s: unknown command %q (run '%s --help')\n", binary, name, binary)
 	os.Exit(2)
+}
+
+// Dispatch runs the subcommand of a command with subcommands (outbox inbox
+// status, outbox quarantine list, ...): args[0] names one of subs, the rest
+// are its arguments. fs is the parent command's flag set, for its usage.
+func Dispatch(ctx context.Context, fs *flag.FlagSet, args []string, subs []Command) error {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.Name
+	}
+	want := strings.Join(names, ", ")
+	if len(args) == 0 {
+		return Usagef(fs, "missing subcommand: %s", want)
+	}
+	for _, s := range subs {
+		if s.Name == args[0] {
+			return s.Run(ctx, args[1:])
+		}
+	}
+	switch {
+	case args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help":
+		fs.Usage()
+		return nil
+	case strings.HasPrefix(args[0], "-"):
+		return Usagef(fs, "missing subcommand: %s (it comes before the flags)", want)
+	}
+	return Usagef(fs, "unknown subcommand %q: want one of %s", args[0], want)
 }
