@@ -46,6 +46,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -59,8 +61,12 @@ const parkedAvailableAt = `'infinity'::timestamptz`
 // parkSQL is the statements that park the lanes of the events a batch
 // quarantined ($1: their ids): lock the lanes' counter rows in key order
 // (the writers' order), then, in a statement whose snapshot sees every event
-// of those lanes, flag the rows and take the waiting events out of the
-// claim. A quarantine fenced off by the batch token (a lost lease) parks
+// of those lanes, flag the rows and take the next laneParkBatch waiting
+// events out of the claim. A longer lane is flagged all the same (its
+// writers write parked) and the lane sweep, woken by the relay, parks the
+// rest in transactions of its own: the settle, which the relay's batch loop
+// waits for, stays bounded (parking one event costs about as much as
+// writing it: every index of outbox_events gets a new entry). A quarantine fenced off by the batch token (a lost lease) parks
 // nothing, unless another relay quarantined the event meanwhile: the
 // condition is the event's state, not who set it.
 func parkSQL(s pgident.Schema) (lock, park string) {
@@ -71,9 +77,11 @@ func parkSQL(s pgident.Schema) (lock, park string) {
 WHERE (a.aggregate_type, a.aggregate_id) IN (SELECT h.aggregate_type, h.aggregate_id FROM (` + heads + `) h)
 ORDER BY a.aggregate_type, a.aggregate_id
 FOR UPDATE OF a`
+	limit := strconv.Itoa(laneParkBatch)
 	park = `WITH heads AS (` + heads + `
 ), lanes AS (
-	UPDATE ` + aggregates + ` a SET parked_at = coalesce(a.parked_at, now()), parked_through = a.last_sequence
+	UPDATE ` + aggregates + ` a SET parked_at = coalesce(a.parked_at, now()),
+		parked_through = least(a.last_sequence, h.aggregate_sequence + ` + limit + `)
 	FROM heads h WHERE a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id
 )
 UPDATE ` + events + ` e SET available_at = ` + parkedAvailableAt + `
@@ -81,6 +89,7 @@ FROM heads h
 WHERE e.published_at IS NULL
   AND e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
   AND e.aggregate_sequence > h.aggregate_sequence
+  AND e.aggregate_sequence <= h.aggregate_sequence + ` + limit + `
   AND e.quarantined_at IS NULL
   AND e.available_at <> ` + parkedAvailableAt
 	return lock, park
@@ -110,8 +119,13 @@ func unparkTx(ctx context.Context, tx pgx.Tx, s pgident.Schema, typ, id string) 
 	return nil
 }
 
-// laneSweepBatch is the most sequences the sweep parks in one transaction.
-const laneSweepBatch = 10000
+// laneParkBatch is the most events a settle parks (the rest is left to the
+// lane sweep); laneSweepBatch the most sequences the sweep parks in one
+// transaction.
+const (
+	laneParkBatch  = 10000
+	laneSweepBatch = 10000
+)
 
 // laneSweep is what one run of the lane sweep repaired.
 type laneSweep struct {
@@ -262,8 +276,8 @@ WHERE aggregate_type = $1 AND aggregate_id = $2`, typ, id, to)
 	return changed, parked, unparked, err
 }
 
-// laneSweepLoop runs the lane sweep at start and then every
-// LaneSweepInterval until ctx ends.
+// laneSweepLoop runs the lane sweep at start, then every LaneSweepInterval
+// and whenever a settle parked a lane (sweepSoon), until ctx ends.
 func (r *Relay) laneSweepLoop(ctx context.Context) {
 	for {
 		res, err := sweepLanes(ctx, r.pool, r.schema)
@@ -276,9 +290,22 @@ func (r *Relay) laneSweepLoop(ctx context.Context) {
 			r.log.Info("lane sweep repaired lanes", slog.Int("lanes", res.Lanes), slog.Int64("events_parked", res.Parked),
 				slog.Int64("events_unparked", res.Unparked), slog.Int("lanes_busy", res.Busy))
 		}
-		sleep(ctx, r.cfg.LaneSweepInterval)
-		if ctx.Err() != nil {
+		t := time.NewTimer(r.cfg.LaneSweepInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return
+		case <-r.sweep:
+			t.Stop()
+		case <-t.C:
 		}
+	}
+}
+
+// sweepSoon makes the lane sweep run now (or right after its current run).
+func (r *Relay) sweepSoon() {
+	select {
+	case r.sweep <- struct{}{}:
+	default:
 	}
 }

@@ -272,6 +272,12 @@ func TestClaimCostFlatInBlockedEvents(t *testing.T) {
 		}
 		r, stop := startRelay(t, pool, quietConfig(schema, pub))
 		outboxtest.Eventually(t, 60*time.Second, "poison #1 quarantined", func() bool { return r.Stats().Quarantined == 1 })
+		// The settle parks 10,000 events; the relay's lane sweep, woken by
+		// it, the rest.
+		outboxtest.Eventually(t, 60*time.Second, "poison lane parked", func() bool {
+			s := readLane(t, pool, schema, "poison")
+			return s.flagged && s.behindParked == s.behind
+		})
 		stop()
 		if s := checkParkedRight(t, pool, schema, "poison"); s.behind != int64(blocked) {
 			t.Fatalf("poison lane %+v, want %d blocked", s, blocked)
@@ -329,9 +335,9 @@ func TestMigrationAndSweepUnstickLanes(t *testing.T) {
 		exec(`INSERT INTO `+schema+`.outbox_events (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
 			SELECT gen_random_uuid(), 'order', $1, s, 'Step', '{}' FROM generate_series($2::bigint, $3::bigint) s`, id, from, to)
 	}
-	insert("big", 1, 25001)    // head quarantined, 25,000 waiting: three sweep transactions
-	insert("lifted", 1, 11)    // head quarantined, later lifted by hand
-	insert("healthy", 1, 10)   // nothing quarantined
+	insert("big", 1, 25001)  // head quarantined, 25,000 waiting: three sweep transactions
+	insert("lifted", 1, 11)  // head quarantined, later lifted by hand
+	insert("healthy", 1, 10) // nothing quarantined
 	exec(`UPDATE ` + schema + `.outbox_events SET quarantined_at = now(), attempt_count = 20, last_error = 'refused'
 		WHERE aggregate_id IN ('big', 'lifted') AND aggregate_sequence = 1`)
 

@@ -234,6 +234,7 @@ type Relay struct {
 	log    *slog.Logger
 	sql    relaySQL
 	wake   chan struct{}
+	sweep  chan struct{} // runs the lane sweep now (a settle parked part of a long lane)
 
 	claimed, published, failed, quarantined, conflicts, takenOver atomic.Int64
 	outages                                                       int // consecutive unavailable batches
@@ -269,6 +270,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		log:    cfg.Logger.With(slog.String("relay_id", cfg.ID)),
 		sql:    newRelaySQL(s, cfg.BatchSize),
 		wake:   make(chan struct{}, 1),
+		sweep:  make(chan struct{}, 1),
 		obs:    obs,
 	}
 	r.setHealth(errNotStarted)

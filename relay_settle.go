@@ -78,6 +78,9 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 			if o.name == "park lanes" && o.tag.RowsAffected() > 0 {
 				r.log.Info("lane parked behind its quarantined event", slog.Int64("events_parked", o.tag.RowsAffected()),
 					slog.Duration("settle_took", time.Since(start)))
+				if o.tag.RowsAffected() >= laneParkBatch {
+					r.sweepSoon() // the lane may be longer: the sweep parks the rest
+				}
 			}
 			continue
 		}
