@@ -539,8 +539,9 @@ func (a *Admin) lockQuarantined(ctx context.Context, tx pgx.Tx, id uuid.UUID) (E
 }
 
 // Retry puts a quarantined event back at the head of its lane: it is due at
-// once, with its attempts reset (its last error is kept), and the relays are
-// woken. by names who retries, for the audit log. It returns the event as it
+// once, with its attempts reset (its last error is kept), the events waiting
+// behind it are unparked (due again) in the same transaction, and the relays
+// are woken. by names who retries, for the audit log. It returns the event as it
 // was before the retry.
 func (a *Admin) Retry(ctx context.Context, id uuid.UUID, by string) (EventInfo, error) {
 	if by == "" {
@@ -556,6 +557,9 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, by string) (EventInfo, 
 SET quarantined_at = NULL, attempt_count = 0, available_at = now(),
 	claimed_by = NULL, claim_token = NULL, claim_until = NULL
 WHERE event_id = $1`, id); err != nil {
+			return err
+		}
+		if err := unparkTx(ctx, tx, a.schema, e.AggregateType, e.AggregateID); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO `+a.t.operations+` (action, actor, event_id, detail)
@@ -574,7 +578,8 @@ VALUES ('retry', $1, $2, jsonb_build_object('attempt_count', $3::int, 'last_erro
 // aggregate's next event goes out carrying Message.SkippedFrom, so that
 // inboxes accept it although this one never arrives. by and reason are
 // required; who, when and why are recorded on the event (skipped_by,
-// skipped_at, skip_reason) and in the audit log. It returns the event as
+// skipped_at, skip_reason) and in the audit log. The events waiting behind
+// it are unparked (due again) in the same transaction. It returns the event as
 // skipped.
 func (a *Admin) Skip(ctx context.Context, id uuid.UUID, by, reason string) (EventInfo, error) {
 	switch {
@@ -601,6 +606,9 @@ SET published_at = now(), skipped_at = now(), skipped_by = $2, skip_reason = $3,
 WHERE e.event_id = $1
 RETURNING `+eventInfoColumns, id, by, reason))
 		if err != nil {
+			return err
+		}
+		if err := unparkTx(ctx, tx, a.schema, e.AggregateType, e.AggregateID); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO `+a.t.operations+` (action, actor, event_id, reason, detail)

@@ -23,3 +23,12 @@ func ReadMessage(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid
 	}
 	return row.decode()
 }
+
+// SweepLanes runs the relay's lane sweep once on schema, for tests.
+func SweepLanes(ctx context.Context, pool *pgxpool.Pool, schema string) (laneSweep, error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return laneSweep{}, err
+	}
+	return sweepLanes(ctx, pool, s)
+}

@@ -31,6 +31,8 @@ const (
 	HeartbeatIntervalDefault = 10 * time.Second
 	// CleanupIntervalDefault is how often a relay's periodic clean-up runs.
 	CleanupIntervalDefault = time.Minute
+	// LaneSweepIntervalDefault is how often a relay's lane sweep runs.
+	LaneSweepIntervalDefault = time.Minute
 	// LoneOutageLimitDefault is RelayConfig.LoneOutageLimit's default.
 	LoneOutageLimitDefault = 3
 )
@@ -108,6 +110,13 @@ type RelayConfig struct {
 	// message-specific error as an outage. Defaults to
 	// LoneOutageLimitDefault.
 	LoneOutageLimit int
+	// LaneSweepInterval is the pause between two runs of the lane sweep,
+	// which parks the events waiting behind a quarantined event that were
+	// not parked when written (writers that do not read the lane's parked
+	// flag, lanes blocked before migration 006) and unparks lanes whose
+	// quarantine was lifted by hand. It also runs when the relay starts.
+	// Defaults to LaneSweepIntervalDefault.
+	LaneSweepInterval time.Duration
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -137,6 +146,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.CatchUpInterval, CatchUpIntervalDefault)
 	def(&c.HeartbeatInterval, HeartbeatIntervalDefault)
 	def(&c.CleanupInterval, CleanupIntervalDefault)
+	def(&c.LaneSweepInterval, LaneSweepIntervalDefault)
 	if c.Cleanup.BatchSize == 0 {
 		c.Cleanup.BatchSize = CleanupBatchSizeDefault
 	}
@@ -166,6 +176,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: HeartbeatInterval %s is under 10ms", c.HeartbeatInterval)
 	case c.CleanupInterval < 0:
 		return fmt.Errorf("outbox: CleanupInterval %s is negative", c.CleanupInterval)
+	case c.LaneSweepInterval < 0:
+		return fmt.Errorf("outbox: LaneSweepInterval %s is negative", c.LaneSweepInterval)
 	}
 	if c.Cleanup.OlderThan != 0 || c.Cleanup.InboxOlderThan != 0 {
 		if err := c.Cleanup.validate(); err != nil {
@@ -222,6 +234,7 @@ type Relay struct {
 	log    *slog.Logger
 	sql    relaySQL
 	wake   chan struct{}
+	sweep  chan struct{} // runs the lane sweep now (a settle parked part of a long lane)
 
 	claimed, published, failed, quarantined, conflicts, takenOver atomic.Int64
 	outages                                                       int // consecutive unavailable batches
@@ -257,6 +270,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		log:    cfg.Logger.With(slog.String("relay_id", cfg.ID)),
 		sql:    newRelaySQL(s, cfg.BatchSize),
 		wake:   make(chan struct{}, 1),
+		sweep:  make(chan struct{}, 1),
 		obs:    obs,
 	}
 	r.setHealth(errNotStarted)

@@ -44,6 +44,16 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 		q.Queue(r.sql.release, uuidArgs(unsent), b.token)
 		ops = append(ops, &op{kind: SettleRelease, name: "release", n: len(unsent)})
 	}
+	// Quarantined events park their lanes in the same transaction, so the
+	// events waiting behind leave the claim's range as their head becomes
+	// unclaimable (see parked.go). Two statements: the second one's
+	// snapshot is taken once the lanes' counter rows are held, so it sees
+	// every event written to them.
+	if ids := quarantinedIDs(fs); len(ids) > 0 {
+		q.Queue(r.sql.lockLanes, ids)
+		q.Queue(r.sql.parkLanes, ids)
+		ops = append(ops, &op{kind: settleParkLanes, name: "lock lanes"}, &op{kind: settleParkLanes, name: "park lanes"})
+	}
 	start := time.Now()
 	res := r.pool.SendBatch(ctx, &q)
 	var err error
@@ -56,18 +66,46 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 		err = cerr
 	}
 	for _, o := range ops {
-		r.observeSettle(o.kind, o.n, o.tag.RowsAffected(), start, err)
+		if o.kind != settleParkLanes {
+			r.observeSettle(o.kind, o.n, o.tag.RowsAffected(), start, err)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("settle batch: %w", err)
 	}
 	for _, o := range ops {
+		if o.kind == settleParkLanes {
+			if o.name == "park lanes" && o.tag.RowsAffected() > 0 {
+				r.log.Info("lane parked behind its quarantined event", slog.Int64("events_parked", o.tag.RowsAffected()),
+					slog.Duration("settle_took", time.Since(start)))
+				if o.tag.RowsAffected() >= laneParkBatch {
+					r.sweepSoon() // the lane may be longer: the sweep parks the rest
+				}
+			}
+			continue
+		}
 		if o.kind == SettleMarkPublished {
 			r.published.Add(o.tag.RowsAffected())
 		}
 		r.noteConflicts(o.name, o.n, o.tag.RowsAffected())
 	}
 	return nil
+}
+
+// settleParkLanes marks the parking statements of a settle, which are not
+// reported to the SettleObserver (their rows are lanes' waiting events, not
+// the batch's).
+const settleParkLanes SettleOp = "park_lanes"
+
+// quarantinedIDs are the ids of the failures that quarantine their event.
+func quarantinedIDs(fs []failure) [][16]byte {
+	var ids [][16]byte
+	for _, f := range fs {
+		if f.quarantine {
+			ids = append(ids, f.id)
+		}
+	}
+	return ids
 }
 
 func (r *Relay) markPublished(ctx context.Context, b batch, ids []uuid.UUID) error {
@@ -79,17 +117,6 @@ func (r *Relay) markPublished(ctx context.Context, b batch, ids []uuid.UUID) err
 	}
 	r.published.Add(tag.RowsAffected())
 	r.noteConflicts("mark published", len(ids), tag.RowsAffected())
-	return nil
-}
-
-func (r *Relay) markFailed(ctx context.Context, b batch, fs []failure) error {
-	start := time.Now()
-	tag, err := r.pool.Exec(ctx, r.sql.markFailed, failureArgs(fs, b.token)...)
-	r.observeSettle(SettleRecordFailures, len(fs), tag.RowsAffected(), start, err)
-	if err != nil {
-		return fmt.Errorf("record failures: %w", err)
-	}
-	r.noteConflicts("record failures", len(fs), tag.RowsAffected())
 	return nil
 }
 

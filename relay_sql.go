@@ -9,6 +9,9 @@ import (
 // relaySQL holds the relay's statements for one schema.
 type relaySQL struct {
 	claim, markPublished, markFailed, release string
+	// lockLanes and parkLanes park the lanes of quarantined events (see
+	// parkSQL).
+	lockLanes, parkLanes string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -18,7 +21,9 @@ type relaySQL struct {
 // where a LIMIT $1 makes it re-plan the statement on every execution.
 func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	events := s.Table("outbox_events")
+	lockLanes, parkLanes := parkSQL(s)
 	return relaySQL{
+		lockLanes: lockLanes, parkLanes: parkLanes,
 		// One statement, so one short transaction. A row is claimable when it
 		// is unpublished, not quarantined, due, not under a live lease, and the
 		// head of its aggregate's lane. SKIP LOCKED lets relays claim side by

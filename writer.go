@@ -57,6 +57,21 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 	}, nil
 }
 
+// bornAvailableAtSQL is the available_at of an event inserted with the
+// counter row seq returned: parked when its lane is parked, else now (the
+// column's default).
+func bornAvailableAtSQL(seq string) string {
+	return `CASE WHEN ` + seq + `.parked_at IS NULL THEN now() ELSE ` + parkedAvailableAt + ` END`
+}
+
+// parkedThroughSQL is the counter row's new parked_through when n events
+// are appended: a parked lane whose events are all parked (parked_through =
+// last_sequence) stays so, since these are written parked; otherwise it is
+// left for the lane sweep (NULL, not parked, stays NULL).
+func parkedThroughSQL(n string) string {
+	return `CASE WHEN a.parked_through = a.last_sequence THEN a.last_sequence + ` + n + ` ELSE a.parked_through END`
+}
+
 // NotifyChannel is the LISTEN/NOTIFY channel a relay of schema listens on.
 func NotifyChannel(schema string) string { return "outbox_events_" + schema }
 
@@ -65,7 +80,9 @@ func NotifyChannel(schema string) string { return "outbox_events_" + schema }
 // are upserted in a fixed order, so writers touching several aggregates
 // cannot deadlock each other; the row lock they take serialises writers of
 // the same aggregate until commit, so sequences are gap-free and commit in
-// order.
+// order. The upsert also returns the lane's parked flag, read under that
+// lock: an event written behind a quarantined event is written parked (see
+// parked.go).
 func insertEventsSQL(s pgident.Schema) string {
 	return `WITH input AS (
 	SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(
@@ -78,14 +95,16 @@ func insertEventsSQL(s pgident.Schema) string {
 	INSERT INTO ` + s.Table("outbox_aggregates") + ` AS a (aggregate_type, aggregate_id, last_sequence)
 	SELECT aggregate_type, aggregate_id, n FROM counts ORDER BY aggregate_type, aggregate_id
 	ON CONFLICT (aggregate_type, aggregate_id)
-	DO UPDATE SET last_sequence = a.last_sequence + EXCLUDED.last_sequence
-	RETURNING a.aggregate_type, a.aggregate_id, a.last_sequence
+	DO UPDATE SET last_sequence = a.last_sequence + EXCLUDED.last_sequence,
+		parked_through = ` + parkedThroughSQL("EXCLUDED.last_sequence") + `
+	RETURNING a.aggregate_type, a.aggregate_id, a.last_sequence, a.parked_at
 )
 INSERT INTO ` + s.Table("outbox_events") + ` (event_id, aggregate_type, aggregate_id,
-	aggregate_sequence, event_type, schema_version, content_type, payload_bytes, headers)
+	aggregate_sequence, event_type, schema_version, content_type, payload_bytes, headers, available_at)
 SELECT i.event_id, i.aggregate_type, i.aggregate_id,
 	s.last_sequence - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
-	i.event_type, i.schema_version, i.content_type, decode(coalesce(i.payload, ''), 'base64'), coalesce(i.headers, '{}'::jsonb)
+	i.event_type, i.schema_version, i.content_type, decode(coalesce(i.payload, ''), 'base64'), coalesce(i.headers, '{}'::jsonb),
+	` + bornAvailableAtSQL("s") + `
 FROM input i
 JOIN counts c USING (aggregate_type, aggregate_id)
 JOIN seq s USING (aggregate_type, aggregate_id)
@@ -103,12 +122,13 @@ func insertOneSQL(s pgident.Schema) string {
 	INSERT INTO ` + s.Table("outbox_aggregates") + ` AS a (aggregate_type, aggregate_id, last_sequence)
 	VALUES ($2, $3, 1)
 	ON CONFLICT (aggregate_type, aggregate_id)
-	DO UPDATE SET last_sequence = a.last_sequence + 1
-	RETURNING a.last_sequence
+	DO UPDATE SET last_sequence = a.last_sequence + 1, parked_through = ` + parkedThroughSQL("1") + `
+	RETURNING a.last_sequence, a.parked_at
 )
 INSERT INTO ` + s.Table("outbox_events") + ` (event_id, aggregate_type, aggregate_id,
-	aggregate_sequence, event_type, schema_version, payload_bytes, headers, content_type)
-SELECT $1::uuid, $2::text, $3::text, seq.last_sequence, $4::text, $5::int, $6::bytea, $7::text::jsonb, $8::text FROM seq
+	aggregate_sequence, event_type, schema_version, payload_bytes, headers, content_type, available_at)
+SELECT $1::uuid, $2::text, $3::text, seq.last_sequence, $4::text, $5::int, $6::bytea, $7::text::jsonb, $8::text,
+	` + bornAvailableAtSQL("seq") + ` FROM seq
 RETURNING event_id, aggregate_sequence, occurred_at`
 }
 

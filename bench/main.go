@@ -98,7 +98,7 @@ func quickSizes() sizes {
 }
 
 // groups in the order they run.
-var allGroups = []string{"write", "relay", "latency", "scale", "history", "idle"}
+var allGroups = []string{"write", "relay", "latency", "scale", "history", "blocked", "idle"}
 
 type options struct {
 	json, quick, long, keep bool
@@ -229,6 +229,8 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchScale(ctx, e)
 		case "history":
 			rs, err = benchHistory(ctx, e)
+		case "blocked":
+			rs, err = benchBlocked(ctx, e)
 		case "idle":
 			rs, err = benchIdle(ctx, e)
 		}
