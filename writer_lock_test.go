@@ -44,17 +44,16 @@ func TestOneCallLocksAggregatesInAFixedOrder(t *testing.T) {
 	second := make(chan error, 1)
 	go func() { _, err := w.InsertTx(ctx, tx1, b); second <- err }() // waits for tx2
 	_, err2 := w.InsertTx(ctx, tx2, a)                               // waits for tx1: a cycle
-	var err1 error
 	if err2 != nil {
 		_ = tx2.Rollback(ctx) // PostgreSQL chose tx2: tx1 goes on
-		err1 = <-second
-	} else {
-		err1 = <-second
 	}
+	err1 := <-second
 	if !isDeadlock(err1) && !isDeadlock(err2) {
 		t.Fatalf("two calls in opposite orders: %v / %v, want one of them aborted as a deadlock (40P01)", err1, err2)
 	}
+	// Whichever PostgreSQL let go on still holds A and B: end both.
 	_ = tx1.Rollback(ctx)
+	_ = tx2.Rollback(ctx)
 
 	// One call each, opposite orders: no deadlock, the second waits.
 	tx3, tx4 := begin(), begin()
