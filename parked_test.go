@@ -303,7 +303,13 @@ func TestClaimCostFlatInBlockedEvents(t *testing.T) {
 	}
 	base, blocked := measure(0), measure(20000)
 	t.Logf("claim buffers: %d with 0 blocked, %d with 20,000 blocked (%.2f ms, %.2f ms)", base.buffers, blocked.buffers, base.execMillis, blocked.execMillis)
-	if blocked.buffers > base.buffers+base.buffers/5+20 {
+	// Without parking the claim read every blocked event (2,357 buffers with
+	// none, 43,385 with 20,000). With parking it reads the same rows as
+	// without blocked events, plus, while a snapshot of another session (a
+	// concurrent test) keeps VACUUM from removing them, the index pages of
+	// the parked rows' old versions: some hundreds of buffers. Twice the base
+	// tells the two apart without depending on what else runs.
+	if blocked.buffers > 2*base.buffers {
 		t.Fatalf("claim read %d buffers with 20,000 blocked events, %d with none: the cost grows with blocked events\n%s", blocked.buffers, base.buffers, blocked.text)
 	}
 }
