@@ -82,7 +82,8 @@ func TestQuickSoak(t *testing.T) {
 		got[r.Scenario] = r
 	}
 	for _, s := range []string{"soak/first-interval", "soak/last-interval", "soak/written-last-vs-first", "soak/published-last-vs-first",
-		"soak/lag-p50-last-vs-first", "soak/lag-p99-last-vs-first", "soak/size-last-vs-middle", "soak/dead-tuples-last"} {
+		"soak/lag-p50-last-vs-first", "soak/lag-p99-last-vs-first", "soak/size-last-vs-middle", "soak/dead-tuples-last",
+		"soak/drain-after-load"} {
 		if _, ok := got[s]; !ok {
 			t.Errorf("scenario %s missing", s)
 		}
