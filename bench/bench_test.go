@@ -63,3 +63,35 @@ func TestQuickRun(t *testing.T) {
 		t.Errorf("table lacks the naive relay:\n%s", table.String())
 	}
 }
+
+// TestQuickSoak runs the soak group (not in the default run) for a few
+// seconds and checks its summary is there: one row per interval, the first
+// and last intervals and the flatness ratios. Like TestQuickRun, it checks
+// no target.
+func TestQuickSoak(t *testing.T) {
+	o := options{quick: true, only: []string{"soak"}, sz: quickSizes(),
+		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222")}
+	var log strings.Builder
+	results, err := run(context.Background(), o, &log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	got := map[string]Result{}
+	for _, r := range results {
+		got[r.Scenario] = r
+	}
+	for _, s := range []string{"soak/first-interval", "soak/last-interval", "soak/written-last-vs-first", "soak/published-last-vs-first",
+		"soak/lag-p50-last-vs-first", "soak/lag-p99-last-vs-first", "soak/size-last-vs-middle", "soak/dead-tuples-last",
+		"soak/drain-after-load"} {
+		if _, ok := got[s]; !ok {
+			t.Errorf("scenario %s missing", s)
+		}
+	}
+	if r := got["soak/last-interval"]; r.EventsPerSec == nil || *r.EventsPerSec <= 0 || r.Value == nil || *r.Value <= 0 {
+		t.Errorf("last interval without throughput or size: %+v", r)
+	}
+	if rows := strings.Count(log.String(), "\n| 0:0"); rows != 3 {
+		t.Errorf("the final table has %d rows, want 3 (6s in 2s intervals):\n%s", rows, log.String())
+	}
+}

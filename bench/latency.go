@@ -61,22 +61,14 @@ func latencyRun(ctx context.Context, e *env, name string, wake bool) (lat []time
 		return nil, 0, err
 	}
 	defer wpool.Close()
-	rpool, err := e.relayPool(ctx, 4)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer rpool.Close()
-	pub, nc, err := e.publisher(ctx, s)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer nc.Close()
-	rec := &ackRecorder{next: pub, acks: map[uuid.UUID]time.Time{}}
+	rec := &ackRecorder{acks: map[uuid.UUID]time.Time{}}
 	ph := &phases{}
-	r, err := outbox.NewRelay(rpool, outbox.RelayConfig{Schema: s.schema, Publisher: rec, DisableNotify: !wake, Logger: quietLogger(), Observer: ph})
+	_, stopRelay, err := startRelay(ctx, e, s, outbox.RelayConfig{DisableNotify: !wake, Observer: ph},
+		func(p outbox.Publisher) outbox.Publisher { rec.next = p; return rec })
 	if err != nil {
 		return nil, 0, err
 	}
+	defer func() { _ = stopRelay() }()
 	var notifier *outbox.Notifier
 	if wake {
 		if notifier, err = outbox.NewNotifier(wpool, outbox.NotifierConfig{Schema: s.schema, Logger: quietLogger()}); err != nil {
@@ -84,69 +76,39 @@ func latencyRun(ctx context.Context, e *env, name string, wake bool) (lat []time
 		}
 		defer notifier.Close()
 	}
-	runCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- r.Run(runCtx) }()
-	defer func() { stopRelay(); <-relayDone }()
 	time.Sleep(300 * time.Millisecond) // relay started and listening
 
-	rate := e.sz.latencyRate
-	d := e.sz.latencyDur
-	ticks := make(chan struct{}, rate)
 	var mu sync.Mutex
 	commits := map[uuid.UUID]time.Time{}
-	var wg sync.WaitGroup
-	var firstErr error
-	for wkr := 0; wkr < 16; wkr++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range ticks {
-				var id uuid.UUID
-				err := pgx.BeginFunc(ctx, wpool, func(tx pgx.Tx) error {
-					oid, _ := uuid.NewV7()
-					if _, err := tx.Exec(ctx, `INSERT INTO `+s.schema+`.orders (order_id, customer_id, total_cents) VALUES ($1, $2, $3)`, oid, "customer-42", 12345); err != nil {
-						return err
-					}
-					recs, err := w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: oid.String(), Type: "OrderCreated", Payload: []byte(payload)})
-					if err == nil {
-						id = recs[0].ID
-					}
-					return err
-				})
-				committed := time.Now()
-				if err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-					continue
-				}
-				if notifier != nil {
-					notifier.Notify()
-				}
-				mu.Lock()
-				commits[id] = committed
-				mu.Unlock()
+	sent, elapsed, err := offerLoad(ctx, e.sz.latencyRate, e.sz.latencyDur, 16, func() error {
+		var id uuid.UUID
+		err := pgx.BeginFunc(ctx, wpool, func(tx pgx.Tx) error {
+			oid, _ := uuid.NewV7()
+			if _, err := tx.Exec(ctx, `INSERT INTO `+s.schema+`.orders (order_id, customer_id, total_cents) VALUES ($1, $2, $3)`, oid, "customer-42", 12345); err != nil {
+				return err
 			}
-		}()
-	}
-	start := time.Now()
-	sent := 0
-	for time.Since(start) < d && ctx.Err() == nil {
-		due := int(time.Since(start).Seconds() * float64(rate))
-		for ; sent < due; sent++ {
-			ticks <- struct{}{}
+			recs, err := w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: oid.String(), Type: "OrderCreated", Payload: []byte(payload)})
+			if err == nil {
+				id = recs[0].ID
+			}
+			return err
+		})
+		committed := time.Now()
+		if err != nil {
+			return err
 		}
-		time.Sleep(500 * time.Microsecond)
-	}
-	close(ticks)
-	wg.Wait()
-	offered = float64(sent) / time.Since(start).Seconds()
-	e.logf("%s: relay %s", name, ph.String(time.Since(start)))
-	if firstErr != nil {
-		return nil, 0, firstErr
+		if notifier != nil {
+			notifier.Notify()
+		}
+		mu.Lock()
+		commits[id] = committed
+		mu.Unlock()
+		return nil
+	})
+	offered = float64(sent) / elapsed.Seconds()
+	e.logf("%s: relay %s", name, ph.String(elapsed))
+	if err != nil {
+		return nil, 0, err
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for rec.count() < len(commits) && time.Now().Before(deadline) {
@@ -192,29 +154,16 @@ func notifyWriteRun(ctx context.Context, e *env) (map[string]float64, map[string
 		return nil, nil, err
 	}
 	defer wpool.Close()
-	rpool, err := e.relayPool(ctx, 4)
+	_, stopRelay, err := startRelay(ctx, e, s, outbox.RelayConfig{}, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer rpool.Close()
-	pub, nc, err := e.publisher(ctx, s)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer nc.Close()
-	r, err := outbox.NewRelay(rpool, outbox.RelayConfig{Schema: s.schema, Publisher: pub, Logger: quietLogger()})
-	if err != nil {
-		return nil, nil, err
-	}
+	defer func() { _ = stopRelay() }()
 	notifier, err := outbox.NewNotifier(wpool, outbox.NotifierConfig{Schema: s.schema, Logger: quietLogger()})
 	if err != nil {
 		return nil, nil, err
 	}
 	defer notifier.Close()
-	runCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- r.Run(runCtx) }()
-	defer func() { stopRelay(); <-relayDone }()
 	if _, _, err := closedLoop(ctx, wpool, 16, 300*time.Millisecond, k.libEvent, nil); err != nil {
 		return nil, nil, err
 	}

@@ -9,6 +9,7 @@
 //	cd bench && go run . --quick    # a smoke run (under a minute)
 //	cd bench && go run . --long     # a 1,000,000-event backlog
 //	cd bench && go run . --json     # one JSON object per scenario
+//	cd bench && go run . --only soak  # writers and relay together, 10 minutes
 //
 // Every scenario uses its own PostgreSQL schema (or database) and its own
 // JetStream stream, and removes them when it ends. Progress goes to stderr;
@@ -77,6 +78,7 @@ type sizes struct {
 	scaleCounts    []int
 	history        int
 	idleDur        time.Duration
+	soak           soakSizes
 }
 
 func defaultSizes() sizes {
@@ -85,6 +87,7 @@ func defaultSizes() sizes {
 		backlog: 200_000, aggregates: 10_000, watermillCap: 40 * time.Second,
 		latencyDur: 30 * time.Second, latencyRate: 1000, notifyWriteDur: 1500 * time.Millisecond,
 		scaleCounts: []int{1, 2, 4}, history: 5_000_000, idleDur: 20 * time.Second,
+		soak: defaultSoak(),
 	}
 }
 
@@ -94,11 +97,15 @@ func quickSizes() sizes {
 		backlog: 5_000, aggregates: 500, watermillCap: 4 * time.Second,
 		latencyDur: 3 * time.Second, latencyRate: 1000, notifyWriteDur: 500 * time.Millisecond,
 		scaleCounts: []int{1, 2, 4}, history: 50_000, idleDur: 4 * time.Second,
+		soak: quickSoak(),
 	}
 }
 
-// groups in the order they run.
+// groups in the order they run by default.
 var allGroups = []string{"write", "relay", "latency", "scale", "history", "blocked", "idle"}
+
+// extraGroups run only when named with --only: they take long.
+var extraGroups = []string{"soak"}
 
 type options struct {
 	json, quick, long, keep bool
@@ -122,7 +129,15 @@ func main() {
 	fs.BoolVar(&o.skipPeer, "skip-peer", false, "skip the Watermill scenarios (to iterate on our relay)")
 	fs.BoolVar(&o.tuneBatch, "batch-sweep", false, "also drain the relay backlog with batch sizes 250, 500, 1000 and 2000")
 	fs.BoolVar(&o.syncCommit, "sync-commit", false, "run every relay with synchronous_commit on (outbox relay --sync-commit)")
-	fs.StringVar(&only, "only", "", "comma-separated groups to run: "+strings.Join(allGroups, ","))
+	fs.StringVar(&only, "only", "", "comma-separated groups to run: "+strings.Join(allGroups, ",")+
+		" (the default), and "+strings.Join(extraGroups, ",")+" (only when named)")
+	var soak soakSizes
+	fs.DurationVar(&soak.duration, "soak-duration", 0, "soak: how long writers and relay run together (default 10m, --quick 6s)")
+	fs.IntVar(&soak.rate, "soak-rate", 0, "soak: events/s offered by the writers, one event per transaction (default 1000)")
+	fs.DurationVar(&soak.interval, "soak-interval", 0, "soak: one table row per interval (default 1m, --quick 2s)")
+	fs.DurationVar(&soak.retention, "soak-retention", 0, "soak: the relay's clean-up deletes events published longer ago than this (default 1m, --quick 2s)")
+	fs.DurationVar(&soak.vacuumEvery, "soak-vacuum-every", 0, "soak: also run VACUUM (ANALYZE) on the outbox tables this often, as a cron job would where autovacuum is off (default never)")
+	fs.IntVar(&soak.aggregates, "soak-aggregates", 0, "soak: events go to this many aggregates, so counter rows are updated (default 10000)")
 	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL (env DATABASE_URL)")
 	fs.StringVar(&o.natsURL, "nats-url", envOr("NATS_URL", "nats://127.0.0.1:4222"), "NATS with JetStream (env NATS_URL)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (in-process relays, writers) to this file")
@@ -138,12 +153,13 @@ func main() {
 	if o.long {
 		o.sz.backlog = 1_000_000
 	}
+	o.sz.soak = o.sz.soak.override(soak)
 	o.only = allGroups
 	if only != "" {
 		o.only = strings.Split(only, ",")
 		for _, g := range o.only {
-			if !slices.Contains(allGroups, g) {
-				fmt.Fprintf(os.Stderr, "bench: unknown group %q (groups: %s)\n", g, strings.Join(allGroups, ","))
+			if !slices.Contains(allGroups, g) && !slices.Contains(extraGroups, g) {
+				fmt.Fprintf(os.Stderr, "bench: unknown group %q (groups: %s)\n", g, strings.Join(append(allGroups, extraGroups...), ","))
 				os.Exit(2)
 			}
 		}
@@ -233,6 +249,8 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchBlocked(ctx, e)
 		case "idle":
 			rs, err = benchIdle(ctx, e)
+		case "soak":
+			rs, err = benchSoak(ctx, e)
 		}
 		all = append(all, rs...)
 		if err != nil {
