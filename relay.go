@@ -33,6 +33,9 @@ const (
 	CleanupIntervalDefault = time.Minute
 	// LaneSweepIntervalDefault is how often a relay's lane sweep runs.
 	LaneSweepIntervalDefault = time.Minute
+	// VacuumIntervalDefault is how often a relay vacuums the outbox tables
+	// where autovacuum is off.
+	VacuumIntervalDefault = time.Minute
 	// LoneOutageLimitDefault is RelayConfig.LoneOutageLimit's default.
 	LoneOutageLimitDefault = 3
 )
@@ -117,6 +120,15 @@ type RelayConfig struct {
 	// quarantine was lifted by hand. It also runs when the relay starts.
 	// Defaults to LaneSweepIntervalDefault.
 	LaneSweepInterval time.Duration
+	// VacuumInterval: where autovacuum is off for outbox_events (the
+	// server's autovacuum setting, or the table's autovacuum_enabled), the
+	// relay runs VACUUM (ANALYZE) on outbox_events and outbox_aggregates
+	// itself this often, one relay of the schema at a time. Without any
+	// vacuum every claim walks the index entries of all the events published
+	// since, and a relay at 1,000 events/s falls behind within minutes
+	// (BENCHMARKS.md, soak). Where autovacuum is on it does nothing. Defaults
+	// to VacuumIntervalDefault; negative turns it off.
+	VacuumInterval time.Duration
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -147,6 +159,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.HeartbeatInterval, HeartbeatIntervalDefault)
 	def(&c.CleanupInterval, CleanupIntervalDefault)
 	def(&c.LaneSweepInterval, LaneSweepIntervalDefault)
+	def(&c.VacuumInterval, VacuumIntervalDefault)
 	if c.Cleanup.BatchSize == 0 {
 		c.Cleanup.BatchSize = CleanupBatchSizeDefault
 	}

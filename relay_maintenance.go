@@ -55,8 +55,8 @@ func (r *Relay) noteBatch(err error) {
 	}
 }
 
-// startMaintenance starts the heartbeat, the lane sweep and, when
-// configured, the periodic clean-up, and returns the function that stops them (and removes the
+// startMaintenance starts the heartbeat, the lane sweep, the vacuum where
+// autovacuum is off and, when configured, the periodic clean-up, and returns the function that stops them (and removes the
 // relay's heartbeat row).
 func (r *Relay) startMaintenance(ctx context.Context) (stop func()) {
 	r.running.Store(true)
@@ -66,6 +66,10 @@ func (r *Relay) startMaintenance(ctx context.Context) (stop func()) {
 	go func() { defer wg.Done(); r.heartbeat(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); r.laneSweepLoop(ctx) }()
+	if r.cfg.VacuumInterval > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.vacuumLoop(ctx) }()
+	}
 	if r.cfg.Cleanup.OlderThan > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.cleanupLoop(ctx) }()
