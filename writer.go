@@ -57,9 +57,6 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 	}, nil
 }
 
-// NotifyChannel is the LISTEN/NOTIFY channel a relay of schema listens on.
-func NotifyChannel(schema string) string { return "outbox_events_" + schema }
-
 // insertEventsSQL allocates the sequences and inserts the rows of any number
 // of events in one statement (one round trip). The per-aggregate counter rows
 // are upserted in a fixed order, so writers touching several aggregates
