@@ -14,7 +14,7 @@ import (
 )
 
 func runRelay(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.")
+	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nWaits for the database and the destination at start (retrying with backoff; /readyz answers 503 meanwhile).\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
