@@ -100,7 +100,11 @@ func OpenWait(ctx context.Context, o Options, retry func(ctx context.Context, er
 				}
 			} else {
 				// NewPublisher would wait for its stream look-up to time out.
-				err = outbox.Unavailable(fmt.Errorf("NATS at %s: connection is %s", u.Host, strings.ToLower(nc.Status().String())))
+				err = fmt.Errorf("NATS at %s: connection is %s", u.Host, strings.ToLower(nc.Status().String()))
+				if last := nc.LastError(); last != nil {
+					err = fmt.Errorf("%w: %w", err, last)
+				}
+				err = outbox.Unavailable(err)
 			}
 			if retry != nil && outbox.IsUnavailable(err) && ctx.Err() == nil {
 				err = retry(ctx, err)
