@@ -60,6 +60,12 @@ func runRelay(ctx context.Context, args []string) error {
 	if metrics != nil {
 		cfg.Observer = metrics
 	}
+	// Refuse bad flags now, not after waiting for the database and broker.
+	check := cfg
+	check.Publisher = outbox.PublisherFunc(nil)
+	if _, err := outbox.NewRelay(pool, check); err != nil {
+		return err
+	}
 	// /healthz and /readyz answer while the relay waits for the database
 	// and the destination; /readyz says which.
 	readiness := newRelayReadiness()
