@@ -54,7 +54,9 @@ func TestOneCallLocksAggregatesInAFixedOrder(t *testing.T) {
 	if !isDeadlock(err1) && !isDeadlock(err2) {
 		t.Fatalf("two calls in opposite orders: %v / %v, want one of them aborted as a deadlock (40P01)", err1, err2)
 	}
+	// Whichever PostgreSQL aborted, the other still holds both counter rows.
 	_ = tx1.Rollback(ctx)
+	_ = tx2.Rollback(ctx)
 
 	// One call each, opposite orders: no deadlock, the second waits.
 	tx3, tx4 := begin(), begin()
