@@ -62,6 +62,25 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) []error
 }
 
+// Prober is implemented by a Publisher that can tell, cheaply and without
+// publishing anything, whether its destination is reachable now.
+//
+// A relay whose last publishes failed as [Unavailable] stays "not ready"
+// (see Relay.Ready) until it learns otherwise. While it has events to
+// publish, publishing them tells it; when it has none (another relay
+// published them, or the backlog drained), it calls Probe instead, with the
+// same backoff, and a nil result ends the outage. Without a Prober such a
+// relay stays not ready until it next publishes.
+//
+// Probe returns nil when the destination can be reached and would accept
+// messages, an error marked with [Unavailable] when it cannot be reached,
+// and any other error when it answers but cannot be used; the relay treats
+// every error as "still unavailable". It must honour ctx and be safe for
+// concurrent use with Publish.
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
 // PublisherFunc adapts a function to the Publisher interface.
 type PublisherFunc func(ctx context.Context, msgs []Message) []error
 

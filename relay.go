@@ -254,6 +254,7 @@ type Relay struct {
 	lone                                                          loneOutages
 
 	obs     observers
+	prober  Prober // cfg.Publisher, when it implements Prober
 	ahead   *ahead // the next batch, claimed while this one is published
 	running atomic.Bool
 	health  atomic.Pointer[error] // nil: the last batch went well
@@ -286,6 +287,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		sweep:  make(chan struct{}, 1),
 		obs:    obs,
 	}
+	r.prober, _ = cfg.Publisher.(Prober)
 	r.setHealth(errNotStarted)
 	return r, nil
 }
@@ -320,6 +322,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		claimStart := time.Now()
 		n, err := r.runBatch(ctx)
+		if err == nil && n == 0 && r.outages > 0 {
+			r.probeOutage(ctx) // nothing to publish that would tell
+		}
 		r.noteBatch(err)
 		switch {
 		case ctx.Err() != nil:

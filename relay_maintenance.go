@@ -20,7 +20,10 @@ var (
 // Ready reports whether the relay is doing its job: nil while it runs and its
 // last batch reached the database and the destination; otherwise an error
 // saying why not (not started or stopped, the database failing, the
-// destination unavailable). It backs the /readyz endpoint of `outbox relay`.
+// destination unavailable). A relay that saw the destination unavailable
+// stays not ready until a publish succeeds or, while it has nothing to
+// publish, until its publisher's Probe (see Prober) succeeds. It backs the
+// /readyz endpoint of `outbox relay`.
 func (r *Relay) Ready() error {
 	if !r.running.Load() {
 		if p := r.health.Load(); p != nil && *p == errNotStarted {
@@ -49,7 +52,7 @@ func (r *Relay) noteBatch(err error) {
 	case err != nil:
 		r.setHealth(fmt.Errorf("last batch failed: %w", err))
 	case r.outages > 0:
-		r.setHealth(fmt.Errorf("destination unavailable (%d batches in a row)", r.outages))
+		r.setHealth(fmt.Errorf("destination unavailable (%d batches or probes in a row)", r.outages))
 	default:
 		r.setHealth(nil)
 	}

@@ -72,9 +72,6 @@ func parkedThroughSQL(n string) string {
 	return `CASE WHEN a.parked_through = a.last_sequence THEN a.last_sequence + ` + n + ` ELSE a.parked_through END`
 }
 
-// NotifyChannel is the LISTEN/NOTIFY channel a relay of schema listens on.
-func NotifyChannel(schema string) string { return "outbox_events_" + schema }
-
 // insertEventsSQL allocates the sequences and inserts the rows of any number
 // of events in one statement (one round trip). The per-aggregate counter rows
 // are upserted in a fixed order, so writers touching several aggregates

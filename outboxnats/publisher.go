@@ -76,12 +76,16 @@ func (c Config) withDefaults() Config {
 type Publisher struct {
 	cfg    Config
 	nc     *nats.Conn
+	admin  jetstream.JetStream // the caller's context: stream management and probes
 	pub    jetstream.JetStream // our own context: async pending limit and ack timeout
 	slots  chan struct{}       // one per message in flight
 	closed chan struct{}       // closed when the connection is closed for good
 }
 
-var _ outbox.Publisher = (*Publisher)(nil)
+var (
+	_ outbox.Publisher = (*Publisher)(nil)
+	_ outbox.Prober    = (*Publisher)(nil)
+)
 
 // NewPublisher creates the stream (file storage, subjects "<prefix>.>", the
 // deduplication window) or, if a stream of that name exists, checks that its
@@ -118,6 +122,7 @@ func NewPublisher(ctx context.Context, js jetstream.JetStream, cfg Config) (*Pub
 	p := &Publisher{
 		cfg:    cfg,
 		nc:     nc,
+		admin:  js,
 		pub:    pub,
 		slots:  make(chan struct{}, cfg.MaxPending),
 		closed: make(chan struct{}),

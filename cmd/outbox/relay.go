@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,7 +14,7 @@ import (
 )
 
 func runRelay(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.")
+	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nWaits for the database and the destination at start (retrying with backoff; /readyz answers 503 meanwhile).\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
@@ -45,27 +46,13 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	cfg.Cleanup.OlderThan, cfg.Cleanup.InboxOlderThan = ops.horizons.olderThan.D, ops.horizons.inboxOlderThan.D
 	common.RuntimeParams = outbox.RelaySessionParams(*syncCommit)
-	pool, err := common.Connect(ctx)
+	cfg.Schema = common.Schema
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	pool, err := common.NewPool()
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if *migrate {
-		if _, err := outboxmigrate.Migrate(ctx, pool, common.Schema); err != nil {
-			return err
-		}
-	}
-	if err := requireLatestSchema(ctx, pool, common.Schema); err != nil {
-		return fmt.Errorf("%w (or pass --migrate)", err)
-	}
-	pub, closePub, err := destination.Open(ctx, dest)
-	if err != nil {
-		return err
-	}
-	defer closePub()
-	cfg.Publisher = brokenBuild(pool, common.Schema, pub) // pub itself, except in the chaos test's broken build
-	cfg.Schema = common.Schema
-	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	metrics, err := ops.metrics(pool, common.Schema, cfg.Logger)
 	if err != nil {
 		return err
@@ -73,14 +60,64 @@ func runRelay(ctx context.Context, args []string) error {
 	if metrics != nil {
 		cfg.Observer = metrics
 	}
-	relay, err := outbox.NewRelay(pool, cfg)
-	if err != nil {
+	// Refuse bad flags now, not after waiting for the database and broker.
+	check := cfg
+	check.Publisher = outbox.PublisherFunc(nil)
+	if _, err := outbox.NewRelay(pool, check); err != nil {
 		return err
 	}
-	stopMetrics, err := ops.serve(metrics, relay.Ready, cfg.Logger)
+	// /healthz and /readyz answer while the relay waits for the database
+	// and the destination; /readyz says which.
+	readiness := newRelayReadiness()
+	stopMetrics, err := ops.serve(metrics, readiness.ready, cfg.Logger)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
+
+	db := &startWaiter{what: "database", log: cfg.Logger, ready: readiness}
+	err = db.until(ctx, func(ctx context.Context) error {
+		if err := common.Ping(ctx, pool); err != nil {
+			return err
+		}
+		if *migrate {
+			if _, err := outboxmigrate.Migrate(ctx, pool, common.Schema); err != nil {
+				return err
+			}
+		}
+		if err := requireLatestSchema(ctx, pool, common.Schema); err != nil {
+			if databaseUnreachable(err) {
+				return err
+			}
+			return fmt.Errorf("%w (or pass --migrate)", err)
+		}
+		return nil
+	}, databaseUnreachable)
+	if err != nil {
+		return stoppedWaiting(ctx, err, cfg.Logger)
+	}
+	dst := &startWaiter{what: "destination", log: cfg.Logger, ready: readiness}
+	readiness.wait(errors.New("waiting for the destination"))
+	pub, closePub, err := destination.OpenWait(ctx, dest, dst.retry)
+	if err != nil {
+		return stoppedWaiting(ctx, err, cfg.Logger)
+	}
+	defer closePub()
+	cfg.Publisher = brokenBuild(pool, common.Schema, pub) // pub itself, except in the chaos test's broken build
+	relay, err := outbox.NewRelay(pool, cfg)
+	if err != nil {
+		return err
+	}
+	readiness.started(relay)
 	return relay.Run(ctx)
+}
+
+// stoppedWaiting turns a start-up cut short by SIGINT/SIGTERM into a clean
+// exit; any other error is returned.
+func stoppedWaiting(ctx context.Context, err error, log *slog.Logger) error {
+	if ctx.Err() != nil {
+		log.Info("relay stopped before it started", slog.Any("reason", context.Cause(ctx)))
+		return nil
+	}
+	return err
 }

@@ -108,7 +108,7 @@ type Stats struct {
 	// rule's time) count the other faults.
 	BrokerRestarts, Pauses, Disarmed int
 	// ErrorExits counts processes that exited with an error by themselves
-	// (a relay started while the broker was down, say).
+	// (an order service or consumer started while the broker was down, say; relays wait instead).
 	ErrorExits int
 	// DuplicatesSuppressed counts the consumers' "duplicate delivery
 	// suppressed" lines; OutOfOrder their out-of-order anomalies.

@@ -45,6 +45,31 @@ func (c *Common) Register(fs *flag.FlagSet) {
 
 // Connect opens a pool and checks that the database answers.
 func (c *Common) Connect(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := c.NewPool()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Ping(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// Ping checks that the database answers on pool, within 10 seconds.
+func (c *Common) Ping(ctx context.Context, pool *pgxpool.Pool) error {
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		cfg := pool.Config().ConnConfig
+		return fmt.Errorf("connect to database %s:%d: %w", cfg.Host, cfg.Port, err)
+	}
+	return nil
+}
+
+// NewPool opens a pool without connecting: its connections are made when
+// first used, so it works while the database is still down.
+func (c *Common) NewPool() (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(c.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database url: %w", err)
@@ -59,15 +84,9 @@ func (c *Common) Connect(ctx context.Context) (*pgxpool.Pool, error) {
 			cfg.ConnConfig.RuntimeParams[k] = v
 		}
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect to database %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
 	}
 	return pool, nil
 }

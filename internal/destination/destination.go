@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -57,8 +58,19 @@ func ConnectNATS(rawURL, name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// Open returns the publisher for o.URL and a function that closes it.
+// Open returns the publisher for o.URL and a function that closes it. An
+// unreachable destination is an error.
 func Open(ctx context.Context, o Options) (outbox.Publisher, func(), error) {
+	return OpenWait(ctx, o, nil)
+}
+
+// OpenWait is Open that waits for an unreachable destination: each time the
+// destination cannot be reached (an error marked outbox.Unavailable), it
+// calls retry, which pauses (logging why) and returns nil to try again, or
+// returns an error (ctx's, when it ended) that OpenWait returns. Any other
+// error (a bad URL, an incompatible stream) is returned at once. A nil retry
+// tries once, like Open.
+func OpenWait(ctx context.Context, o Options, retry func(ctx context.Context, err error) error) (outbox.Publisher, func(), error) {
 	if o.URL == "" {
 		return nil, nil, fmt.Errorf("no destination: set --destination or OUTBOX_DESTINATION (e.g. nats://127.0.0.1:4222)")
 	}
@@ -68,6 +80,8 @@ func Open(ctx context.Context, o Options) (outbox.Publisher, func(), error) {
 	}
 	switch u.Scheme {
 	case "nats", "tls":
+		// The connection is made (and remade) in the background: a server
+		// that is not up yet is waited for, not an error.
 		nc, err := ConnectNATS(o.URL, "outbox-relay")
 		if err != nil {
 			return nil, nil, err
@@ -77,12 +91,29 @@ func Open(ctx context.Context, o Options) (outbox.Publisher, func(), error) {
 			nc.Close()
 			return nil, nil, fmt.Errorf("jetstream: %w", err)
 		}
-		p, err := outboxnats.NewPublisher(ctx, js, o.NATSConfig())
-		if err != nil {
-			nc.Close()
-			return nil, nil, err
+		for {
+			var p *outboxnats.Publisher
+			if nc.IsConnected() {
+				p, err = outboxnats.NewPublisher(ctx, js, o.NATSConfig())
+				if err == nil {
+					return p, func() { _ = nc.Drain() }, nil
+				}
+			} else {
+				// NewPublisher would wait for its stream look-up to time out.
+				err = fmt.Errorf("NATS at %s: connection is %s", u.Host, strings.ToLower(nc.Status().String()))
+				if last := nc.LastError(); last != nil {
+					err = fmt.Errorf("%w: %w", err, last)
+				}
+				err = outbox.Unavailable(err)
+			}
+			if retry != nil && outbox.IsUnavailable(err) && ctx.Err() == nil {
+				err = retry(ctx, err)
+			}
+			if err != nil {
+				nc.Close()
+				return nil, nil, err
+			}
 		}
-		return p, func() { _ = nc.Drain() }, nil
 	default:
 		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats)", o.URL, u.Scheme)
 	}

@@ -75,8 +75,14 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // (unless OUTBOX_TEST_KEEP is set, to inspect a failure).
 func Schema(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
+	return SchemaNamed(t, UniqueName(t, "t"))
+}
+
+// SchemaNamed is Schema with a schema name of the caller's choosing (make it
+// unique, e.g. from UniqueName).
+func SchemaNamed(t testing.TB, schema string) (*pgxpool.Pool, string) {
+	t.Helper()
 	pool := Pool(t)
-	schema := UniqueName(t, "t")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := outboxmigrate.Migrate(ctx, pool, schema); err != nil {
