@@ -2,6 +2,7 @@ package outbox
 
 // Claiming: one statement leases the heads of the oldest ready aggregates and
 // their contiguous successors; the rows come back grouped into lanes.
+// The argument: docs/design.md, "Claiming".
 
 import (
 	"context"

@@ -1,6 +1,7 @@
 package outbox
 
 // Lanes: one aggregate's claimed events, kept in sequence order.
+// The argument: docs/design.md, "Claiming".
 
 import (
 	"slices"

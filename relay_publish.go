@@ -2,6 +2,7 @@ package outbox
 
 // Publishing: a batch goes out in waves, one event per lane per wave, and
 // each failure is classified as an outage, a retry or a quarantine.
+// The argument: docs/design.md, "Publishing and fencing".
 
 import (
 	"context"

@@ -3,6 +3,7 @@ package outbox
 // Settling: after a batch is published, what the broker acknowledged is
 // marked published, failures are recorded (with their backoff or quarantine)
 // and what was not attempted is released, each fenced by the batch token.
+// The argument: docs/design.md, "Publishing and fencing".
 
 import (
 	"context"

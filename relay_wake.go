@@ -2,6 +2,7 @@ package outbox
 
 // Wake-ups: LISTEN on the schema's channel (and Wake, for writers in the
 // same process) cut an idle relay's poll short.
+// The argument: docs/design.md, "Wake-ups".
 
 import (
 	"context"
