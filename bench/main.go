@@ -136,6 +136,7 @@ func main() {
 	fs.IntVar(&soak.rate, "soak-rate", 0, "soak: events/s offered by the writers, one event per transaction (default 1000)")
 	fs.DurationVar(&soak.interval, "soak-interval", 0, "soak: one table row per interval (default 1m, --quick 2s)")
 	fs.DurationVar(&soak.retention, "soak-retention", 0, "soak: the relay's clean-up deletes events published longer ago than this (default 1m, --quick 2s)")
+	fs.DurationVar(&soak.relayVacuum, "soak-relay-vacuum", 0, "soak: the relay's RelayConfig.VacuumInterval (default the library's; negative: the relay never vacuums, as in run (a) of BENCHMARKS.md)")
 	fs.DurationVar(&soak.vacuumEvery, "soak-vacuum-every", 0, "soak: also run VACUUM (ANALYZE) on the outbox tables this often, as a cron job would where autovacuum is off (default never)")
 	fs.IntVar(&soak.aggregates, "soak-aggregates", 0, "soak: events go to this many aggregates, so counter rows are updated (default 10000)")
 	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL (env DATABASE_URL)")

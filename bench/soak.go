@@ -23,6 +23,9 @@ type soakSizes struct {
 	retention   time.Duration // the relay's clean-up horizon
 	aggregates  int           // events spread over this many aggregates
 	vacuumEvery time.Duration // when positive, VACUUM (ANALYZE) the outbox tables this often (a cron job where autovacuum is off)
+	// relayVacuum is the relay's VacuumInterval (0: the default; negative:
+	// the relay never vacuums, as before it learnt to).
+	relayVacuum time.Duration
 }
 
 func defaultSoak() soakSizes {
@@ -52,6 +55,9 @@ func (s soakSizes) override(o soakSizes) soakSizes {
 	}
 	if o.vacuumEvery > 0 {
 		s.vacuumEvery = o.vacuumEvery
+	}
+	if o.relayVacuum != 0 {
+		s.relayVacuum = o.relayVacuum
 	}
 	return s
 }
@@ -211,7 +217,7 @@ func benchSoak(ctx context.Context, e *env) ([]Result, error) {
 	obs := &soakObserver{}
 	cleanEvery := min(10*time.Second, max(sz.retention/6, time.Second))
 	r, stopRelay, err := startRelay(ctx, e, s, outbox.RelayConfig{Observer: obs,
-		Cleanup: outbox.CleanupConfig{OlderThan: sz.retention}, CleanupInterval: cleanEvery}, nil)
+		Cleanup: outbox.CleanupConfig{OlderThan: sz.retention}, CleanupInterval: cleanEvery, VacuumInterval: sz.relayVacuum}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -379,6 +385,11 @@ func benchSoak(ctx context.Context, e *env) ([]Result, error) {
 	manual := "no manual VACUUM"
 	if sz.vacuumEvery > 0 {
 		manual = "VACUUM (ANALYZE) every " + sz.vacuumEvery.String()
+	}
+	if sz.relayVacuum < 0 {
+		manual += ", the relay's own vacuum off"
+	} else {
+		manual += ", the relay vacuums where autovacuum is off"
 	}
 	fmt.Fprintf(e.logw, "\nsoak: %d events/s offered for %s, clean-up keeps %s, %s; server: %s; outbox_events: %s\n\n%s\n%s\n",
 		sz.rate, sz.duration, sz.retention, manual, server, reloptions, soakHeader, soakDivider())
