@@ -1,8 +1,18 @@
 // Package outboxkafka is the Kafka destination of the outbox: a [Publisher]
 // that the relay hands claimed events to, and [Decode] for consumers that
 // read them back. It is built on franz-go (kgo). It is not yet selectable
-// from the outbox command (a kafka:// destination URL comes later); use it
-// from Go, with outbox.NewRelay.
+// from the outbox command; use it from Go, with outbox.NewRelay.
+//
+// # Destination URL
+//
+// [ParseURL] reads the URL form the outbox command will take:
+//
+//	kafka://host1:9092,host2:9092?topic=outbox.{aggregate_type}&source=/shop&delivery_timeout=10s&dial_timeout=5s&max_record_bytes=1000000
+//
+// The host part lists the seed brokers (port 9092 when left out); each query
+// parameter is optional and sets the Config field of its name. TLS and SASL
+// are not configurable from the URL yet (credentials in it are refused):
+// pass kgo options to [NewPublisher].
 //
 // # Topics, keys and partitions
 //
