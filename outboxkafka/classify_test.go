@@ -1,0 +1,101 @@
+package outboxkafka_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/outboxkafka"
+)
+
+// refuseProduce makes the cluster answer every produce request with code
+// for every partition, as a real broker does.
+func refuseProduce(c *kfake.Cluster, code *kerr.Error) {
+	c.ControlKey(int16(kmsg.Produce), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := r.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			st.TopicID = rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = code.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+}
+
+// TestBrokerErrorsAreClassified: the broker's produce errors reach the
+// relay classified: the cluster cannot store anything now (not enough
+// replicas, no leader) is unavailable, a refusal of the message itself (too
+// large, invalid topic, not authorized) is permanent, anything else is a
+// plain retryable error.
+func TestBrokerErrorsAreClassified(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		code  *kerr.Error
+		class string
+	}{
+		{kerr.NotEnoughReplicas, "unavailable"},
+		{kerr.NotEnoughReplicasAfterAppend, "unavailable"},
+		{kerr.LeaderNotAvailable, "unavailable"},
+		{kerr.MessageTooLarge, "permanent"},
+		{kerr.RecordListTooLarge, "permanent"},
+		{kerr.InvalidTopicException, "permanent"},
+		{kerr.TopicAuthorizationFailed, "permanent"},
+		{kerr.UnknownServerError, "retryable"},
+	} {
+		t.Run(tc.code.Message, func(t *testing.T) {
+			t.Parallel()
+			c := cluster(t, 2, "cls.order")
+			p := publisher(t, c, outboxkafka.Config{Topic: "cls.{aggregate_type}", DeliveryTimeout: 2 * time.Second})
+			refuseProduce(c, tc.code)
+			errs := p.Publish(testCtx(t), []outbox.Message{event("o-1", 1), event("o-2", 1)})
+			if len(errs) != 2 {
+				t.Fatalf("Publish errors %v, want one per message", errs)
+			}
+			for i, err := range errs {
+				var got string
+				switch {
+				case err == nil:
+					got = "success"
+				case outbox.IsPermanent(err) && !outbox.IsUnavailable(err):
+					got = "permanent"
+				case outbox.IsUnavailable(err) && !outbox.IsPermanent(err):
+					got = "unavailable"
+				case !outbox.IsUnavailable(err) && !outbox.IsPermanent(err):
+					got = "retryable"
+				}
+				if got != tc.class {
+					t.Errorf("message %d: %v classified %s, want %s", i, err, got, tc.class)
+				}
+				if tc.class != "unavailable" && !errors.Is(err, tc.code) {
+					t.Errorf("message %d: %v does not wrap %v", i, err, tc.code)
+				}
+			}
+		})
+	}
+}
+
+// TestIdempotencyCannotBeDisabled: the publisher relies on idempotent
+// writes for order within a partition across the client's retries.
+func TestIdempotencyCannotBeDisabled(t *testing.T) {
+	t.Parallel()
+	p, err := outboxkafka.NewPublisher(outboxkafka.Config{Brokers: []string{"127.0.0.1:1"}}, kgo.DisableIdempotentWrite())
+	if err == nil {
+		p.Close()
+		t.Fatal("NewPublisher with DisableIdempotentWrite succeeded")
+	}
+}

@@ -1,0 +1,252 @@
+package outboxkafka
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox"
+)
+
+// Header names: the CloudEvents 1.0 attributes in the Kafka binding's binary
+// content mode (ce_ prefix), with the outbox extensions named as outboxnats
+// names them.
+const (
+	HeaderSpecVersion   = "ce_specversion"
+	HeaderID            = "ce_id"
+	HeaderType          = "ce_type"
+	HeaderSource        = "ce_source"
+	HeaderSubject       = "ce_subject"
+	HeaderTime          = "ce_time"
+	HeaderAggregateType = "ce_aggregatetype"
+	HeaderSequence      = "ce_sequence"
+	HeaderSchemaVersion = "ce_schemaversion"
+	HeaderContentType   = "content-type"
+
+	// HeaderSkippedFrom carries Message.SkippedFrom (decimal), only when it
+	// is not zero.
+	HeaderSkippedFrom = "ce_skippedfrom"
+	// HeaderReplayID carries Message.ReplayID, only on replayed messages.
+	HeaderReplayID = "ce_replayid"
+
+	// SpecVersion is the CloudEvents version of the records.
+	SpecVersion = "1.0"
+	// ContentType is the content type of a payload whose message has none.
+	ContentType = outbox.ContentTypeJSON
+)
+
+// reserved reports whether a header name belongs to the adapter (ce_
+// attributes, the content type): a message's own headers never override
+// them.
+func reserved(key string) bool {
+	k := strings.ToLower(key)
+	return strings.HasPrefix(k, "ce_") || k == HeaderContentType
+}
+
+// encode builds the Kafka record of an outbox message: topic, key (the
+// aggregate id), the CloudEvents attributes as ce_ headers, the message's own
+// headers and the payload as the value. Header values are the attribute
+// strings as UTF-8, unencoded, as the Kafka binding specifies.
+func encode(msg *outbox.Message, topicTemplate, source string) (*kgo.Record, error) {
+	id := msg.ID.String()
+	topic, err := Topic(topicTemplate, msg.AggregateType)
+	if err != nil {
+		return nil, outbox.Permanent(fmt.Errorf("outboxkafka: event %s: %w", id, err))
+	}
+	ct := msg.ContentType
+	if ct == "" {
+		ct = ContentType
+	}
+	h := make([]kgo.RecordHeader, 0, 12+len(msg.Headers))
+	add := func(k, v string) { h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add(HeaderSpecVersion, SpecVersion)
+	add(HeaderID, id)
+	add(HeaderType, msg.Type)
+	add(HeaderSource, source)
+	add(HeaderSubject, msg.AggregateID)
+	add(HeaderTime, msg.OccurredAt.UTC().Format(time.RFC3339Nano))
+	add(HeaderAggregateType, msg.AggregateType)
+	add(HeaderSequence, outbox.SequenceHeader(msg.Sequence))
+	add(HeaderSchemaVersion, strconv.Itoa(msg.SchemaVersion))
+	add(HeaderContentType, ct)
+	if msg.SkippedFrom > 0 {
+		add(HeaderSkippedFrom, strconv.FormatInt(msg.SkippedFrom, 10))
+	}
+	if msg.ReplayID != uuid.Nil {
+		add(HeaderReplayID, msg.ReplayID.String())
+	}
+	for k, v := range msg.Headers {
+		if !reserved(k) {
+			add(k, v)
+		}
+	}
+	return &kgo.Record{
+		Topic:   topic,
+		Key:     []byte(msg.AggregateID), // never nil: the key partitioner hashes it
+		Value:   msg.Payload,
+		Headers: h,
+	}, nil
+}
+
+// recordSize is an upper bound of the record's size in a produce request:
+// key, value, headers and the per-record varint overhead.
+func recordSize(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value) + 32
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 10
+	}
+	return n
+}
+
+// Decode turns a record read from a topic back into the outbox.Message that
+// was published: ID, AggregateType, AggregateID, Sequence, Type,
+// SchemaVersion, ContentType (ContentType when the header is absent),
+// SkippedFrom, ReplayID, Payload (the record's value itself, not a copy),
+// Headers (every header that is not a ce_ attribute or content-type; nil
+// when there is none) and OccurredAt (UTC, to the nanosecond). Attempt is
+// left zero. It returns an error, never panics, when a required ce_ header
+// is missing, repeated or malformed. Header names are matched exactly (the
+// binding's lower-case names).
+func Decode(record *kgo.Record) (outbox.Message, error) {
+	if record == nil {
+		return outbox.Message{}, errors.New("outboxkafka: nil record")
+	}
+	var errs []error
+	attrs := make(map[string]string, 12)
+	for _, rh := range record.Headers {
+		if !reserved(rh.Key) {
+			continue
+		}
+		if _, dup := attrs[rh.Key]; dup {
+			errs = append(errs, fmt.Errorf("header %s appears more than once", rh.Key))
+			continue
+		}
+		if !utf8.Valid(rh.Value) {
+			errs = append(errs, fmt.Errorf("header %s is not UTF-8", rh.Key))
+		}
+		attrs[rh.Key] = string(rh.Value)
+	}
+	get := func(key string) (string, bool) {
+		v, ok := attrs[key]
+		if !ok {
+			errs = append(errs, fmt.Errorf("missing header %s", key))
+		}
+		return v, ok
+	}
+	text := func(key string) string {
+		v, ok := get(key)
+		if ok && v == "" {
+			errs = append(errs, fmt.Errorf("header %s is empty", key))
+		}
+		return v
+	}
+	parse := func(key string, f func(string) error) {
+		if v, ok := get(key); ok {
+			if err := f(v); err != nil {
+				errs = append(errs, fmt.Errorf("header %s: %w", key, err))
+			}
+		}
+	}
+	var m outbox.Message
+	parse(HeaderSpecVersion, func(v string) error {
+		if v != SpecVersion {
+			return fmt.Errorf("unsupported CloudEvents version %q", v)
+		}
+		return nil
+	})
+	parse(HeaderID, func(v string) (err error) {
+		m.ID, err = canonicalUUID(v)
+		return err
+	})
+	m.Type = text(HeaderType)
+	m.AggregateType = text(HeaderAggregateType)
+	m.AggregateID, _ = get(HeaderSubject) // an empty aggregate id is allowed
+	_, _ = get(HeaderSource)              // required by CloudEvents; not part of the Message
+	parse(HeaderSequence, func(v string) (err error) {
+		m.Sequence, err = positive(v)
+		return err
+	})
+	parse(HeaderSchemaVersion, func(v string) error {
+		n, err := positive(v)
+		if err == nil && n > math.MaxInt32 {
+			err = fmt.Errorf("%q is out of range", v)
+		}
+		m.SchemaVersion = int(n)
+		return err
+	})
+	parse(HeaderTime, func(v string) error {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		m.OccurredAt = t.UTC()
+		return err
+	})
+	if v, ok := attrs[HeaderSkippedFrom]; ok {
+		n, err := positive(v)
+		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
+			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
+		}
+		m.SkippedFrom = n
+	}
+	m.ContentType = ContentType
+	if v, ok := attrs[HeaderContentType]; ok {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("header %s is empty", HeaderContentType))
+		}
+		m.ContentType = v
+	}
+	if v, ok := attrs[HeaderReplayID]; ok {
+		id, err := canonicalUUID(v)
+		if err == nil && id == uuid.Nil {
+			err = errors.New("the nil UUID is not a replay id")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("header %s: %w", HeaderReplayID, err))
+		}
+		m.ReplayID = id
+	}
+	if len(errs) > 0 {
+		return outbox.Message{}, fmt.Errorf("outboxkafka: not an outbox event: %w", errors.Join(errs...))
+	}
+	for _, rh := range record.Headers {
+		if reserved(rh.Key) {
+			continue
+		}
+		if m.Headers == nil {
+			m.Headers = make(map[string]string)
+		}
+		if _, seen := m.Headers[rh.Key]; !seen { // the first of repeated headers
+			m.Headers[rh.Key] = string(rh.Value)
+		}
+	}
+	m.Payload = record.Value
+	return m, nil
+}
+
+// canonicalUUID parses a UUID in its 36-character form only (uuid.Parse
+// takes urn:uuid:, braces and no dashes too).
+func canonicalUUID(v string) (uuid.UUID, error) {
+	if len(v) != 36 {
+		return uuid.Nil, fmt.Errorf("%q is not a UUID in its canonical form", v)
+	}
+	return uuid.Parse(v)
+}
+
+// positive parses a decimal number of at least 1, digits only (no sign).
+func positive(v string) (int64, error) {
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, fmt.Errorf("%q is not a positive decimal number", v)
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%q is not a positive decimal number", v)
+	}
+	return n, nil
+}

@@ -1,0 +1,80 @@
+// Package outboxkafka is the Kafka destination of the outbox: a [Publisher]
+// that the relay hands claimed events to, and [Decode] for consumers that
+// read them back. It is built on franz-go (kgo). It is not yet selectable
+// from the outbox command; use it from Go, with outbox.NewRelay.
+//
+// # Destination URL
+//
+// [ParseURL] reads the URL form the outbox command will take:
+//
+//	kafka://host1:9092,host2:9092?topic=outbox.{aggregate_type}&source=/shop&delivery_timeout=10s&dial_timeout=5s&max_record_bytes=1000000
+//
+// The host part lists the seed brokers (port 9092 when left out); each query
+// parameter is optional and sets the Config field of its name. TLS and SASL
+// are not configurable from the URL yet (credentials in it are refused):
+// pass kgo options to [NewPublisher].
+//
+// # Topics, keys and partitions
+//
+// Each event goes to the topic made from Config.Topic by replacing
+// "{aggregate_type}" with its aggregate type (default
+// "outbox.{aggregate_type}", so "outbox.order"); see [Topic]. Kafka topic
+// names allow only [a-zA-Z0-9._-] and at most 249 characters: an aggregate
+// type that cannot form a valid name fails its message as outbox.Permanent.
+// The publisher does not create topics; create them beforehand (or pass
+// kgo.AllowAutoTopicCreation to [NewPublisher] where the brokers allow it).
+//
+// The record key is the aggregate id and the partitioner hashes the key
+// (kgo.StickyKeyPartitioner, the Java client's murmur2), so all events of an
+// aggregate land on one partition, in the order they were acknowledged. The
+// relay publishes an aggregate's event k+1 only after k was acknowledged, so
+// each partition holds each aggregate's events in sequence order, and
+// consumers scale out by partition (a consumer group).
+//
+// # Record format
+//
+// Records are CloudEvents 1.0 in the Kafka binding's binary content mode: the
+// value is the event's payload, content-type is its content type
+// (application/json unless the event has another), and the attributes are
+// headers with UTF-8 values: ce_specversion "1.0", ce_id (event id), ce_type
+// (event type), ce_source (Config.Source), ce_subject (aggregate id),
+// ce_time (occurred_at, RFC 3339 UTC with nanoseconds), and the extensions
+// ce_aggregatetype, ce_sequence (aggregate_sequence as 20 zero-padded
+// digits, so it sorts as text) and ce_schemaversion, plus ce_skippedfrom when
+// events just before this one were skipped by an operator and ce_replayid on
+// a replayed event (see outbox.Message). These are the attributes and names
+// outboxnats uses, with the Kafka binding's "ce_" prefix. The event's own
+// headers, such as traceparent, are plain record headers; they never override
+// ce_ or content-type headers. [Decode] turns a record back into exactly the
+// Message published and refuses one with a missing, repeated or malformed
+// attribute.
+//
+// # Delivery and errors
+//
+// The producer uses acks=all and idempotent writes (franz-go's defaults, set
+// explicitly; disabling idempotency is refused), so a record acknowledged is
+// on every in-sync replica and a retry inside the client never duplicates or
+// reorders records of a partition. Kafka has no deduplication by event id:
+// a message the relay publishes again after an unacknowledged attempt may be
+// stored twice, and consumers drop the copy by ce_id (the inbox does).
+//
+// Publish sends a batch concurrently and returns once every record was
+// acknowledged, failed, Config.DeliveryTimeout passed or the context ended;
+// it does not retry beyond what the client does within DeliveryTimeout (the
+// relay owns retries). Failures are classified for the relay:
+// outbox.Unavailable when the cluster cannot be reached or cannot store
+// anything now (no broker answering, no acknowledgement in time, no partition
+// leader, not enough in-sync replicas, the client closed), outbox.Permanent
+// when this message can never be accepted (over Config.MaxRecordBytes,
+// checked before sending so that it fails alone; refused by the broker as too
+// large; an invalid topic; no authorization for the topic), and anything else
+// is a plain, retryable error. [Publisher.Probe] sends one metadata request.
+//
+// # Tests
+//
+// No Kafka server runs where this package is developed: its tests and
+// example run against kfake, the in-process Kafka-protocol cluster that ships
+// with franz-go (github.com/twmb/franz-go/pkg/kfake), started by each test.
+// The package itself uses only the Kafka protocol through kgo and nothing
+// specific to kfake.
+package outboxkafka

@@ -1,0 +1,280 @@
+package outboxkafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox"
+)
+
+// Defaults for Config.
+const (
+	TopicDefault           = "outbox." + AggregateTypePlaceholder
+	SourceDefault          = "/outbox"
+	DeliveryTimeoutDefault = 10 * time.Second
+	DialTimeoutDefault     = 5 * time.Second
+	// MaxRecordBytesDefault stays below the broker's default
+	// message.max.bytes (1,048,588) with room for the batch header.
+	MaxRecordBytesDefault = 1_000_000
+)
+
+// Config configures a Publisher. Only Brokers is required.
+type Config struct {
+	// Brokers are the seed brokers, "host:port".
+	Brokers []string
+	// Topic is the topic template: every "{aggregate_type}" in it is
+	// replaced by the message's aggregate type, as it is (see Topic).
+	// Defaults to TopicDefault, "outbox.{aggregate_type}". A template
+	// without the placeholder sends every event to one topic. A message
+	// whose aggregate type makes an invalid topic name fails as
+	// outbox.Permanent.
+	Topic string
+	// Source is the CloudEvents "source" attribute. Defaults to
+	// SourceDefault.
+	Source string
+	// DeliveryTimeout bounds how long a record may wait to be acknowledged
+	// (kgo.RecordDeliveryTimeout); when it passes the message fails as
+	// unavailable. Defaults to DeliveryTimeoutDefault.
+	DeliveryTimeout time.Duration
+	// DialTimeout bounds a connection attempt to a broker. Defaults to
+	// DialTimeoutDefault.
+	DialTimeout time.Duration
+	// MaxRecordBytes is the largest record (key, value and headers) sent;
+	// a larger one fails as outbox.Permanent before it is sent, alone. Keep
+	// it at or below the topics' max.message.bytes: a record the broker
+	// refuses as too large fails the whole batch it is in. Defaults to
+	// MaxRecordBytesDefault.
+	MaxRecordBytes int
+}
+
+func (c Config) withDefaults() Config {
+	if c.Topic == "" {
+		c.Topic = TopicDefault
+	}
+	if c.Source == "" {
+		c.Source = SourceDefault
+	}
+	if c.DeliveryTimeout <= 0 {
+		c.DeliveryTimeout = DeliveryTimeoutDefault
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = DialTimeoutDefault
+	}
+	if c.MaxRecordBytes <= 0 {
+		c.MaxRecordBytes = MaxRecordBytesDefault
+	}
+	return c
+}
+
+// Publisher publishes outbox messages to Kafka topics as CloudEvents in
+// binary mode (see the package documentation). It implements
+// outbox.Publisher and outbox.Prober and is safe for concurrent use.
+type Publisher struct {
+	cfg    Config
+	client *kgo.Client
+}
+
+var (
+	_ outbox.Publisher = (*Publisher)(nil)
+	_ outbox.Prober    = (*Publisher)(nil)
+)
+
+// NewPublisher creates a Kafka client for cfg.Brokers with acks=all,
+// idempotent writes and the key partitioner (the record key is the
+// aggregate id, so an aggregate's events stay on one partition). opts are
+// passed to kgo.NewClient before the publisher's own, for TLS, SASL or
+// logging; options that would weaken those guarantees are overridden, and
+// kgo.DisableIdempotentWrite is refused. It does not connect: Probe does.
+// Close the publisher to close the client.
+func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
+	cfg = cfg.withDefaults()
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("outboxkafka: no brokers")
+	}
+	if _, err := Topic(cfg.Topic, "t"); err != nil {
+		return nil, fmt.Errorf("outboxkafka: topic template %q: %w", cfg.Topic, err)
+	}
+	if cfg.MaxRecordBytes > 1<<30 {
+		return nil, fmt.Errorf("outboxkafka: MaxRecordBytes %d is over 1 GiB", cfg.MaxRecordBytes)
+	}
+	all := append([]kgo.Opt(nil), opts...)
+	all = append(all,
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.DialTimeout(cfg.DialTimeout),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
+		kgo.ProducerBatchMaxBytes(int32(cfg.MaxRecordBytes+512)),
+	)
+	client, err := kgo.NewClient(all...)
+	if err != nil {
+		return nil, fmt.Errorf("outboxkafka: %w", err)
+	}
+	if client.OptValue(kgo.DisableIdempotentWrite) == true {
+		client.Close()
+		return nil, errors.New("outboxkafka: idempotent writes cannot be disabled")
+	}
+	return &Publisher{cfg: cfg, client: client}, nil
+}
+
+// Client returns the publisher's Kafka client.
+func (p *Publisher) Client() *kgo.Client { return p.client }
+
+// Close closes the client; messages still in flight fail as unavailable.
+func (p *Publisher) Close() { p.client.Close() }
+
+type result struct {
+	i   int
+	err error
+}
+
+// Publish produces msgs concurrently and waits until each one was
+// acknowledged by all in-sync replicas, failed, or ctx ended. It returns nil
+// when all were stored, otherwise one error per message, nil for those
+// stored.
+//
+// Errors are classified for the relay: outbox.Unavailable when the cluster
+// cannot be reached or cannot store anything now (no broker answering, no
+// acknowledgement within DeliveryTimeout or ctx's deadline, a partition
+// without a leader, not enough in-sync replicas, the client closed) and
+// outbox.Permanent when the message can never be accepted (over
+// MaxRecordBytes, refused by the broker as too large, an invalid topic name,
+// no authorization for the topic). Anything else is a plain, retryable
+// error. Publish does not retry beyond what the client itself does within
+// DeliveryTimeout.
+func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	// The client enforces DeliveryTimeout only between requests; while no
+	// broker answers at all, this bound ends the wait.
+	ctx, cancel := context.WithTimeoutCause(ctx, p.cfg.DeliveryTimeout,
+		fmt.Errorf("no acknowledgement within %s: %w", p.cfg.DeliveryTimeout, kgo.ErrRecordTimeout))
+	defer cancel()
+	errs := make([]error, len(msgs))
+	done := make(chan result, len(msgs)) // buffered: a late promise never blocks
+	sent := make([]bool, len(msgs))
+	pending := 0
+	for i := range msgs {
+		r, err := p.record(&msgs[i])
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if ctx.Err() != nil {
+			errs[i] = ctxError(ctx)
+			continue
+		}
+		sent[i] = true
+		pending++
+		id := msgs[i].ID
+		p.client.Produce(ctx, r, func(r *kgo.Record, err error) {
+			if err != nil {
+				err = classify(fmt.Errorf("outboxkafka: publish event %s to %s: %w", id, r.Topic, err))
+			}
+			done <- result{i, err}
+		})
+	}
+wait:
+	for pending > 0 {
+		select {
+		case r := <-done:
+			errs[r.i] = r.err
+			sent[r.i] = false
+			pending--
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	if pending > 0 {
+		// ctx ended: take what is already resolved, wait for nothing more.
+		for drained := false; !drained; {
+			select {
+			case r := <-done:
+				errs[r.i] = r.err
+				sent[r.i] = false
+			default:
+				drained = true
+			}
+		}
+		for i, waiting := range sent {
+			if waiting {
+				errs[i] = ctxError(ctx)
+			}
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			return errs
+		}
+	}
+	return nil
+}
+
+// record builds the record of msg, within MaxRecordBytes.
+func (p *Publisher) record(msg *outbox.Message) (*kgo.Record, error) {
+	r, err := encode(msg, p.cfg.Topic, p.cfg.Source)
+	if err != nil {
+		return nil, err
+	}
+	if size := recordSize(r); size > p.cfg.MaxRecordBytes {
+		return nil, outbox.Permanent(fmt.Errorf("outboxkafka: event %s: record of about %d bytes (key, value and headers) exceeds MaxRecordBytes %d: %w",
+			msg.ID, size, p.cfg.MaxRecordBytes, kerr.MessageTooLarge))
+	}
+	return r, nil
+}
+
+// ctxError is the error of a message whose publish ctx cut short. A
+// deadline is a timeout waiting for the broker (unavailable); a
+// cancellation is returned as is.
+func ctxError(ctx context.Context) error {
+	err := fmt.Errorf("outboxkafka: publish: %w", context.Cause(ctx))
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return outbox.Unavailable(err)
+	}
+	return err
+}
+
+// classify marks a produce error as unavailable, permanent or neither.
+func classify(err error) error {
+	switch {
+	case permanent(err):
+		return outbox.Permanent(err)
+	case unavailable(err):
+		return outbox.Unavailable(err)
+	}
+	return err
+}
+
+func permanent(err error) bool {
+	for _, target := range []error{
+		kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidTopicException,
+		kerr.TopicAuthorizationFailed, kerr.InvalidRecord, kerr.CorruptMessage,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+func unavailable(err error) bool {
+	for _, target := range []error{
+		kgo.ErrRecordTimeout, kgo.ErrClientClosed, context.DeadlineExceeded,
+		kerr.NotEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.LeaderNotAvailable,
+		kerr.NotLeaderForPartition, kerr.BrokerNotAvailable, kerr.RequestTimedOut,
+		kerr.NetworkException, kerr.KafkaStorageError,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}
