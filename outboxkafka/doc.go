@@ -1,11 +1,12 @@
 // Package outboxkafka is the Kafka destination of the outbox: a [Publisher]
 // that the relay hands claimed events to, and [Decode] for consumers that
-// read them back. It is built on franz-go (kgo). It is not yet selectable
-// from the outbox command; use it from Go, with outbox.NewRelay.
+// read them back. It is built on franz-go (kgo). Use it from Go with
+// outbox.NewRelay, or run "outbox relay --destination kafka://host:port"
+// (and "outbox replay" likewise); the demo and chaos runs are NATS-only still.
 //
 // # Destination URL
 //
-// [ParseURL] reads the URL form the outbox command will take:
+// [ParseURL] reads the URL form "outbox relay --destination" takes:
 //
 //	kafka://host1:9092,host2:9092?topic=outbox.{aggregate_type}&source=/shop&delivery_timeout=10s&dial_timeout=5s&max_record_bytes=1000000
 //

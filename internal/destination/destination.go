@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/outboxkafka"
 	"github.com/pgoutbox/outbox/outboxnats"
 )
 
@@ -30,7 +31,7 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port (env OUTBOX_DESTINATION)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port, or kafka://host:port[,host:port][?topic=outbox.{aggregate_type}] (env OUTBOX_DESTINATION)")
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
@@ -114,8 +115,40 @@ func OpenWait(ctx context.Context, o Options, retry func(ctx context.Context, er
 				return nil, nil, err
 			}
 		}
+	case "kafka":
+		return openKafka(ctx, o, retry)
 	default:
-		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats)", o.URL, u.Scheme)
+		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats, kafka)", o.URL, u.Scheme)
+	}
+}
+
+// openKafka opens a Kafka publisher (outboxkafka) and waits, as OpenWait
+// does, until the cluster answers a metadata request. The URL's source
+// parameter, when set, wins over --source.
+func openKafka(ctx context.Context, o Options, retry func(ctx context.Context, err error) error) (outbox.Publisher, func(), error) {
+	cfg, err := outboxkafka.ParseURL(o.URL)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.Source == "" {
+		cfg.Source = o.Source
+	}
+	p, err := outboxkafka.NewPublisher(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	for {
+		err := p.Probe(ctx)
+		if err == nil {
+			return p, p.Close, nil
+		}
+		if retry != nil && outbox.IsUnavailable(err) && ctx.Err() == nil {
+			err = retry(ctx, err)
+		}
+		if err != nil {
+			p.Close()
+			return nil, nil, err
+		}
 	}
 }
 
