@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/cloudevents"
 )
 
 // Header names: the CloudEvents 1.0 attributes in the Kafka binding's binary
@@ -162,7 +163,7 @@ func Decode(record *kgo.Record) (outbox.Message, error) {
 		return nil
 	})
 	parse(HeaderID, func(v string) (err error) {
-		m.ID, err = canonicalUUID(v)
+		m.ID, err = cloudevents.ParseID(v)
 		return err
 	})
 	m.Type = text(HeaderType)
@@ -170,11 +171,11 @@ func Decode(record *kgo.Record) (outbox.Message, error) {
 	m.AggregateID, _ = get(HeaderSubject) // an empty aggregate id is allowed
 	_, _ = get(HeaderSource)              // required by CloudEvents; not part of the Message
 	parse(HeaderSequence, func(v string) (err error) {
-		m.Sequence, err = positive(v)
+		m.Sequence, err = cloudevents.ParsePositive(v)
 		return err
 	})
 	parse(HeaderSchemaVersion, func(v string) error {
-		n, err := positive(v)
+		n, err := cloudevents.ParsePositive(v)
 		if err == nil && n > math.MaxInt32 {
 			err = fmt.Errorf("%q is out of range", v)
 		}
@@ -187,7 +188,7 @@ func Decode(record *kgo.Record) (outbox.Message, error) {
 		return err
 	})
 	if v, ok := attrs[HeaderSkippedFrom]; ok {
-		n, err := positive(v)
+		n, err := cloudevents.ParsePositive(v)
 		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
 			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
 		}
@@ -201,7 +202,7 @@ func Decode(record *kgo.Record) (outbox.Message, error) {
 		m.ContentType = v
 	}
 	if v, ok := attrs[HeaderReplayID]; ok {
-		id, err := canonicalUUID(v)
+		id, err := cloudevents.ParseID(v)
 		if err == nil && id == uuid.Nil {
 			err = errors.New("the nil UUID is not a replay id")
 		}
@@ -226,27 +227,4 @@ func Decode(record *kgo.Record) (outbox.Message, error) {
 	}
 	m.Payload = record.Value
 	return m, nil
-}
-
-// canonicalUUID parses a UUID in its 36-character form only (uuid.Parse
-// takes urn:uuid:, braces and no dashes too).
-func canonicalUUID(v string) (uuid.UUID, error) {
-	if len(v) != 36 {
-		return uuid.Nil, fmt.Errorf("%q is not a UUID in its canonical form", v)
-	}
-	return uuid.Parse(v)
-}
-
-// positive parses a decimal number of at least 1, digits only (no sign).
-func positive(v string) (int64, error) {
-	for i := 0; i < len(v); i++ {
-		if v[i] < '0' || v[i] > '9' {
-			return 0, fmt.Errorf("%q is not a positive decimal number", v)
-		}
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("%q is not a positive decimal number", v)
-	}
-	return n, nil
 }

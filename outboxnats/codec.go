@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/cloudevents"
 )
 
 // Header names. The ce- headers carry the CloudEvents 1.0 attributes in
@@ -367,21 +368,18 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 		return nil
 	})
 	parse(HeaderID, func(v string) (err error) {
-		if len(v) != 36 { // uuid.Parse takes urn:uuid:, braces and no dashes too
-			return fmt.Errorf("%q is not a UUID in its canonical form", v)
-		}
-		m.ID, err = uuid.Parse(v)
+		m.ID, err = cloudevents.ParseID(v)
 		return err
 	})
 	m.Type = text(HeaderType)
 	m.AggregateType = text(HeaderAggregateType)
 	m.AggregateID = text(HeaderSubject)
 	parse(HeaderSequence, func(v string) (err error) {
-		m.Sequence, err = positive(v)
+		m.Sequence, err = cloudevents.ParsePositive(v)
 		return err
 	})
 	parse(HeaderSchemaVersion, func(v string) error {
-		n, err := positive(v)
+		n, err := cloudevents.ParsePositive(v)
 		if err == nil && n > math.MaxInt32 {
 			err = fmt.Errorf("%q is out of range", v)
 		}
@@ -394,7 +392,7 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 		return err
 	})
 	if v, ok := lookup(header, HeaderSkippedFrom); ok {
-		n, err := positive(v)
+		n, err := cloudevents.ParsePositive(v)
 		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
 			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
 		}
@@ -429,20 +427,6 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 	}
 	m.Payload = data
 	return m, nil
-}
-
-// positive parses a decimal number of at least 1, digits only (no sign).
-func positive(v string) (int64, error) {
-	for i := 0; i < len(v); i++ {
-		if v[i] < '0' || v[i] > '9' {
-			return 0, fmt.Errorf("%q is not a positive decimal number", v)
-		}
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("%q is not a positive decimal number", v)
-	}
-	return n, nil
 }
 
 func lookup(h nats.Header, key string) (string, bool) {

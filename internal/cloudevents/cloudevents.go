@@ -1,0 +1,37 @@
+// Package cloudevents holds what every destination's CloudEvents binding of
+// an outbox.Message (outboxnats, outboxkafka) shares in decoding: the
+// parsing of the attribute values, so that a value one binding refuses is
+// refused by all.
+package cloudevents
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/google/uuid"
+)
+
+// ParseID parses an event id in the canonical 36-character form only
+// (uuid.Parse also takes urn:uuid:, braces and no dashes, which would let
+// two spellings of one id through).
+func ParseID(v string) (uuid.UUID, error) {
+	if len(v) != 36 {
+		return uuid.Nil, fmt.Errorf("%q is not a UUID in its canonical form", v)
+	}
+	return uuid.Parse(v)
+}
+
+// ParsePositive parses a decimal number of at least 1, digits only (no sign,
+// no spaces): sequences, schema versions, skipped-from.
+func ParsePositive(v string) (int64, error) {
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, fmt.Errorf("%q is not a positive decimal number", v)
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%q is not a positive decimal number", v)
+	}
+	return n, nil
+}
