@@ -1,0 +1,124 @@
+package destinationtest_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/destinationtest"
+	"github.com/pgoutbox/outbox/outboxkafka"
+)
+
+// TestKafka runs the suite on Kafka, against franz-go's in-process
+// Kafka-protocol cluster (kfake): no Kafka server exists on these machines.
+// kfake keeps nothing across a restart, so the Restart check is left out.
+func TestKafka(t *testing.T) {
+	t.Parallel()
+	destinationtest.Run(t, destinationtest.Destination{
+		AttributePrefix: "ce_",
+		Open:            kafkaTarget,
+	})
+}
+
+const kafkaMaxRecord = 512 << 10
+
+func kafkaTarget(t *testing.T) destinationtest.Target {
+	var topics []string
+	for _, typ := range destinationtest.AggregateTypes {
+		topic, err := outboxkafka.Topic(outboxkafka.TopicDefault, typ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		topics = append(topics, topic)
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, topics...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	p := kafkaPublisher(t, c.ListenAddrs())
+	return destinationtest.Target{
+		Publisher: p,
+		Read: func(ctx context.Context, n int) ([]destinationtest.Delivery, error) {
+			return readTopics(ctx, c.ListenAddrs(), topics, n)
+		},
+		Unreachable: func(t *testing.T) outbox.Publisher {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			free := l.Addr().String()
+			l.Close()
+			return kafkaPublisher(t, []string{free})
+		},
+		Refuse: func(m outbox.Message) outbox.Message {
+			m.Payload = make([]byte, kafkaMaxRecord+1)
+			m.ContentType = "application/octet-stream"
+			return m
+		},
+	}
+}
+
+func kafkaPublisher(t *testing.T, brokers []string) *outboxkafka.Publisher {
+	p, err := outboxkafka.NewPublisher(outboxkafka.Config{Brokers: brokers, MaxRecordBytes: kafkaMaxRecord,
+		DeliveryTimeout: 2 * time.Second, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// readTopics reads the topics from the start with a client of its own until
+// it has n records and no more arrive for a moment.
+func readTopics(ctx context.Context, brokers, topics []string, n int) ([]destinationtest.Delivery, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []destinationtest.Delivery
+	for {
+		pollCtx := ctx
+		var cancel context.CancelFunc = func() {}
+		if len(out) >= n {
+			pollCtx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+		}
+		fs := cl.PollFetches(pollCtx)
+		cancel()
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if err != context.DeadlineExceeded && err != context.Canceled {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return out, ferr
+		}
+		got := 0
+		for _, r := range fs.Records() {
+			m, err := outboxkafka.Decode(r)
+			if err != nil {
+				return out, err
+			}
+			a := map[string]string{}
+			for _, h := range r.Headers {
+				a[h.Key] = string(h.Value)
+			}
+			out = append(out, destinationtest.Delivery{Message: m, Attributes: a})
+			got++
+		}
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		if len(out) >= n && got == 0 {
+			return out, nil
+		}
+	}
+}
