@@ -50,7 +50,9 @@ func natsTarget(t *testing.T, js jetstream.JetStream) destinationtest.Target {
 	p := natstest.Publisher(t, js, cfg)
 	return destinationtest.Target{
 		Publisher: p,
-		Read:      func(ctx context.Context, n int) ([]destinationtest.Delivery, error) { return readStream(ctx, js, cfg.Stream, n) },
+		Read: func(ctx context.Context, n int) ([]destinationtest.Delivery, error) {
+			return readStream(ctx, js, cfg.Stream, n)
+		},
 		Unreachable: func(t *testing.T) outbox.Publisher {
 			srv := natstest.Embedded(t)
 			js := natstest.JetStream(t, natstest.Connect(t, srv.ClientURL()))
