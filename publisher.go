@@ -56,7 +56,8 @@ type Message struct {
 //     [Unavailable]. Anything else is a retryable failure of that message.
 //     The relay owns retries, backoff and quarantine.
 //   - The relay never passes two messages of the same aggregate in one call,
-//     so a destination may send all of them concurrently.
+//     so a destination may send all of them concurrently; unless the
+//     Publisher declares ordered pipelining (see [OrderedPipeliner]).
 //   - Publish is safe for concurrent use and does not retain msgs.
 type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) []error
@@ -79,6 +80,32 @@ type Publisher interface {
 // concurrent use with Publish.
 type Prober interface {
 	Probe(ctx context.Context) error
+}
+
+// OrderedPipeliner is implemented by a Publisher whose destination itself
+// refuses to append an aggregate's event out of order, so that the relay
+// may send event k+1 before k was acknowledged without risking invariant I5
+// (Kafka's idempotent producer: sequence numbers per partition, and a
+// failed record fails every record buffered behind it).
+//
+// When OrderedPipelining reports true, the relay passes each aggregate's
+// claimed events (a lane: consecutive sequences) in one Publish call, in
+// sequence order, and the Publisher promises, for each aggregate in the
+// call: its results are successes followed only by failures, and the
+// destination never stores one of its messages without every earlier one of
+// the call stored before it (a failed message that may have been stored,
+// say after a timeout, may be followed by stored successors; one that was
+// not stored, never). The relay marks the successes published, records the
+// first failure against its event, and releases the events after it
+// without spending their attempts; they go out again after it.
+//
+// A destination that cannot refuse an out-of-order append (RabbitMQ, an HTTP
+// endpoint, JetStream, whose expected-last-subject-sequence check needs the
+// stream sequence of k before k+1 is sent) must not declare it: the relay
+// then publishes in waves, k+1 only after the destination acknowledged k.
+type OrderedPipeliner interface {
+	Publisher
+	OrderedPipelining() bool
 }
 
 // PublisherFunc adapts a function to the Publisher interface.

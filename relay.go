@@ -81,6 +81,11 @@ type RelayConfig struct {
 	// DisableClaimAhead turns off claiming the next batch while one is
 	// published (see the Relay documentation). Defaults to false.
 	DisableClaimAhead bool
+	// DisablePipelining makes the relay publish in waves (one event of
+	// each aggregate per Publish call, k+1 only after k was acknowledged)
+	// even to a Publisher that declares ordered pipelining (see
+	// OrderedPipeliner). Defaults to false.
+	DisablePipelining bool
 	// DisableNotify turns off LISTEN/NOTIFY wake-ups; the relay then only
 	// polls. Defaults to false.
 	DisableNotify bool
@@ -253,11 +258,14 @@ type Relay struct {
 	outages                                                       int // consecutive unavailable batches
 	lone                                                          loneOutages
 
-	obs     observers
-	prober  Prober // cfg.Publisher, when it implements Prober
-	ahead   *ahead // the next batch, claimed while this one is published
-	running atomic.Bool
-	health  atomic.Pointer[error] // nil: the last batch went well
+	obs    observers
+	prober Prober // cfg.Publisher, when it implements Prober
+	// pipelined: cfg.Publisher declares ordered pipelining (and
+	// DisablePipelining is not set): a batch goes out in one call.
+	pipelined bool
+	ahead     *ahead // the next batch, claimed while this one is published
+	running   atomic.Bool
+	health    atomic.Pointer[error] // nil: the last batch went well
 }
 
 // NewRelay validates cfg and returns a relay over pool. Run starts it.
@@ -288,6 +296,9 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		obs:    obs,
 	}
 	r.prober, _ = cfg.Publisher.(Prober)
+	if op, ok := cfg.Publisher.(OrderedPipeliner); ok && !cfg.DisablePipelining {
+		r.pipelined = op.OrderedPipelining()
+	}
 	r.setHealth(errNotStarted)
 	return r, nil
 }

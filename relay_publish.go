@@ -24,18 +24,38 @@ type failure struct {
 	quarantine bool
 }
 
-// publishAndSettle publishes a batch in waves (the i-th event of every lane
-// in wave i, so an aggregate's events go out strictly one after the other),
-// then records the outcome with fenced updates.
+// publishAndSettle publishes a batch, in waves (publishWaves) or, to a
+// destination that declares ordered pipelining, in one call
+// (publishPipelined), then records the outcome with fenced updates.
 func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
-	var published []uuid.UUID
-	var failures []failure
-	var unsent []uuid.UUID
+	var o outcome
+	var err error
+	if r.pipelined {
+		o, err = r.publishPipelined(ctx, b)
+	} else {
+		o, err = r.publishWaves(ctx, b)
+	}
+	if err != nil {
+		return err
+	}
+	return r.settleOutcome(ctx, b, o)
+}
+
+// outcome is what publishing a batch came to.
+type outcome struct {
+	published []uuid.UUID
+	failures  []failure
+	outage    bool // some event failed as Unavailable
+}
+
+// publishWaves publishes a batch in waves: the i-th event of every lane in
+// wave i, so an aggregate's events go out strictly one after the other.
+func (r *Relay) publishWaves(ctx context.Context, b batch) (outcome, error) {
+	var o outcome
 	live := make([]int, len(b.lanes)) // lanes still going
 	for i := range live {
 		live[i] = i
 	}
-	outage := false
 	for wave := 0; len(live) > 0; wave++ {
 		if ctx.Err() != nil || time.Now().After(b.deadline) {
 			break
@@ -51,7 +71,7 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 		errs := r.cfg.Publisher.Publish(ctx, msgs)
 		ackLatency, ackedAt := time.Since(pubStart), time.Now()
 		if errs != nil && len(errs) != len(msgs) {
-			return fmt.Errorf("publisher returned %d results for %d messages", len(errs), len(msgs))
+			return o, fmt.Errorf("publisher returned %d results for %d messages", len(errs), len(msgs))
 		}
 		cut := ctx.Err() != nil // shutdown timeout: failures are not the events' fault
 		next := live[:0]
@@ -59,23 +79,31 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 			ev := b.lanes[lane][wave]
 			if errs == nil || errs[j] == nil {
 				r.observePublish(ev, nil, false, ackLatency, ackedAt)
-				published = append(published, ev.ID)
+				o.published = append(o.published, ev.ID)
 				if wave+1 < len(b.lanes[lane]) {
 					next = append(next, lane)
 				}
 				continue
 			}
 			if !cut {
-				f := r.classify(ev, errs[j], &outage)
+				f := r.classify(ev, errs[j], &o.outage)
 				r.observePublish(ev, errs[j], f.quarantine, ackLatency, time.Time{})
-				failures = append(failures, f)
+				o.failures = append(o.failures, f)
 			}
 		}
 		live = next
 		if err := failpoint.Hit("relay/after-ack-before-mark"); err != nil {
-			return err
+			return o, err
 		}
 	}
+	return o, nil
+}
+
+// settleOutcome records a batch's outcome: marks, failure records, and the
+// release of every event that was not attempted.
+func (r *Relay) settleOutcome(ctx context.Context, b batch, o outcome) error {
+	published, failures, outage := o.published, o.failures, o.outage
+	var unsent []uuid.UUID
 	// Whatever was not attempted goes back to the table untouched.
 	for _, lane := range b.lanes {
 		if len(published)+len(failures) == b.total {

@@ -80,6 +80,11 @@ func Run(t *testing.T, d Destination) {
 	t.Run("OrderAcrossRetries", func(t *testing.T) { orderAcrossRetries(t, d) })
 	t.Run("Unavailable", func(t *testing.T) { unavailable(t, d) })
 	t.Run("PermanentAlone", func(t *testing.T) { permanentAlone(t, d) })
+	if op, ok := open(t, d.Open).Publisher.(outbox.OrderedPipeliner); ok && op.OrderedPipelining() {
+		t.Run("Pipelining", func(t *testing.T) { pipelining(t, d) })
+	} else {
+		t.Log("destinationtest: the publisher does not declare ordered pipelining: the Pipelining check is left out")
+	}
 	if d.OpenRestartable == nil {
 		t.Log("destinationtest: no OpenRestartable: the Restart check is left out")
 	} else {

@@ -44,6 +44,11 @@
 //     stopped and started again while batches are being published; every
 //     message that was reported as succeeded is there afterwards, and none
 //     failed as permanent.
+//   - Pipelining (when the publisher declares [outbox.OrderedPipeliner]):
+//     in one call holding two aggregates' runs of events, a refused message
+//     in the middle of a run fails, the run's later messages fail too and
+//     are not at the destination, and the rest arrive in sequence order.
+//     OrderAcrossRetries then also runs pipelined.
 //
 // The suite uses PostgreSQL (DATABASE_URL, default
 // postgres://postgres@127.0.0.1:5432/postgres) for the relay check, and the

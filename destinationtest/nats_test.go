@@ -55,9 +55,12 @@ func natsTarget(t *testing.T, js jetstream.JetStream) destinationtest.Target {
 		},
 		Unreachable: func(t *testing.T) outbox.Publisher {
 			srv := natstest.Embedded(t)
-			js := natstest.JetStream(t, natstest.Connect(t, srv.ClientURL()))
-			p := natstest.Publisher(t, js, cfg)
+			nc := natstest.Connect(t, srv.ClientURL())
+			p := natstest.Publisher(t, natstest.JetStream(t, nc), cfg)
 			srv.Shutdown()
+			for nc.IsConnected() { // the client notices the server is gone
+				time.Sleep(5 * time.Millisecond)
+			}
 			return p
 		},
 		Refuse: func(m outbox.Message) outbox.Message {

@@ -42,38 +42,69 @@ func fault(m outbox.Message) int {
 
 // faulty wraps p so that about a fifth of first attempts fail before they are
 // sent and another fifth after (a lost acknowledgement, which makes the relay
-// send the message again: a duplicate at the destination).
+// send the message again: a duplicate at the destination). When p declares
+// ordered pipelining, so does the wrapper, and it keeps the promise: after an
+// aggregate's first failure in a call, its later messages fail too, and
+// after a failure before sending they are not sent.
 func faulty(p outbox.Publisher) outbox.Publisher {
-	return outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []error {
-		errs := make([]error, len(msgs))
-		var send []outbox.Message
-		var at []int
-		for i, m := range msgs {
-			if fault(m) == faultRefused {
-				errs[i] = errors.New("destinationtest: injected failure before sending")
-				continue
-			}
-			send = append(send, m)
-			at = append(at, i)
+	f := &faultyPublisher{next: p}
+	if op, ok := p.(outbox.OrderedPipeliner); ok && op.OrderedPipelining() {
+		return faultyPipeliner{f}
+	}
+	return f
+}
+
+type faultyPublisher struct{ next outbox.Publisher }
+
+type faultyPipeliner struct{ *faultyPublisher }
+
+func (faultyPipeliner) OrderedPipelining() bool { return true }
+
+func (f *faultyPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	var send []outbox.Message
+	var at []int
+	unsent := map[string]bool{} // aggregates with a message refused before sending
+	for i, m := range msgs {
+		key := m.AggregateType + "/" + m.AggregateID
+		if unsent[key] {
+			errs[i] = errors.New("destinationtest: not sent after its aggregate's injected failure")
+			continue
 		}
-		if len(send) > 0 {
-			sent := p.Publish(ctx, send)
-			for k, i := range at {
-				if sent != nil {
-					errs[i] = sent[k]
-				}
-				if errs[i] == nil && fault(msgs[i]) == faultAckLost {
-					errs[i] = errors.New("destinationtest: injected loss of the acknowledgement")
-				}
+		if fault(m) == faultRefused {
+			errs[i] = errors.New("destinationtest: injected failure before sending")
+			unsent[key] = true
+			continue
+		}
+		send = append(send, m)
+		at = append(at, i)
+	}
+	if len(send) > 0 {
+		sent := f.next.Publish(ctx, send)
+		for k, i := range at {
+			if sent != nil {
+				errs[i] = sent[k]
+			}
+			if errs[i] == nil && fault(msgs[i]) == faultAckLost {
+				errs[i] = errors.New("destinationtest: injected loss of the acknowledgement")
 			}
 		}
-		for _, err := range errs {
-			if err != nil {
-				return errs
-			}
+	}
+	// Results per aggregate: successes, then only failures.
+	failed := map[string]bool{}
+	for i, m := range msgs {
+		key := m.AggregateType + "/" + m.AggregateID
+		if failed[key] && errs[i] == nil {
+			errs[i] = errors.New("destinationtest: reported failed after its aggregate's failure")
 		}
-		return nil
-	})
+		failed[key] = failed[key] || errs[i] != nil
+	}
+	for _, err := range errs {
+		if err != nil {
+			return errs
+		}
+	}
+	return nil
 }
 
 // orderAcrossRetries runs a real relay over a schema of the test's own: the

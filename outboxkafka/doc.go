@@ -27,9 +27,15 @@
 //
 // The record key is the aggregate id and the partitioner hashes the key
 // (kgo.StickyKeyPartitioner, the Java client's murmur2), so all events of an
-// aggregate land on one partition, in the order they were acknowledged. The
-// relay publishes an aggregate's event k+1 only after k was acknowledged, so
-// each partition holds each aggregate's events in sequence order, and
+// aggregate land on one partition. The publisher declares ordered
+// pipelining (outbox.OrderedPipeliner): the relay hands it an aggregate's
+// claimed events k, k+1, ... in one call, and they are produced in that
+// order by the idempotent producer, which the broker holds to per-partition
+// sequence numbers; when a record fails, the client fails every record
+// buffered behind it in its partition, so a failed k is never followed by a
+// stored k+1. Each partition therefore holds each aggregate's events in
+// sequence order (first deliveries; a retried event may come again later),
+// a busy aggregate does not wait for one acknowledgement per event, and
 // consumers scale out by partition (a consumer group).
 //
 // # Record format

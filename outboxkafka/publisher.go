@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -81,9 +82,21 @@ type Publisher struct {
 }
 
 var (
-	_ outbox.Publisher = (*Publisher)(nil)
-	_ outbox.Prober    = (*Publisher)(nil)
+	_ outbox.Publisher        = (*Publisher)(nil)
+	_ outbox.Prober           = (*Publisher)(nil)
+	_ outbox.OrderedPipeliner = (*Publisher)(nil)
 )
+
+// OrderedPipelining reports true: the relay may pass an aggregate's
+// consecutive events in one Publish call (see outbox.OrderedPipeliner).
+// They are produced in that order to one partition by an idempotent
+// producer: the broker refuses a record whose sequence number does not
+// follow the last one it stored, and when a record fails the client fails
+// every record buffered behind it in the partition, so a failed event is
+// never followed by a stored successor. An event that fails before it is
+// produced (over MaxRecordBytes, an invalid topic) takes the later events of
+// its aggregate in the call with it, unsent.
+func (p *Publisher) OrderedPipelining() bool { return true }
 
 // NewPublisher creates a Kafka client for cfg.Brokers with acks=all,
 // idempotent writes and the key partitioner (the record key is the
@@ -129,6 +142,8 @@ func (p *Publisher) Client() *kgo.Client { return p.client }
 // Close closes the client; messages still in flight fail as unavailable.
 func (p *Publisher) Close() { p.client.Close() }
 
+type aggregate struct{ typ, id string }
+
 type result struct {
 	i   int
 	err error
@@ -161,10 +176,20 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	done := make(chan result, len(msgs)) // buffered: a late promise never blocks
 	sent := make([]bool, len(msgs))
 	pending := 0
+	var stopped map[aggregate]uuid.UUID // aggregates whose event failed before it was produced
 	for i := range msgs {
+		agg := aggregate{msgs[i].AggregateType, msgs[i].AggregateID}
+		if before, ok := stopped[agg]; ok {
+			errs[i] = fmt.Errorf("outboxkafka: event %s not produced: event %s of its aggregate, before it in the call, failed", msgs[i].ID, before)
+			continue
+		}
 		r, err := p.record(&msgs[i])
 		if err != nil {
 			errs[i] = err
+			if stopped == nil {
+				stopped = map[aggregate]uuid.UUID{}
+			}
+			stopped[agg] = msgs[i].ID
 			continue
 		}
 		if ctx.Err() != nil {

@@ -29,6 +29,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "failed attempts after which an event is quarantined")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", outbox.ShutdownTimeoutDefault, "how long to finish in-flight publishes on shutdown")
 	fs.BoolVar(&cfg.DisableNotify, "no-notify", false, "do not LISTEN for wake-ups; only poll")
+	fs.BoolVar(&cfg.DisablePipelining, "no-pipelining", false, "publish one event per aggregate per broker round trip even to a destination that declares ordered pipelining (Kafka)")
 	fs.BoolVar(&cfg.DisableClaimAhead, "no-claim-ahead", false, "do not claim the next batch while one is being published")
 	fs.DurationVar(&cfg.CatchUpInterval, "catch-up-interval", outbox.CatchUpIntervalDefault, "shortest time between two claims while the relay keeps up with the writers (negative: none)")
 	migrate := fs.Bool("migrate", false, "apply migrations before starting")
