@@ -147,3 +147,14 @@ func (b *bench) count(t *testing.T) int {
 	}
 	return q.Messages
 }
+
+// reconnect opens the bench's consumer channel again (after a restart of
+// its broker).
+func (b *bench) reconnect(t *testing.T) {
+	t.Helper()
+	ch, err := rabbittest.Conn(t, b.url).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.ch = ch
+}

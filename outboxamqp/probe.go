@@ -23,7 +23,9 @@ func (p *Publisher) Probe(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outboxamqp: probe: %w", err)
 	}
-	err = rpc(ctx, s.conn, func() error { return s.ch.ExchangeDeclarePassive(p.cfg.Exchange, "topic", true, false, false, false, nil) })
+	err = rpc(ctx, s.conn, func() error {
+		return s.ch.ExchangeDeclarePassive(p.cfg.Exchange, "topic", true, false, false, false, nil)
+	})
 	p.release(s, err == nil)
 	if err != nil {
 		err = fmt.Errorf("outboxamqp: probe: exchange %q: %w", p.cfg.Exchange, err)
