@@ -4,6 +4,7 @@ package destination
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/url"
@@ -31,7 +32,7 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port, or kafka://host:port[,host:port][?topic=outbox.{aggregate_type}] (env OUTBOX_DESTINATION)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port, kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], or amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (password: in the URL or env OUTBOX_AMQP_PASSWORD) (env OUTBOX_DESTINATION)")
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
@@ -77,7 +78,13 @@ func OpenWait(ctx context.Context, o Options, retry func(ctx context.Context, er
 	}
 	u, err := url.Parse(o.URL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("destination %q: %w", o.URL, err)
+		// Neither the URL nor url.Error (which repeats it) is printed: it
+		// may hold a password.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, nil, fmt.Errorf("destination URL: %w", err)
 	}
 	switch u.Scheme {
 	case "nats", "tls":
@@ -117,8 +124,10 @@ func OpenWait(ctx context.Context, o Options, retry func(ctx context.Context, er
 		}
 	case "kafka":
 		return openKafka(ctx, o, retry)
+	case "amqp", "amqps":
+		return openAMQP(ctx, o, retry)
 	default:
-		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats, kafka)", o.URL, u.Scheme)
+		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats, kafka, amqp)", o.URL, u.Scheme)
 	}
 }
 
