@@ -14,6 +14,9 @@ import (
 // exchange does not exist. It implements outbox.Prober, which a relay uses
 // to leave an outage while it has nothing to publish.
 func (p *Publisher) Probe(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("outboxamqp: probe: %w", context.Cause(ctx))
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.cfg.ConfirmTimeout)

@@ -360,10 +360,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	if len(msgs) == 0 {
 		return nil
 	}
+	errs := make([]error, len(msgs))
+	if ctx.Err() != nil { // ended before anything was sent: the connection stays
+		for i := range msgs {
+			errs[i] = ctxError(ctx, p, msgs[i])
+		}
+		return errs
+	}
 	ctx, cancel := context.WithTimeoutCause(ctx, p.cfg.ConfirmTimeout,
 		fmt.Errorf("no confirmation within %s", p.cfg.ConfirmTimeout))
 	defer cancel()
-	errs := make([]error, len(msgs))
 	pubs := make([]amqp.Publishing, len(msgs))
 	keys := make([]string, len(msgs))
 	todo := 0

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -315,5 +317,49 @@ func TestCanceledContext(t *testing.T) {
 	errs := p.Publish(ctx, []outbox.Message{event("o-1", 1)})
 	if len(errs) != 1 || !errors.Is(errs[0], context.Canceled) || outbox.IsUnavailable(errs[0]) || outbox.IsPermanent(errs[0]) {
 		t.Fatalf("Publish with a canceled context: %v", errs)
+	}
+}
+
+// TestCloseLeavesNoGoroutines: after publishing (with a returned message
+// and a channel abandoned by a canceled call), probing and Close, the
+// publisher's goroutines are gone. Not parallel: it counts goroutines.
+func TestCloseLeavesNoGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	func() {
+		p, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: rabbittest.URL(), Exchange: rabbittest.UniqueName("outboxtest-x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		ctx := testCtx(t)
+		if err := p.Probe(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lost := event("o-1", 1)
+		lost.AggregateType = "lost"
+		if errs := p.Publish(ctx, []outbox.Message{lost}); len(errs) != 1 || !outbox.IsPermanent(errs[0]) {
+			t.Fatalf("Publish: %v", errs)
+		}
+		short, cancel := context.WithTimeout(ctx, time.Microsecond)
+		defer cancel()
+		<-short.Done()
+		_ = p.Publish(short, []outbox.Message{lost})
+		var wg sync.WaitGroup
+		for i := 0; i < 4; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = p.Publish(ctx, []outbox.Message{lost})
+			}()
+		}
+		wg.Wait()
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines after Close, %d before:\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(20 * time.Millisecond) // goroutines end on their own; nothing signals it
 	}
 }

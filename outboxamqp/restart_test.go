@@ -26,6 +26,7 @@ func TestBrokerRestart(t *testing.T) {
 		stored  = map[string]bool{}
 		okCalls int // calls in which every message was stored
 		failed  int // messages that failed
+		unavail int // of which unavailable
 	)
 	progress := make(chan struct{}, 1) // a call finished
 	ctx, stop := context.WithCancel(context.Background())
@@ -51,6 +52,9 @@ func TestBrokerRestart(t *testing.T) {
 					return
 				}
 				failed++
+				if outbox.IsUnavailable(err) {
+					unavail++
+				}
 			}
 			for i := range msgs {
 				if errs == nil || errs[i] == nil {
@@ -107,9 +111,32 @@ func TestBrokerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A memory alarm blocks publishing connections: the messages are not
+	// confirmed and fail as unavailable, until the alarm clears.
+	node.Ctl("set_vm_memory_high_watermark", "0")
+	errs := p.Publish(context.Background(), []outbox.Message{event("alarm-1", 1), event("alarm-2", 1)})
+	if len(errs) != 2 || !outbox.IsUnavailable(errs[0]) || !outbox.IsUnavailable(errs[1]) {
+		t.Errorf("Publish during a memory alarm: %v, want unavailable", errs)
+	}
+	node.Ctl("set_vm_memory_high_watermark", "0.4")
+	alarmDone := time.Now().Add(20 * time.Second)
+	for {
+		errs := p.Publish(context.Background(), []outbox.Message{event("after-alarm", 1)})
+		if errs == nil {
+			break
+		}
+		if !outbox.IsUnavailable(errs[0]) || time.Now().After(alarmDone) {
+			t.Fatalf("Publish after the memory alarm cleared: %v", errs)
+		}
+		time.Sleep(50 * time.Millisecond) // the broker unblocks the connection on its own
+	}
+
 	b.reconnect(t)
 	mu.Lock()
 	defer mu.Unlock()
+	if unavail == 0 {
+		t.Errorf("none of the %d failures during the outage was unavailable", failed)
+	}
 	if n := b.count(t); n < len(stored) {
 		t.Errorf("queue holds %d messages, Publish reported %d stored", n, len(stored))
 	}
@@ -122,5 +149,5 @@ func TestBrokerRestart(t *testing.T) {
 			t.Errorf("event %s was reported stored but is not in the queue", id)
 		}
 	}
-	t.Logf("%d messages stored, %d failed during the outage", len(stored), failed)
+	t.Logf("%d messages stored, %d failed during the outage (%d unavailable, the others retryable)", len(stored), failed, unavail)
 }

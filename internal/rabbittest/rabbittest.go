@@ -181,6 +181,20 @@ func (n *Node) Stop() {
 	n.t.Logf("RabbitMQ node %s stopped after %s", n.name, time.Since(began).Round(time.Millisecond))
 }
 
+// Ctl runs rabbitmqctl against the node (for instance
+// "set_vm_memory_high_watermark", "0" to raise a memory alarm) and returns
+// its output; it fails the test if the command fails.
+func (n *Node) Ctl(args ...string) string {
+	n.t.Helper()
+	cmd := exec.Command(filepath.Join(filepath.Dir(Server), "rabbitmqctl"), append([]string{"-n", n.name}, args...)...)
+	cmd.Env = append(os.Environ(), "HOME="+n.dir, "RABBITMQ_CONF_ENV_FILE="+filepath.Join(n.dir, "rabbitmq-env.conf"), "ERL_EPMD_ADDRESS=127.0.0.1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		n.t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
 func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
