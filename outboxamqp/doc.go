@@ -30,7 +30,11 @@
 // "{aggregate_type}" and "{aggregate_id}" are replaced by the event's (see
 // [RoutingKey]); bind queues with keys such as "outbox.order" or
 // "outbox.#". The publisher declares no queues: what is stored, and where,
-// is the bindings' business.
+// is the bindings' business. Bind the queues before the relay publishes: a
+// message no queue is bound for fails as permanent (see below), and the
+// relay quarantines it. A deleted exchange is not declared again while the
+// connection lasts (its bindings went with it): publishing fails as
+// unavailable until it is back.
 //
 // # Message format
 //

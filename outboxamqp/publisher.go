@@ -229,6 +229,8 @@ func (p *Publisher) connectLocked(ctx context.Context) error {
 	if timeout <= 0 {
 		return p.unavailable(fmt.Errorf("connect: %w", context.Cause(ctx)))
 	}
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("outbox relay")
 	conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
 		Dial: func(network, addr string) (net.Conn, error) {
 			d := net.Dialer{Timeout: timeout}
@@ -239,7 +241,7 @@ func (p *Publisher) connectLocked(ctx context.Context) error {
 			// Bounds TLS and the AMQP handshake; amqp091 clears it after.
 			return c, c.SetDeadline(time.Now().Add(timeout))
 		},
-		Properties: amqp.Table{"connection_name": "outbox relay"},
+		Properties: props,
 	})
 	if err != nil {
 		return p.unavailable(fmt.Errorf("connect: %w", err))
@@ -376,7 +378,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 	for i := range msgs {
 		pub, key, err := encode(&msgs[i], p.cfg.RoutingKey, p.cfg.Source)
 		if err == nil {
-			if n := size(&pub, key); n > p.cfg.MaxMessageBytes {
+			if verr := pub.Headers.Validate(); verr != nil {
+				err = outbox.Permanent(fmt.Errorf("outboxamqp: event %s: application properties: %w", msgs[i].ID, verr))
+			} else if n := size(&pub, key); n > p.cfg.MaxMessageBytes {
 				err = outbox.Permanent(fmt.Errorf("outboxamqp: event %s: message of about %d bytes (body and properties) exceeds MaxMessageBytes %d",
 					msgs[i].ID, n, p.cfg.MaxMessageBytes))
 			}
