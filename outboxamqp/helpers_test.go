@@ -64,6 +64,13 @@ type bench struct {
 // binding key, and returns both.
 func setup(t *testing.T, url string, cfg outboxamqp.Config, bindings ...string) (*outboxamqp.Publisher, *bench) {
 	t.Helper()
+	return setupQueue(t, url, cfg, true, bindings...)
+}
+
+// setupQueue is setup with a quorum queue, or a classic durable one (which,
+// unlike a quorum queue, keeps only persistent messages across a restart).
+func setupQueue(t *testing.T, url string, cfg outboxamqp.Config, quorum bool, bindings ...string) (*outboxamqp.Publisher, *bench) {
+	t.Helper()
 	b := &bench{url: url, exchange: rabbittest.UniqueName("outboxtest-x"), queue: rabbittest.UniqueName("outboxtest-q")}
 	cfg.URL, cfg.Exchange = url, b.exchange
 	p, err := outboxamqp.NewPublisher(cfg)
@@ -80,7 +87,11 @@ func setup(t *testing.T, url string, cfg outboxamqp.Config, bindings ...string) 
 		t.Fatal(err)
 	}
 	b.ch = ch
-	if _, err := ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+	args := amqp.Table{"x-queue-type": "classic"}
+	if quorum {
+		args = amqp.Table{"x-queue-type": "quorum"}
+	}
+	if _, err := ch.QueueDeclare(b.queue, true, false, false, false, args); err != nil {
 		// quorum queues need RabbitMQ 3.8 and a node that allows them;
 		// a classic durable queue gives the same guarantee on one node.
 		if ch, err = conn.Channel(); err != nil {

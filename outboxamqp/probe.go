@@ -24,7 +24,7 @@ func (p *Publisher) Probe(ctx context.Context) error {
 	}
 	s, err := p.session(ctx)
 	if err != nil {
-		return fmt.Errorf("outboxamqp: probe: %w", err)
+		return err // unavailable, naming the broker
 	}
 	err = rpc(ctx, s.conn, func() error {
 		return s.ch.ExchangeDeclarePassive(p.cfg.Exchange, "topic", true, false, false, false, nil)

@@ -19,7 +19,9 @@ import (
 // reconnects by itself on a later Publish.
 func TestBrokerRestart(t *testing.T) {
 	node := rabbittest.Start(t)
-	p, b := setup(t, node.URL(), outboxamqp.Config{ConfirmTimeout: 3 * time.Second, DialTimeout: time.Second}, "outbox.order")
+	// A classic durable queue: it keeps a message across the restart only
+	// if it was published persistent.
+	p, b := setupQueue(t, node.URL(), outboxamqp.Config{ConfirmTimeout: 3 * time.Second, DialTimeout: time.Second}, false, "outbox.order")
 
 	var (
 		mu      sync.Mutex
