@@ -73,7 +73,9 @@ func amqpTarget(t *testing.T, url string) destinationtest.Target {
 	})
 	return destinationtest.Target{
 		Publisher: p,
-		Read:      func(ctx context.Context, n int) ([]destinationtest.Delivery, error) { return readQueue(ctx, url, queue, n) },
+		Read: func(ctx context.Context, n int) ([]destinationtest.Delivery, error) {
+			return readQueue(ctx, url, queue, n)
+		},
 		Unreachable: func(t *testing.T) outbox.Publisher {
 			l, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
