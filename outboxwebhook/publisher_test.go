@@ -112,6 +112,18 @@ func TestRotation(t *testing.T) {
 	}
 }
 
+// TestRotationReceiver: a receiver that lists the old and the new secret
+// accepts a sender that signs with the new one only.
+func TestRotationReceiver(t *testing.T) {
+	t.Parallel()
+	oldS, newS := newSecret(t), newSecret(t)
+	s := newSink(t, oldS, newS)
+	p := publisher(t, outboxwebhook.Config{URL: s.srv.URL, Secrets: []string{newS}})
+	if err := publishOne(t, p, message("o-1", 1)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSecretsFromEnv: without Config.Secrets the publisher signs with the
 // secrets of OUTBOX_WEBHOOK_SECRET.
 func TestSecretsFromEnv(t *testing.T) {
