@@ -31,7 +31,7 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port, or kafka://host:port[,host:port][?topic=outbox.{aggregate_type}] (env OUTBOX_DESTINATION)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port, kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], or an http(s):// webhook URL (secret in OUTBOX_WEBHOOK_SECRET) (env OUTBOX_DESTINATION)")
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
@@ -117,8 +117,10 @@ func OpenWait(ctx context.Context, o Options, retry func(ctx context.Context, er
 		}
 	case "kafka":
 		return openKafka(ctx, o, retry)
+	case "http", "https":
+		return openWebhook(ctx, o, retry)
 	default:
-		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats, kafka)", o.URL, u.Scheme)
+		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats, kafka, http, https)", o.URL, u.Scheme)
 	}
 }
 
