@@ -2,9 +2,16 @@ package outboxwebhook_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -226,5 +233,55 @@ func TestTLSCustomCA(t *testing.T) {
 	}
 	if _, err := outboxwebhook.NewPublisher(outboxwebhook.Config{URL: srv.URL, Secrets: []string{secret}, CAFile: filepath.Join(t.TempDir(), "none.pem")}); err == nil {
 		t.Fatal("a missing CA file is accepted")
+	}
+}
+
+// TestTLSClientCertificate: an endpoint that requires a client certificate
+// accepts the publisher with CertFile and KeyFile, and fails it without.
+func TestTLSClientCertificate(t *testing.T) {
+	t.Parallel()
+	secret := newSecret(t)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "outbox relay"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	clients := x509.NewCertPool()
+	clients.AddCert(cert)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	srv.TLS = &tls.Config{ClientCAs: clients, ClientAuth: tls.RequireAndVerifyClientCert}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	ca := writeCA(t, srv)
+	with := publisher(t, outboxwebhook.Config{URL: srv.URL, Secrets: []string{secret}, CAFile: ca, CertFile: certFile, KeyFile: keyFile})
+	if err := publishOne(t, with, message("o-1", 1)); err != nil {
+		t.Fatalf("with the client certificate: %v", err)
+	}
+	without := publisher(t, outboxwebhook.Config{URL: srv.URL, Secrets: []string{secret}, CAFile: ca})
+	if err := publishOne(t, without, message("o-1", 1)); err == nil {
+		t.Fatal("accepted without a client certificate")
 	}
 }
