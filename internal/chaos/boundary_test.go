@@ -260,7 +260,7 @@ func TestBoundaryCleanupMidBatch(t *testing.T) {
 		d.Do(ctx, &Command{Kind: Cancel, OrderID: id})
 	}
 	d.Run(ctx, 1, 0, 20)
-	if _, err := WaitConverged(ctx, e.pool, e.js, e.where); err != nil {
+	if _, err := WaitConverged(ctx, e.pool, e.dest, e.where); err != nil {
 		t.Fatal(err)
 	}
 	if n := count("event_type = 'OrderCancelled' AND aggregate_sequence = 2 AND aggregate_id = ANY('{" + strings.Join(old, ",") + "}')"); n != int64(len(old)) {
