@@ -103,7 +103,7 @@ func runInventory(ctx context.Context, args []string) error {
 	appSchema := appSchemaFlag(fs)
 	var cfg inventory.Config
 	fs.StringVar(&cfg.Durable, "durable", cli.Env("INVENTORY_DURABLE", inventory.DurableDefault), "JetStream durable consumer name, or Kafka consumer group (env INVENTORY_DURABLE)")
-	fs.IntVar(&cfg.Workers, "workers", inventory.WorkersDefault, "messages processed at once")
+	fs.IntVar(&cfg.Workers, "workers", inventory.WorkersDefault, "messages processed at once (NATS), or partitions (Kafka)")
 	fs.DurationVar(&cfg.AckWait, "ack-wait", inventory.AckWaitDefault, "how long JetStream waits for an ack before redelivering (and the bound on handling one event)")
 	fs.DurationVar(&cfg.SessionTimeout, "session-timeout", inventory.SessionTimeoutDefault, "Kafka: how long the group waits for a silent member before moving its partitions")
 	if err := cli.Parse(fs, args); err != nil {

@@ -76,8 +76,8 @@ type Config struct {
 	// InboxConsumer is the consumer name in the inbox tables. Defaults to
 	// InboxConsumerDefault.
 	InboxConsumer string
-	// Workers is how many messages are processed at once. Defaults to
-	// WorkersDefault.
+	// Workers is how many messages (NATS), or partitions (Kafka), are
+	// processed at once. Defaults to WorkersDefault.
 	Workers int
 	// AckWait is how long JetStream waits for an ack before redelivering;
 	// it also bounds the handling of one delivery. Defaults to
