@@ -10,6 +10,7 @@
 //	cd bench && go run . --long     # a 1,000,000-event backlog
 //	cd bench && go run . --json     # one JSON object per scenario
 //	cd bench && go run . --only soak  # writers and relay together, 10 minutes
+//	cd bench && go run . --only destinations  # each destination beside a naive publisher
 //
 // Every scenario uses its own PostgreSQL schema (or database) and its own
 // JetStream stream, and removes them when it ends. Progress goes to stderr;
@@ -102,7 +103,7 @@ func quickSizes() sizes {
 }
 
 // groups in the order they run by default.
-var allGroups = []string{"write", "relay", "latency", "scale", "history", "blocked", "idle"}
+var allGroups = []string{"write", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
 
 // extraGroups run only when named with --only: they take long.
 var extraGroups = []string{"soak"}
@@ -242,6 +243,8 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchRelay(ctx, e)
 		case "latency":
 			rs, err = benchLatency(ctx, e)
+		case "destinations":
+			rs, err = benchDestinations(ctx, e)
 		case "scale":
 			rs, err = benchScale(ctx, e)
 		case "history":
