@@ -34,6 +34,12 @@ func TestQuickRun(t *testing.T) {
 		"latency/write-16c/wakeup-off", "latency/write-16c/wakeup-notifier", "latency/write-16c/wakeup-in-tx",
 		"scale/1-relay-processes", "scale/2-relay-processes", "scale/4-relay-processes", "memory/relay-peak-rss",
 		"history/0-published-rows", "history/50k-published-rows", "idle/relay-queries-per-sec",
+		"dest/nats/relay-ours", "dest/kafka/relay-ours", "dest/kafka/ours-10-hot-aggregates",
+	}
+	for _, d := range destinations {
+		for _, sc := range []string{"relay-ours", "relay-naive", "commit-to-ack-wakeup", "ours-10-hot-aggregates", "naive-10-hot-aggregates"} {
+			want = append(want, "dest/"+d.name+"/"+sc)
+		}
 	}
 	got := map[string]bool{}
 	for _, r := range results {
