@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -57,6 +59,14 @@ var destinations = []destination{
 	{name: "nats", latencyTarget: true, note: "the machine's NATS JetStream server, a stream of the run's own (file storage)",
 		open: openNATS},
 	{name: "kafka", pipelines: true, latencyTarget: true, note: kafkaNote, open: openKafka},
+}
+
+func destinationNames() string {
+	var names []string
+	for _, d := range destinations {
+		names = append(names, d.name)
+	}
+	return strings.Join(names, ",")
 }
 
 func openNATS(ctx context.Context, e *env, s space) (*target, error) {
@@ -248,6 +258,9 @@ func destDrain(ctx context.Context, e *env, d destination, name, kind string, n,
 func benchDestinations(ctx context.Context, e *env) ([]Result, error) {
 	var out []Result
 	for _, d := range destinations {
+		if e.o.dests != nil && !slices.Contains(e.o.dests, d.name) {
+			continue
+		}
 		rs, err := benchDestination(ctx, e, d)
 		out = append(out, rs...)
 		if err != nil {

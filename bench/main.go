@@ -11,6 +11,7 @@
 //	cd bench && go run . --json     # one JSON object per scenario
 //	cd bench && go run . --only soak  # writers and relay together, 10 minutes
 //	cd bench && go run . --only destinations  # each destination beside a naive publisher
+//	cd bench && go run . --only destinations --destinations kafka
 //
 // Every scenario uses its own PostgreSQL schema (or database) and its own
 // JetStream stream, and removes them when it ends. Progress goes to stderr;
@@ -113,6 +114,7 @@ type options struct {
 	skipPeer, tuneBatch     bool
 	syncCommit              bool
 	only                    []string
+	dests                   []string // destinations group: which destinations (nil: all)
 	databaseURL, natsURL    string
 	explainFile, jsonOut    string
 	cpuProfile              string
@@ -132,6 +134,8 @@ func main() {
 	fs.BoolVar(&o.syncCommit, "sync-commit", false, "run every relay with synchronous_commit on (outbox relay --sync-commit)")
 	fs.StringVar(&only, "only", "", "comma-separated groups to run: "+strings.Join(allGroups, ",")+
 		" (the default), and "+strings.Join(extraGroups, ",")+" (only when named)")
+	var dests string
+	fs.StringVar(&dests, "destinations", "", "destinations group: comma-separated destinations to run (default all: "+destinationNames()+")")
 	var soak soakSizes
 	fs.DurationVar(&soak.duration, "soak-duration", 0, "soak: how long writers and relay run together (default 10m, --quick 6s)")
 	fs.IntVar(&soak.rate, "soak-rate", 0, "soak: events/s offered by the writers, one event per transaction (default 1000)")
@@ -162,6 +166,15 @@ func main() {
 		for _, g := range o.only {
 			if !slices.Contains(allGroups, g) && !slices.Contains(extraGroups, g) {
 				fmt.Fprintf(os.Stderr, "bench: unknown group %q (groups: %s)\n", g, strings.Join(append(allGroups, extraGroups...), ","))
+				os.Exit(2)
+			}
+		}
+	}
+	if dests != "" {
+		o.dests = strings.Split(dests, ",")
+		for _, d := range o.dests {
+			if !slices.ContainsFunc(destinations, func(x destination) bool { return x.name == d }) {
+				fmt.Fprintf(os.Stderr, "bench: unknown destination %q (destinations: %s)\n", d, destinationNames())
 				os.Exit(2)
 			}
 		}
