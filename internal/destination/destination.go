@@ -4,6 +4,7 @@ package destination
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/url"
@@ -31,7 +32,7 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port, or kafka://host:port[,host:port][?topic=outbox.{aggregate_type}] (env OUTBOX_DESTINATION)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port[?stream=OUTBOX&subject_prefix=outbox], or kafka://host:port[,host:port][?topic=outbox.{aggregate_type}] (env OUTBOX_DESTINATION; a password in it is never printed)")
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
@@ -54,7 +55,7 @@ func ConnectNATS(rawURL, name string) (*nats.Conn, error) {
 	nc, err := nats.Connect(rawURL, nats.Name(name), nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS %s: %w", rawURL, err)
+		return nil, fmt.Errorf("connect to NATS %s: %w", outboxnats.Redact(rawURL), err)
 	}
 	return nc, nil
 }
@@ -77,49 +78,94 @@ func OpenWait(ctx context.Context, o Options, retry func(ctx context.Context, er
 	}
 	u, err := url.Parse(o.URL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("destination %q: %w", o.URL, err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its message repeats the URL, password and all
+		}
+		return nil, nil, fmt.Errorf("destination %s: %w", Redact(o.URL), err)
 	}
 	switch u.Scheme {
 	case "nats", "tls":
-		// The connection is made (and remade) in the background: a server
-		// that is not up yet is waited for, not an error.
-		nc, err := ConnectNATS(o.URL, "outbox-relay")
-		if err != nil {
-			return nil, nil, err
-		}
-		js, err := jetstream.New(nc)
-		if err != nil {
-			nc.Close()
-			return nil, nil, fmt.Errorf("jetstream: %w", err)
-		}
-		for {
-			var p *outboxnats.Publisher
-			if nc.IsConnected() {
-				p, err = outboxnats.NewPublisher(ctx, js, o.NATSConfig())
-				if err == nil {
-					return p, func() { _ = nc.Drain() }, nil
-				}
-			} else {
-				// NewPublisher would wait for its stream look-up to time out.
-				err = fmt.Errorf("NATS at %s: connection is %s", u.Host, strings.ToLower(nc.Status().String()))
-				if last := nc.LastError(); last != nil {
-					err = fmt.Errorf("%w: %w", err, last)
-				}
-				err = outbox.Unavailable(err)
-			}
-			if retry != nil && outbox.IsUnavailable(err) && ctx.Err() == nil {
-				err = retry(ctx, err)
-			}
-			if err != nil {
-				nc.Close()
-				return nil, nil, err
-			}
-		}
+		return openNATS(ctx, o, retry)
 	case "kafka":
 		return openKafka(ctx, o, retry)
 	default:
-		return nil, nil, fmt.Errorf("destination %q: unsupported scheme %q (supported: nats, kafka)", o.URL, u.Scheme)
+		return nil, nil, fmt.Errorf("destination %s: unsupported scheme %q (supported: nats, kafka)", Redact(o.URL), u.Scheme)
 	}
+}
+
+// openNATS opens a JetStream publisher (outboxnats) and waits, as OpenWait
+// does, until the server answers and the stream is there. The URL's query
+// parameters (stream, subject_prefix, source, duplicate_window, ...) win
+// over the flags.
+func openNATS(ctx context.Context, o Options, retry func(ctx context.Context, err error) error) (outbox.Publisher, func(), error) {
+	server, fromURL, err := outboxnats.ParseURL(o.URL)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := o.NATSConfig()
+	if fromURL.Stream != "" {
+		cfg.Stream = fromURL.Stream
+	}
+	if fromURL.SubjectPrefix != "" {
+		cfg.SubjectPrefix = fromURL.SubjectPrefix
+	}
+	if fromURL.Source != "" {
+		cfg.Source = fromURL.Source
+	}
+	if fromURL.DuplicateWindow != 0 {
+		cfg.DuplicateWindow = fromURL.DuplicateWindow
+	}
+	cfg.AckTimeout, cfg.MaxPending = fromURL.AckTimeout, fromURL.MaxPending
+	// The connection is made (and remade) in the background: a server
+	// that is not up yet is waited for, not an error.
+	nc, err := ConnectNATS(server, "outbox-relay")
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	for {
+		var p *outboxnats.Publisher
+		if nc.IsConnected() {
+			p, err = outboxnats.NewPublisher(ctx, js, cfg)
+			if err == nil {
+				return p, func() { _ = nc.Drain() }, nil
+			}
+		} else {
+			// NewPublisher would wait for its stream look-up to time out.
+			err = fmt.Errorf("NATS at %s: connection is %s", outboxnats.Redact(server), strings.ToLower(nc.Status().String()))
+			if last := nc.LastError(); last != nil {
+				err = fmt.Errorf("%w: %w", err, last)
+			}
+			err = outbox.Unavailable(err)
+		}
+		if retry != nil && outbox.IsUnavailable(err) && ctx.Err() == nil {
+			err = retry(ctx, err)
+		}
+		if err != nil {
+			nc.Close()
+			return nil, nil, err
+		}
+	}
+}
+
+// Redact returns a destination URL with any password or token replaced by
+// "xxxxx", for logs and errors.
+func Redact(raw string) string {
+	if strings.HasPrefix(raw, "nats://") || strings.HasPrefix(raw, "tls://") {
+		return outboxnats.Redact(raw) // a user alone is a token
+	}
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	if scheme, _, ok := strings.Cut(raw, "://"); ok {
+		return scheme + "://(unparsable URL, not shown)"
+	}
+	return "(unparsable URL, not shown)"
 }
 
 // openKafka opens a Kafka publisher (outboxkafka) and waits, as OpenWait

@@ -1,0 +1,103 @@
+package outboxnats
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ParseURL splits a destination URL into the NATS server URL to connect to
+// and the Config its query describes:
+//
+//	nats://host:4222?stream=OUTBOX&subject_prefix=outbox&source=/shop&duplicate_window=2m&ack_timeout=10s&max_pending=1024
+//
+// The scheme is nats or tls (TLS to the server); user and password, or a
+// token, in the URL are passed to the NATS client as they are, and errors
+// never repeat the password. The host part may list several servers,
+// separated by commas. Every query parameter is optional and sets the
+// Config field of its name, with the same defaults; unknown parameters are
+// refused. The server URL returned has no query.
+func ParseURL(raw string) (server string, cfg Config, err error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok || (scheme != "nats" && scheme != "tls") {
+		return "", cfg, fmt.Errorf("outboxnats: destination URL: scheme %q, want nats://host:port or tls://host:port", scheme)
+	}
+	hosts, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		hosts, tail = rest[:i], rest[i:]
+	}
+	server = scheme + "://" + hosts
+	shown := Redact(server)
+	u, err := url.Parse("nats://h" + tail)
+	if err != nil {
+		return "", cfg, fmt.Errorf("outboxnats: destination %s: %w", shown, err)
+	}
+	if (u.Path != "" && u.Path != "/") || u.Fragment != "" {
+		return "", cfg, fmt.Errorf("outboxnats: destination %s: unexpected path or fragment (stream and subjects are query parameters)", shown)
+	}
+	if hosts == "" || strings.HasSuffix(hosts, "@") {
+		return "", cfg, fmt.Errorf("outboxnats: destination %s: no server address", shown)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return "", cfg, fmt.Errorf("outboxnats: destination %s: query: %w", shown, err)
+	}
+	for k, vs := range q {
+		v := vs[len(vs)-1]
+		var err error
+		switch k {
+		case "stream":
+			err = validateStreamName(v)
+			cfg.Stream = v
+		case "subject_prefix":
+			err = validatePrefix(v)
+			cfg.SubjectPrefix = v
+		case "source":
+			cfg.Source = v
+		case "duplicate_window":
+			cfg.DuplicateWindow, err = positiveDuration(v)
+		case "ack_timeout":
+			cfg.AckTimeout, err = positiveDuration(v)
+		case "max_pending":
+			cfg.MaxPending, err = strconv.Atoi(v)
+			if err == nil && cfg.MaxPending < 1 {
+				err = errors.New("not a positive number")
+			}
+		default:
+			err = errors.New("unknown parameter (known: stream, subject_prefix, source, duplicate_window, ack_timeout, max_pending)")
+		}
+		if err != nil {
+			return "", Config{}, fmt.Errorf("outboxnats: destination %s: %s=%q: %w", shown, k, v, err)
+		}
+	}
+	return server, cfg, nil
+}
+
+// Redact returns a NATS URL (or comma-separated list) with any password or
+// token in it replaced by "xxxxx", for logs and errors.
+func Redact(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return raw
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return raw
+	}
+	user, _, hasPass := strings.Cut(rest[:at], ":")
+	if !hasPass {
+		return scheme + "://xxxxx" + rest[at:] // a token
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
+}
+
+func positiveDuration(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err == nil && d <= 0 {
+		err = errors.New("not a positive duration")
+	}
+	return d, err
+}
