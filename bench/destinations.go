@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -101,9 +103,46 @@ func openKafka(ctx context.Context, e *env, s space) (*target, error) {
 		check: func(ctx context.Context, n int) (int, error) { return checkKafkaOrder(ctx, c.ListenAddrs(), topic, n) }}, nil
 }
 
-// checkKafkaOrder reads n records of topic back and checks I5: per
-// aggregate, the first appearance of each sequence comes in increasing
-// order, with no gap. It returns how many distinct events it read.
+// orderCheck follows I5 over the events a destination holds, in the order
+// it holds them: per aggregate, the first appearance of each sequence must
+// come in increasing order, with no gap. It is safe for concurrent use.
+type orderCheck struct {
+	mu   sync.Mutex
+	next map[string]int64
+	seen map[uuid.UUID]bool
+	err  error // the first violation
+}
+
+func newOrderCheck() *orderCheck {
+	return &orderCheck{next: map[string]int64{}, seen: map[uuid.UUID]bool{}}
+}
+
+// add notes m, found at where (a partition, a queue, a receiver), and
+// returns the first violation so far.
+func (c *orderCheck) add(m outbox.Message, where string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen[m.ID] {
+		return c.err
+	}
+	c.seen[m.ID] = true
+	agg := m.AggregateType + "/" + m.AggregateID
+	if want := c.next[agg] + 1; m.Sequence != want && c.err == nil {
+		c.err = fmt.Errorf("I5 violated: aggregate %s: sequence %d reached %s when %d was expected", agg, m.Sequence, where, want)
+	}
+	c.next[agg] = max(c.next[agg], m.Sequence)
+	return c.err
+}
+
+// result is how many distinct events were added, and the first violation.
+func (c *orderCheck) result() (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.seen), c.err
+}
+
+// checkKafkaOrder reads n distinct events of topic back and checks I5 (see
+// orderCheck). It returns how many distinct events it read.
 func checkKafkaOrder(ctx context.Context, brokers []string, topic string, n int) (int, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
@@ -112,36 +151,28 @@ func checkKafkaOrder(ctx context.Context, brokers []string, topic string, n int)
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	next := map[string]int64{}
-	seen := map[[16]byte]bool{}
-	for len(seen) < n {
+	oc := newOrderCheck()
+	for got, _ := oc.result(); got < n; got, _ = oc.result() {
 		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
-			return len(seen), fmt.Errorf("topic %s: read %d of %d events: %w", topic, len(seen), n, ctx.Err())
+			return got, fmt.Errorf("topic %s: read %d of %d events: %w", topic, got, n, ctx.Err())
 		}
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) { ferr = fmt.Errorf("fetch %s/%d: %w", t, p, err) })
 		if ferr != nil {
-			return len(seen), ferr
+			return got, ferr
 		}
 		for _, r := range fs.Records() {
 			m, err := outboxkafka.Decode(r)
 			if err != nil {
-				return len(seen), err
+				return got, err
 			}
-			if seen[m.ID] {
-				continue
+			if err := oc.add(m, fmt.Sprintf("partition %d", r.Partition)); err != nil {
+				return got, err
 			}
-			seen[m.ID] = true
-			agg := m.AggregateType + "/" + m.AggregateID
-			if want := next[agg] + 1; m.Sequence != want {
-				return len(seen), fmt.Errorf("I5 violated: aggregate %s: sequence %d reached partition %d when %d was expected",
-					agg, m.Sequence, r.Partition, want)
-			}
-			next[agg] = m.Sequence
 		}
 	}
-	return len(seen), nil
+	return oc.result()
 }
 
 // naiveDrain is the naive unordered publisher, destination-generic: it
