@@ -32,7 +32,7 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port[?stream=OUTBOX&subject_prefix=outbox], or kafka://host:port[,host:port][?topic=outbox.{aggregate_type}] (env OUTBOX_DESTINATION; a password in it is never printed)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], or amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (AMQP password: in the URL or env OUTBOX_AMQP_PASSWORD) (env OUTBOX_DESTINATION; a password in it is never printed)")
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
@@ -89,8 +89,10 @@ func OpenWait(ctx context.Context, o Options, retry func(ctx context.Context, er
 		return openNATS(ctx, o, retry)
 	case "kafka":
 		return openKafka(ctx, o, retry)
+	case "amqp", "amqps":
+		return openAMQP(ctx, o, retry)
 	default:
-		return nil, nil, fmt.Errorf("destination %s: unsupported scheme %q (supported: nats, kafka)", Redact(o.URL), u.Scheme)
+		return nil, nil, fmt.Errorf("destination %s: unsupported scheme %q (supported: nats, kafka, amqp)", Redact(o.URL), u.Scheme)
 	}
 }
 

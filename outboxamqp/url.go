@@ -1,0 +1,104 @@
+package outboxamqp
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// PasswordEnv names the environment variable ParseURL takes the password
+// from when the URL names a user without one.
+const PasswordEnv = "OUTBOX_AMQP_PASSWORD"
+
+// ParseURL returns the Config a destination URL describes:
+//
+//	amqp://user:password@host:5672/vhost?exchange=outbox&routing_key=outbox.{aggregate_type}&source=/shop&confirm_timeout=10s&dial_timeout=5s&max_message_bytes=16777216&declare=true
+//
+// or amqps://... for TLS (port 5671 when left out). The user, host, port and
+// virtual host are amqp091's (a path "/" or none is the default vhost "/";
+// "/shop" is "shop"; guest:guest when no user is named). When the URL names
+// a user without a password, the password is taken from the environment
+// variable OUTBOX_AMQP_PASSWORD, so that it need not appear in a command
+// line. The query parameters are optional and set the Config field of their
+// name (declare=false sets NoDeclare); unknown parameters are refused.
+// Errors never repeat the password.
+func ParseURL(raw string) (Config, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // url.Error repeats the URL, password included
+		}
+		return Config{}, fmt.Errorf("outboxamqp: destination URL: %w", err)
+	}
+	shown := u.Redacted()
+	if u.Scheme != "amqp" && u.Scheme != "amqps" {
+		return Config{}, fmt.Errorf("outboxamqp: destination %s: scheme %q, want amqp:// or amqps://", shown, u.Scheme)
+	}
+	if u.Host == "" {
+		return Config{}, fmt.Errorf("outboxamqp: destination %s: no host", shown)
+	}
+	if u.Fragment != "" {
+		return Config{}, fmt.Errorf("outboxamqp: destination %s: unexpected fragment", shown)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return Config{}, fmt.Errorf("outboxamqp: destination %s: query: %w", shown, err)
+	}
+	var cfg Config
+	for k, vs := range q {
+		v := vs[len(vs)-1]
+		var err error
+		switch k {
+		case "exchange":
+			cfg.Exchange = v
+		case "routing_key":
+			cfg.RoutingKey = v
+		case "source":
+			cfg.Source = v
+		case "confirm_timeout":
+			cfg.ConfirmTimeout, err = positiveDuration(v)
+		case "dial_timeout":
+			cfg.DialTimeout, err = positiveDuration(v)
+		case "max_message_bytes":
+			cfg.MaxMessageBytes, err = strconv.Atoi(v)
+			if err == nil && cfg.MaxMessageBytes < 1 {
+				err = errors.New("not a positive number")
+			}
+		case "declare":
+			var declare bool
+			declare, err = strconv.ParseBool(v)
+			cfg.NoDeclare = !declare
+		default:
+			err = errors.New("unknown parameter (known: exchange, routing_key, source, confirm_timeout, dial_timeout, max_message_bytes, declare)")
+		}
+		if err != nil {
+			return Config{}, fmt.Errorf("outboxamqp: destination %s: %s=%q: %w", shown, k, v, err)
+		}
+	}
+	if u.User != nil {
+		if _, ok := u.User.Password(); !ok {
+			if pw, ok := os.LookupEnv(PasswordEnv); ok {
+				u.User = url.UserPassword(u.User.Username(), pw)
+			}
+		}
+	}
+	u.RawQuery = ""
+	cfg.URL = u.String()
+	if _, err := NewPublisher(cfg); err != nil {
+		return Config{}, fmt.Errorf("outboxamqp: destination %s: %s", shown, strings.TrimPrefix(err.Error(), "outboxamqp: "))
+	}
+	return cfg, nil
+}
+
+func positiveDuration(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err == nil && d <= 0 {
+		err = errors.New("not a positive duration")
+	}
+	return d, err
+}
