@@ -17,7 +17,7 @@ import (
 func TestQuickRun(t *testing.T) {
 	o := options{quick: true, only: allGroups, sz: quickSizes(),
 		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
-		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222")}
+		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222"), amqpURL: envOr("AMQP_URL", "amqp://127.0.0.1:5672/")}
 	var logw io.Writer = io.Discard
 	if testing.Verbose() {
 		logw = os.Stderr
@@ -77,7 +77,7 @@ func TestQuickRun(t *testing.T) {
 func TestQuickSoak(t *testing.T) {
 	o := options{quick: true, only: []string{"soak"}, sz: quickSizes(),
 		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
-		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222")}
+		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222"), amqpURL: envOr("AMQP_URL", "amqp://127.0.0.1:5672/")}
 	var log strings.Builder
 	results, err := run(context.Background(), o, &log)
 	if err != nil {

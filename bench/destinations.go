@@ -61,6 +61,8 @@ var destinations = []destination{
 	{name: "nats", latencyTarget: true, note: "the machine's NATS JetStream server, a stream of the run's own (file storage)",
 		open: openNATS},
 	{name: "kafka", pipelines: true, latencyTarget: true, note: kafkaNote, open: openKafka},
+	{name: "amqp", latencyTarget: true, note: "the machine's RabbitMQ, an exchange and a durable classic queue of the run's own, publisher confirms",
+		open: openAMQP},
 }
 
 func destinationNames() string {

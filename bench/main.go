@@ -116,6 +116,7 @@ type options struct {
 	only                    []string
 	dests                   []string // destinations group: which destinations (nil: all)
 	databaseURL, natsURL    string
+	amqpURL                 string
 	explainFile, jsonOut    string
 	cpuProfile              string
 	sz                      sizes
@@ -146,6 +147,7 @@ func main() {
 	fs.IntVar(&soak.aggregates, "soak-aggregates", 0, "soak: events go to this many aggregates, so counter rows are updated (default 10000)")
 	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL (env DATABASE_URL)")
 	fs.StringVar(&o.natsURL, "nats-url", envOr("NATS_URL", "nats://127.0.0.1:4222"), "NATS with JetStream (env NATS_URL)")
+	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://127.0.0.1:5672/"), "RabbitMQ, for the destinations group (env AMQP_URL; no user: guest)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (in-process relays, writers) to this file")
 	fs.StringVar(&o.jsonOut, "json-out", "", "also write the JSON objects to this file (with the table on stdout)")
 	fs.StringVar(&o.explainFile, "explain", "", "write the claim's EXPLAIN (ANALYZE, BUFFERS) on the history table to this file")
