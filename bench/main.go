@@ -136,6 +136,8 @@ func main() {
 	fs.StringVar(&only, "only", "", "comma-separated groups to run: "+strings.Join(allGroups, ",")+
 		" (the default), and "+strings.Join(extraGroups, ",")+" (only when named)")
 	var dests string
+	var backlog int
+	fs.IntVar(&backlog, "backlog", 0, "the relay and destinations groups' backlog, in events, over one aggregate per 20 events (default 200000, --quick 5000, --long 1000000)")
 	fs.StringVar(&dests, "destinations", "", "destinations group: comma-separated destinations to run (default all: "+destinationNames()+")")
 	var soak soakSizes
 	fs.DurationVar(&soak.duration, "soak-duration", 0, "soak: how long writers and relay run together (default 10m, --quick 6s)")
@@ -160,6 +162,9 @@ func main() {
 	}
 	if o.long {
 		o.sz.backlog = 1_000_000
+	}
+	if backlog > 0 {
+		o.sz.backlog, o.sz.aggregates = backlog, max(1, backlog/20)
 	}
 	o.sz.soak = o.sz.soak.override(soak)
 	o.only = allGroups
