@@ -103,8 +103,10 @@ func TestOpsCommandsRefuseBadArguments(t *testing.T) {
 		{with("replay"), 2, "no filter given"},
 		{with("replay", "--since", "2h", "--until", "3h"), 2, "is not after --since"},
 		{with("replay", "--since", "yesterday"), 2, `invalid time "yesterday"`},
-		{with("replay", "--aggregate-type", "order", "--destination", "mqtt://x"), 1, `unsupported scheme "mqtt" (supported: nats, kafka, amqp)`},
+		{with("replay", "--aggregate-type", "order", "--destination", "mqtt://x"), 1, `unsupported scheme "mqtt" (supported: nats, kafka, amqp, http, https)`},
 		{with("replay", "--aggregate-type", "order", "--destination", "kafka://u:secret@x"), 1, "credentials in the URL are not supported"},
+		{with("replay", "--aggregate-type", "order", "--destination", "https://u:secret@x/hook"), 1, "credentials in the URL are refused"},
+		{with("replay", "--aggregate-type", "order", "--destination", "https://127.0.0.1:1/hook"), 1, "no signing secret: set OUTBOX_WEBHOOK_SECRET"},
 		{with("relay", "--destination", "nats://127.0.0.1:1", "--cleanup-older-than", "1h", "--cleanup-inbox-older-than", "1m"), 2, "shorter than the replay horizon"},
 		{with("relay", "--destination", "nats://127.0.0.1:1", "--cleanup-inbox-older-than", "1m"), 2, "needs --cleanup-older-than"},
 	} {

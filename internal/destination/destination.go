@@ -32,7 +32,7 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], or amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (AMQP password: in the URL or env OUTBOX_AMQP_PASSWORD) (env OUTBOX_DESTINATION; a password in it is never printed)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET) (env OUTBOX_DESTINATION; secrets are never printed)")
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
@@ -91,8 +91,10 @@ func OpenWait(ctx context.Context, o Options, retry func(ctx context.Context, er
 		return openKafka(ctx, o, retry)
 	case "amqp", "amqps":
 		return openAMQP(ctx, o, retry)
+	case "http", "https":
+		return openWebhook(ctx, o, retry)
 	default:
-		return nil, nil, fmt.Errorf("destination %s: unsupported scheme %q (supported: nats, kafka, amqp)", Redact(o.URL), u.Scheme)
+		return nil, nil, fmt.Errorf("destination %s: unsupported scheme %q (supported: nats, kafka, amqp, http, https)", Redact(o.URL), u.Scheme)
 	}
 }
 
@@ -156,12 +158,17 @@ func openNATS(ctx context.Context, o Options, retry func(ctx context.Context, er
 }
 
 // Redact returns a destination URL with any password or token replaced by
-// "xxxxx", for logs and errors.
+// "xxxxx" (a webhook URL without its query), for logs and errors.
 func Redact(raw string) string {
 	if strings.HasPrefix(raw, "nats://") || strings.HasPrefix(raw, "tls://") {
 		return outboxnats.Redact(raw) // a user alone is a token
 	}
 	if u, err := url.Parse(raw); err == nil {
+		if u.Scheme == "http" || u.Scheme == "https" {
+			// A webhook's query may carry the endpoint's own token.
+			u.User, u.RawQuery, u.Fragment = nil, "", ""
+			return u.String()
+		}
 		return u.Redacted()
 	}
 	if scheme, _, ok := strings.Cut(raw, "://"); ok {

@@ -30,9 +30,9 @@ func TestErrorsNeverShowTheSecret(t *testing.T) {
 		}
 	}
 	for raw, want := range map[string]string{
-		"amqp://guest:s3cret@h:5672/vh": "amqp://guest:xxxxx@h:5672/vh",
-		"nats://s3cret@h:4222":          "nats://xxxxx@h:4222",
-		"https://h/hook?x=1":            "https://h/hook?x=1",
+		"amqp://guest:s3cret@h:5672/vh":   "amqp://guest:xxxxx@h:5672/vh",
+		"nats://s3cret@h:4222":            "nats://xxxxx@h:4222",
+		"https://u:p@h/hook?token=s3cret": "https://h/hook",
 	} {
 		if got := Redact(raw); got != want {
 			t.Errorf("Redact(%q) = %q, want %q", raw, got, want)

@@ -1,0 +1,397 @@
+package outboxwebhook
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/textproto"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/cloudevents"
+)
+
+// Header names: the CloudEvents 1.0 attributes in the HTTP binding's binary
+// content mode (ce- prefix), with the outbox extensions named as outboxnats
+// and outboxkafka name them, and the Standard Webhooks headers.
+const (
+	HeaderSpecVersion   = "ce-specversion"
+	HeaderID            = "ce-id"
+	HeaderType          = "ce-type"
+	HeaderSource        = "ce-source"
+	HeaderSubject       = "ce-subject"
+	HeaderTime          = "ce-time"
+	HeaderAggregateType = "ce-aggregatetype"
+	HeaderSequence      = "ce-sequence"
+	HeaderSchemaVersion = "ce-schemaversion"
+	HeaderPartitionKey  = "ce-partitionkey"
+	HeaderContentType   = "content-type"
+
+	// HeaderSkippedFrom carries Message.SkippedFrom (decimal), only when it
+	// is not zero.
+	HeaderSkippedFrom = "ce-skippedfrom"
+	// HeaderReplayID carries Message.ReplayID, only on replayed messages.
+	HeaderReplayID = "ce-replayid"
+	// HeaderHeaderNames lists the names of the message's own headers, as
+	// they were spelled, separated by commas, only when there are any. HTTP
+	// header names are case-insensitive (and Go canonicalizes them), so the
+	// list is what lets Decode restore Message.Headers exactly.
+	HeaderHeaderNames = "ce-outboxheaders"
+
+	// HeaderWebhookID is the Standard Webhooks message id: the delivery id
+	// (see [DeliveryID]).
+	HeaderWebhookID = "webhook-id"
+	// HeaderWebhookTimestamp is the Standard Webhooks timestamp, in Unix
+	// seconds, of the attempt.
+	HeaderWebhookTimestamp = "webhook-timestamp"
+	// HeaderWebhookSignature holds one "v1,<base64 HMAC-SHA256>" per active
+	// secret, separated by spaces.
+	HeaderWebhookSignature = "webhook-signature"
+	// HeaderIdempotencyKey is the delivery id too, for receivers whose
+	// middleware deduplicates on it.
+	HeaderIdempotencyKey = "idempotency-key"
+
+	// SpecVersion is the CloudEvents version of the requests.
+	SpecVersion = "1.0"
+	// ContentType is the content type of a payload whose message has none.
+	ContentType = outbox.ContentTypeJSON
+)
+
+// reserved reports whether a header name belongs to the adapter (ce-
+// attributes, content-type, the Standard Webhooks headers and
+// idempotency-key): a message's own headers never take them.
+func reserved(key string) bool {
+	k := strings.ToLower(key)
+	return strings.HasPrefix(k, "ce-") || strings.HasPrefix(k, "webhook-") ||
+		k == HeaderContentType || k == HeaderIdempotencyKey
+}
+
+// DeliveryID is the webhook-id (and Idempotency-Key) of a message: its event
+// id, or for a replayed message (ReplayID set) "<event id>:<replay id>". A
+// receiver that drops repeated webhook ids then drops retries of one
+// delivery, but not a replay, which must get through as Nats-Msg-Id lets a
+// replay through JetStream's deduplication (see outbox.Message.ReplayID).
+// Inboxes deduplicate by the event id (ce-id), which a replay keeps.
+func DeliveryID(msg *outbox.Message) string {
+	if msg.ReplayID != uuid.Nil {
+		return msg.ID.String() + ":" + msg.ReplayID.String()
+	}
+	return msg.ID.String()
+}
+
+// encodeHeader sets the CloudEvents attributes and the message's own headers
+// of msg on h. It fails, as outbox.Permanent, for a message whose own
+// headers cannot travel on an HTTP request unchanged.
+func encodeHeader(h http.Header, msg *outbox.Message, source string) error {
+	ct := msg.ContentType
+	if ct == "" {
+		ct = ContentType
+	}
+	if !validValue(ct) {
+		return outbox.Permanent(fmt.Errorf("event %s: content type %q cannot be an HTTP header value", msg.ID, ct))
+	}
+	set := func(k, v string) { h[textproto.CanonicalMIMEHeaderKey(k)] = []string{v} }
+	set(HeaderSpecVersion, SpecVersion)
+	set(HeaderID, msg.ID.String())
+	set(HeaderType, encodeValue(msg.Type))
+	set(HeaderSource, encodeValue(source))
+	set(HeaderSubject, encodeValue(msg.AggregateID))
+	set(HeaderTime, msg.OccurredAt.UTC().Format(time.RFC3339Nano))
+	set(HeaderAggregateType, encodeValue(msg.AggregateType))
+	set(HeaderSequence, outbox.SequenceHeader(msg.Sequence))
+	set(HeaderSchemaVersion, strconv.Itoa(msg.SchemaVersion))
+	set(HeaderPartitionKey, encodeValue(msg.AggregateID))
+	set(HeaderContentType, ct)
+	if msg.SkippedFrom > 0 {
+		set(HeaderSkippedFrom, strconv.FormatInt(msg.SkippedFrom, 10))
+	}
+	if msg.ReplayID != uuid.Nil {
+		set(HeaderReplayID, msg.ReplayID.String())
+	}
+	if len(msg.Headers) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(msg.Headers))
+	for k, v := range msg.Headers {
+		switch {
+		case !validName(k):
+			return outbox.Permanent(fmt.Errorf("event %s: header name %q is not an HTTP token", msg.ID, k))
+		case reserved(k):
+			return outbox.Permanent(fmt.Errorf("event %s: header name %q is reserved by the webhook destination", msg.ID, k))
+		case !validValue(v):
+			return outbox.Permanent(fmt.Errorf("event %s: header %s: the value cannot travel as an HTTP header value unchanged (control character, or leading or trailing white space)", msg.ID, k))
+		}
+		names = append(names, k)
+	}
+	// Sorted, so that names differing only in case (one HTTP header with
+	// several values) are listed in the order their values are added.
+	sort.Strings(names)
+	for _, k := range names {
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		h[ck] = append(h[ck], msg.Headers[k])
+	}
+	set(HeaderHeaderNames, strings.Join(names, ","))
+	return nil
+}
+
+// Decode turns a request's header and body back into the outbox.Message
+// that was published: ID, AggregateType, AggregateID, Sequence, Type,
+// SchemaVersion, ContentType (ContentType when the header is absent),
+// SkippedFrom, ReplayID, Payload (body itself, not a copy), Headers (those
+// named in ce-outboxheaders, spelled as published; nil when there are none)
+// and OccurredAt (UTC, to the nanosecond). Attempt is left zero. Header names
+// are matched case-insensitively, as HTTP requires; every other header
+// (webhook-*, user-agent, ...) is ignored. It returns an error, never panics,
+// when a required ce- header is missing, repeated or malformed. Decode does
+// not verify the signature: [Verify] or a [Receiver] does.
+func Decode(header http.Header, body []byte) (outbox.Message, error) {
+	var errs []error
+	get := func(key string) (string, bool) {
+		vs := header.Values(key)
+		switch {
+		case len(vs) == 0:
+			errs = append(errs, fmt.Errorf("missing header %s", key))
+			return "", false
+		case len(vs) > 1:
+			errs = append(errs, fmt.Errorf("header %s appears more than once", key))
+			return "", false
+		}
+		return vs[0], true
+	}
+	optional := func(key string) (string, bool) {
+		if len(header.Values(key)) == 0 {
+			return "", false
+		}
+		return get(key)
+	}
+	text := func(key string, empty bool) string {
+		v, ok := get(key)
+		if !ok {
+			return ""
+		}
+		s, err := decodeValue(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("header %s: %w", key, err))
+		} else if s == "" && !empty {
+			errs = append(errs, fmt.Errorf("header %s is empty", key))
+		}
+		return s
+	}
+	parse := func(key string, f func(string) error) {
+		if v, ok := get(key); ok {
+			if err := f(v); err != nil {
+				errs = append(errs, fmt.Errorf("header %s: %w", key, err))
+			}
+		}
+	}
+	var m outbox.Message
+	parse(HeaderSpecVersion, func(v string) error {
+		if v != SpecVersion {
+			return fmt.Errorf("unsupported CloudEvents version %q", v)
+		}
+		return nil
+	})
+	parse(HeaderID, func(v string) (err error) {
+		m.ID, err = cloudevents.ParseID(v)
+		return err
+	})
+	m.Type = text(HeaderType, false)
+	m.AggregateType = text(HeaderAggregateType, false)
+	m.AggregateID = text(HeaderSubject, true) // an empty aggregate id is allowed
+	text(HeaderSource, false)                 // required by CloudEvents; not part of the Message
+	parse(HeaderSequence, func(v string) (err error) {
+		m.Sequence, err = cloudevents.ParsePositive(v)
+		return err
+	})
+	parse(HeaderSchemaVersion, func(v string) error {
+		n, err := cloudevents.ParsePositive(v)
+		if err == nil && n > math.MaxInt32 {
+			err = fmt.Errorf("%q is out of range", v)
+		}
+		m.SchemaVersion = int(n)
+		return err
+	})
+	parse(HeaderTime, func(v string) error {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		m.OccurredAt = t.UTC()
+		return err
+	})
+	if v, ok := optional(HeaderSkippedFrom); ok {
+		n, err := cloudevents.ParsePositive(v)
+		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
+			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
+		}
+		m.SkippedFrom = n
+	}
+	m.ContentType = ContentType
+	if v, ok := optional(HeaderContentType); ok {
+		if v == "" || !validValue(v) {
+			errs = append(errs, fmt.Errorf("header %s: %q is not a content type", HeaderContentType, v))
+		}
+		m.ContentType = v
+	}
+	if v, ok := optional(HeaderReplayID); ok {
+		id, err := cloudevents.ParseID(v)
+		if err == nil && id == uuid.Nil {
+			err = errors.New("the nil UUID is not a replay id")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("header %s: %w", HeaderReplayID, err))
+		}
+		m.ReplayID = id
+	}
+	if v, ok := optional(HeaderHeaderNames); ok {
+		hs, err := decodeUserHeaders(header, v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("header %s: %w", HeaderHeaderNames, err))
+		}
+		m.Headers = hs
+	}
+	if len(errs) > 0 {
+		return outbox.Message{}, fmt.Errorf("outboxwebhook: not an outbox event: %w", errors.Join(errs...))
+	}
+	m.Payload = body
+	return m, nil
+}
+
+// decodeUserHeaders collects the headers list names, in order: the i-th
+// name of one canonical header takes that header's i-th value.
+func decodeUserHeaders(header http.Header, list string) (map[string]string, error) {
+	names := strings.Split(list, ",")
+	hs := make(map[string]string, len(names))
+	used := make(map[string]int, len(names))
+	for _, k := range names {
+		if !validName(k) || reserved(k) {
+			return nil, fmt.Errorf("%q is not a header name a message may carry", k)
+		}
+		if _, dup := hs[k]; dup {
+			return nil, fmt.Errorf("%q is listed twice", k)
+		}
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		vs := header[ck]
+		i := used[ck]
+		if i >= len(vs) {
+			return nil, fmt.Errorf("header %s is listed but has no value", k)
+		}
+		used[ck] = i + 1
+		hs[k] = vs[i]
+	}
+	for ck, n := range used {
+		if len(header[ck]) != n {
+			return nil, fmt.Errorf("header %s has %d values for %d names", ck, len(header[ck]), n)
+		}
+	}
+	return hs, nil
+}
+
+// validName reports whether k is an HTTP token (RFC 9110), the syntax the
+// writer accepts for header names.
+func validName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validValue reports whether v travels as an HTTP header value unchanged:
+// UTF-8 without control characters (tab included) and without leading or
+// trailing spaces, which header parsing trims. The writer accepts only
+// such values.
+func validValue(v string) bool {
+	if !utf8.ValidString(v) || strings.TrimSpace(v) != v {
+		return false
+	}
+	for _, r := range v {
+		if r < ' ' || r == 0x7F || (r >= 0x80 && r < 0xA0) {
+			return false
+		}
+	}
+	return true
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+// encodeValue percent-encodes a string attribute as the CloudEvents HTTP
+// binding does: space, '"', '%' and every byte outside printable ASCII
+// become %XX, so that any UTF-8 string survives the header line exactly.
+func encodeValue(s string) string {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if needsEncoding(s[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return s
+	}
+	b := make([]byte, 0, len(s)+2*n)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if needsEncoding(c) {
+			b = append(b, '%', hexDigits[c>>4], hexDigits[c&0xF])
+		} else {
+			b = append(b, c)
+		}
+	}
+	return string(b)
+}
+
+func needsEncoding(c byte) bool { return c <= ' ' || c >= 0x7F || c == '"' || c == '%' }
+
+// decodeValue reverses encodeValue; the result must be UTF-8.
+func decodeValue(s string) (string, error) {
+	if !strings.Contains(s, "%") {
+		if !utf8.ValidString(s) {
+			return "", fmt.Errorf("%q is not UTF-8", s)
+		}
+		return s, nil
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '%' {
+			b = append(b, c)
+			continue
+		}
+		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+			return "", fmt.Errorf("invalid percent-encoding in %q", s)
+		}
+		b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
+		i += 2
+	}
+	if !utf8.Valid(b) {
+		return "", fmt.Errorf("%q does not decode to UTF-8", s)
+	}
+	return string(b), nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10
+	default:
+		return c - 'A' + 10
+	}
+}

@@ -1,0 +1,124 @@
+// Package outboxwebhook is the HTTP webhook destination of the outbox: a
+// [Publisher] that POSTs each event the relay hands it to one endpoint, a
+// [Receiver] (an http.Handler) for services that take those requests, and
+// [Decode] and [Verify] for receivers written by hand. It uses only the
+// standard library. Use it from Go with outbox.NewRelay, or run
+// "outbox relay --destination https://host/path" (and "outbox replay"
+// likewise) with the secret in OUTBOX_WEBHOOK_SECRET.
+//
+// # Destination URL
+//
+// [ParseURL] reads the URL form "outbox relay --destination" takes:
+//
+//	https://hooks.example.com/outbox?key=abc&outbox_timeout=5s&outbox_ca_file=/etc/outbox/ca.pem
+//
+// The URL is the endpoint itself, http:// or https://. Query parameters
+// whose name starts with "outbox_" are options and are removed from the URL
+// the requests go to, so they never collide with the endpoint's own query
+// (key=abc above is sent as it is):
+//
+//	outbox_source              CloudEvents source (default /outbox; else --source)
+//	outbox_timeout             bound of one request (default 10s)
+//	outbox_concurrency         requests in flight per Publish call (default 16)
+//	outbox_max_response_bytes  most of a response body read (default 64 KiB)
+//	outbox_ca_file             PEM CAs trusted instead of the system's
+//	outbox_cert_file, outbox_key_file   PEM client certificate and key (mutual TLS)
+//
+// Unknown outbox_ parameters, fragments and credentials in the URL are
+// refused. The signing secrets never go in the URL: they come from
+// Config.Secrets or the OUTBOX_WEBHOOK_SECRET environment variable. Errors,
+// logs and String() show the endpoint as scheme://host/path only, because a
+// query may hold an endpoint's token; secrets are never printed.
+//
+// # Request format
+//
+// Each event is one POST, a CloudEvents 1.0 event in the HTTP binding's
+// binary content mode: the body is the payload byte for byte, Content-Type
+// is the event's content type (application/json unless it has another), and
+// the attributes are ce- headers: ce-specversion "1.0", ce-id (event id),
+// ce-type (event type), ce-source (Config.Source), ce-subject (aggregate
+// id), ce-time (occurred_at, RFC 3339 UTC with nanoseconds), and the
+// extensions ce-aggregatetype, ce-sequence (aggregate_sequence as 20
+// zero-padded digits), ce-schemaversion and ce-partitionkey (aggregate id),
+// plus ce-skippedfrom when events just before this one were skipped by an
+// operator and ce-replayid on a replayed event (see outbox.Message): the
+// names outboxnats and outboxkafka use. String values are percent-encoded as
+// the binding specifies (space, '"', '%' and non-ASCII bytes as %XX).
+//
+// The event's own headers (traceparent, ...) are sent as HTTP headers of
+// their name, so HTTP middleware sees them; since HTTP header names are
+// case-insensitive, ce-outboxheaders lists their names as the event spelled
+// them, which lets [Decode] restore Message.Headers exactly. A header value
+// HTTP cannot carry unchanged (control characters, leading or trailing
+// space; the writer refuses those) fails its message as outbox.Permanent.
+//
+// # Signatures
+//
+// Requests are signed as Standard Webhooks (https://www.standardwebhooks.com):
+//
+//	webhook-id:        the delivery id (below)
+//	webhook-timestamp: Unix seconds of this attempt
+//	webhook-signature: v1,<base64 HMAC-SHA256 of "<webhook-id>.<webhook-timestamp>.<body>">
+//	Idempotency-Key:   the delivery id
+//
+// The HMAC key is the base64-decoded part of a "whsec_" secret (at least
+// MinSecretBytes bytes). Several secrets may be active at once: each adds a
+// v1 signature, separated by spaces, so a secret rotates by adding the new
+// one to the sender, then to the receiver, then removing the old one from
+// both. A malformed secret is an error that names its position, never its
+// text.
+//
+// The delivery id ([DeliveryID]) is the event id, or "<event id>:<replay
+// id>" for an event sent again by outbox replay: a receiver that drops
+// repeated webhook-ids or Idempotency-Keys drops the relay's retries of one
+// delivery but lets a replay through, as Nats-Msg-Id does on NATS.
+// Consumers that must apply an event once deduplicate by ce-id (the event
+// id, which a replay keeps), as the inbox does.
+//
+// # Answers and errors
+//
+// Publish sends a batch's messages concurrently (Config.Concurrency at a
+// time) and never retries: the relay does. The answer decides:
+//
+//	2xx                                          accepted (the event is published)
+//	408, 425, 429, 5xx                           retryable error (attempt spent, backoff)
+//	timeout or reset after the request was sent  retryable error
+//	no connection: DNS, refused, TLS handshake,
+//	  timeout while connecting                   outbox.Unavailable (no attempt spent)
+//	3xx                                          outbox.Permanent: redirects are not followed
+//	other 4xx (400, 401, 403, 404, 410, 413, 422, ...)  outbox.Permanent (quarantined)
+//
+// Errors for an answer are a [StatusError] quoting the start of the
+// response body (at most Config.MaxResponseBytes is read, 1 KiB quoted).
+// A Retry-After header (seconds or an HTTP date) on a retryable answer is
+// kept in the error, read by [RetryAfter]; the relay does not read it yet
+// and backs off by its own schedule (outbox.Config.RetryBackoffMin/Max), so
+// set those to suit an endpoint that rate-limits. Note that a 401 (a secret
+// the receiver does not know, a clock too far off) quarantines events: fix
+// the secret, then retry them with "outbox quarantine retry".
+// [Publisher.Probe] sends one HEAD request; any HTTP answer means reachable.
+//
+// # Guarantees
+//
+// Delivery is at least once: a 2xx lost on the way back, or a relay that
+// crashes after the 2xx and before marking the event published, makes the
+// relay POST the event again, with the same event id. Per aggregate, the
+// relay sends event k+1 only after event k was answered 2xx, so an endpoint
+// receives each aggregate's events in sequence order, one at a time (events
+// of different aggregates arrive concurrently). There is no pipelining: an
+// HTTP endpoint cannot refuse a request that overtook an earlier one, so
+// sending k+1 before k's answer could apply them out of order.
+//
+// # Receiving
+//
+// [NewReceiver] returns an http.Handler that checks the signature against
+// any of its secrets (in constant time) and the timestamp against a
+// tolerance (5 minutes either way), caps the body, decodes the message and
+// calls a function with it: 2xx when the function returned nil, 500 (the
+// relay retries) when it failed, 422 (the relay quarantines the event) when
+// its error is marked outbox.Permanent, 401 for a bad signature or
+// timestamp, 400 for a request that is not an outbox event. To apply each
+// event once, in order, call the inbox (package inbox) from the function and
+// return an error for an Early outcome, so the relay retries it after the
+// missing event (see the examples).
+package outboxwebhook

@@ -1,0 +1,81 @@
+package outboxwebhook_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgoutbox/outbox/outboxwebhook"
+)
+
+// TestParseURL: outbox_ parameters set the Config and leave the URL; the
+// endpoint's own query stays as written; what cannot be honoured is refused.
+func TestParseURL(t *testing.T) {
+	t.Parallel()
+	cfg, err := outboxwebhook.ParseURL("https://hooks.example.com:8443/in/outbox?key=a%2Fb&outbox_source=/shop&outbox_timeout=5s&x=1&outbox_concurrency=4&outbox_max_response_bytes=2048&outbox_ca_file=/etc/ca.pem&outbox_cert_file=/c.pem&outbox_key_file=/k.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := outboxwebhook.Config{URL: "https://hooks.example.com:8443/in/outbox?key=a%2Fb&x=1", Source: "/shop", Timeout: 5 * time.Second,
+		Concurrency: 4, MaxResponseBytes: 2048, CAFile: "/etc/ca.pem", CertFile: "/c.pem", KeyFile: "/k.pem"}
+	if fmt.Sprint(cfg) != fmt.Sprint(want) || cfg.URL != want.URL {
+		t.Fatalf("ParseURL = %v (URL %s), want %v (URL %s)", cfg, cfg.URL, want, want.URL)
+	}
+	if cfg, err := outboxwebhook.ParseURL("http://127.0.0.1:8080/hook"); err != nil || cfg.URL != "http://127.0.0.1:8080/hook" || cfg.Timeout != 0 {
+		t.Fatalf("plain URL: %v, %v", cfg, err)
+	}
+	for raw, wantErr := range map[string]string{
+		"ftp://h/x":                               "scheme",
+		"https://user:hunter2@h/x":                "credentials",
+		"https://hunter2@h/x":                     "credentials",
+		"https:///x":                              "no host",
+		"https://h/x#frag":                        "fragment",
+		"https://h/x?outbox_timeout=-1s":          "not a positive duration",
+		"https://h/x?outbox_concurrency=0":        "not a positive number",
+		"https://h/x?outbox_secret=whsec_abc":     "unknown option",
+		"https://h/x?outbox_max_response_bytes=z": "invalid syntax",
+	} {
+		_, err := outboxwebhook.ParseURL(raw)
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("%s: %v, want an error about %s", raw, err, wantErr)
+		}
+		if err != nil && (strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "whsec_abc")) {
+			t.Errorf("%s: the error repeats a secret: %v", raw, err)
+		}
+	}
+}
+
+// TestSecretsNeverPrinted: a malformed secret's error, the Config's and the
+// Publisher's String, and publish errors never contain a secret or the
+// endpoint's query token.
+func TestSecretsNeverPrinted(t *testing.T) {
+	t.Parallel()
+	secret := newSecret(t)
+	bad := "whsec_not*base64*hunter2"
+	for _, secrets := range [][]string{{bad}, {secret, bad}, {"whsec_aHVudGVyMg=="}} {
+		_, err := outboxwebhook.NewPublisher(outboxwebhook.Config{URL: "https://h/x", Secrets: secrets})
+		if err == nil {
+			t.Fatalf("secrets %d accepted", len(secrets))
+		}
+		for _, s := range secrets {
+			if strings.Contains(err.Error(), s) || strings.Contains(err.Error(), strings.TrimPrefix(s, "whsec_")) {
+				t.Fatalf("error repeats a secret: %v", err)
+			}
+		}
+		if _, err := outboxwebhook.NewReceiver(secrets, nil, outboxwebhook.ReceiverOptions{}); err == nil || strings.Contains(err.Error(), "hunter2") {
+			t.Fatalf("receiver: %v", err)
+		}
+	}
+	cfg := outboxwebhook.Config{URL: "http://127.0.0.1:1/hook?token=t0ps3cret", Secrets: []string{secret}}
+	p := publisher(t, cfg)
+	err := publishOne(t, p, message("o-1", 1))
+	for _, s := range []string{fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), p.String(), fmt.Sprint(err)} {
+		if strings.Contains(s, strings.TrimPrefix(secret, "whsec_")) || strings.Contains(s, "t0ps3cret") {
+			t.Fatalf("printed a secret: %s", s)
+		}
+	}
+	if err == nil || !strings.Contains(err.Error(), "http://127.0.0.1:1/hook") {
+		t.Fatalf("publish error %v does not name the endpoint", err)
+	}
+}
