@@ -63,6 +63,8 @@ var destinations = []destination{
 	{name: "kafka", pipelines: true, latencyTarget: true, note: kafkaNote, open: openKafka},
 	{name: "amqp", latencyTarget: true, note: "the machine's RabbitMQ, an exchange and a durable classic queue of the run's own, publisher confirms",
 		open: openAMQP},
+	{name: "webhook", note: "an in-process net/http receiver on loopback (outboxwebhook.Receiver: verifies each request's signature, decodes the event, answers 204)",
+		open: openWebhook},
 }
 
 func destinationNames() string {
