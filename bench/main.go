@@ -5,7 +5,7 @@
 // It lives in its own Go module so that the product never depends on the
 // peer. Run it from the repository root:
 //
-//	cd bench && go run .            # the default run (about 10 minutes)
+//	cd bench && go run .            # the default run (about 10 minutes before the destinations group)
 //	cd bench && go run . --quick    # a smoke run (under a minute)
 //	cd bench && go run . --long     # a 1,000,000-event backlog
 //	cd bench && go run . --json     # one JSON object per scenario
