@@ -6,6 +6,9 @@ help: ## list the targets
 demo: ## run the order system end to end on an embedded NATS server
 	go run ./cmd/outbox demo
 
+demo-kafka: ## the same on Kafka (franz-go's in-process kfake cluster)
+	go run ./cmd/outbox demo --destination kafka
+
 test: ## run every test against the local PostgreSQL and NATS (as CI does)
 	go test -race -count=1 -timeout 20m ./...
 
@@ -26,4 +29,4 @@ bench: ## run the benchmark against the local PostgreSQL and NATS (BENCHMARKS.md
 bench-quick: ## the benchmark at smoke sizes (under a minute)
 	cd bench && go run . --quick
 
-.PHONY: help demo test ci lint build bench bench-quick
+.PHONY: help demo demo-kafka test ci lint build bench bench-quick

@@ -54,6 +54,7 @@ type Message struct {
 //     never accept (message too large, refused by schema) with [Permanent],
 //     and errors meaning the destination cannot be reached at all with
 //     [Unavailable]. Anything else is a retryable failure of that message.
+//     [RetryAfter] adds the delay the destination asked for.
 //     The relay owns retries, backoff and quarantine.
 //   - The relay never passes two messages of the same aggregate in one call,
 //     so a destination may send all of them concurrently; unless the
@@ -141,6 +142,38 @@ func Unavailable(err error) error {
 		return nil
 	}
 	return unavailableError{err}
+}
+
+// RetryAfterMax bounds the delay a destination may ask for with RetryAfter.
+const RetryAfterMax = time.Hour
+
+type retryAfterError struct {
+	err   error
+	delay time.Duration
+}
+
+func (e retryAfterError) Error() string { return e.err.Error() }
+func (e retryAfterError) Unwrap() error { return e.err }
+
+// RetryAfter marks err with the delay the destination asked for before the
+// message is tried again (an HTTP Retry-After header, a broker's throttling
+// hint). The relay then waits at least that long, at most RetryAfterMax,
+// before the event's next attempt, whatever else err is marked with: it
+// combines with Unavailable, and is irrelevant to Permanent.
+func RetryAfter(err error, delay time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return retryAfterError{err, delay}
+}
+
+// RetryDelay returns the delay err was marked with by RetryAfter.
+func RetryDelay(err error) (time.Duration, bool) {
+	var e retryAfterError
+	if errors.As(err, &e) {
+		return e.delay, true
+	}
+	return 0, false
 }
 
 // IsPermanent reports whether err was marked with Permanent.

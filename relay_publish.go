@@ -154,6 +154,10 @@ func (r *Relay) classify(ev claimedEvent, err error, outage *bool) failure {
 			f.delay = backoff(ev.attempts+1, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
 		}
 	}
+	if d, ok := RetryDelay(err); ok && !f.quarantine {
+		// The destination asked for a pause: honour it, within reason.
+		f.delay = max(f.delay, min(d, RetryAfterMax))
+	}
 	if f.quarantine {
 		r.quarantined.Add(1)
 		r.log.Error("event quarantined", slog.String("event_id", ev.ID.String()), slog.String("aggregate_type", ev.AggregateType),

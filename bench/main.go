@@ -6,7 +6,7 @@
 // peer. Run it from the repository root:
 //
 //	cd bench && go run .            # the default run (about 10 minutes before the destinations group)
-//	cd bench && go run . --quick    # a smoke run (under a minute)
+//	cd bench && go run . --quick    # a smoke run (one to two minutes)
 //	cd bench && go run . --long     # a 1,000,000-event backlog
 //	cd bench && go run . --json     # one JSON object per scenario
 //	cd bench && go run . --only soak  # writers and relay together, 10 minutes
@@ -14,7 +14,9 @@
 //	cd bench && go run . --only destinations --destinations kafka
 //
 // Every scenario uses its own PostgreSQL schema (or database) and its own
-// JetStream stream, and removes them when it ends. Progress goes to stderr;
+// JetStream stream (in the destinations group, its own Kafka cluster and
+// topic, RabbitMQ exchange and queue, or webhook receiver), and removes them
+// when it ends. Progress goes to stderr;
 // the table (or JSON) to stdout. See BENCHMARKS.md for what each figure means
 // and what limits it.
 package main

@@ -3,6 +3,7 @@ package destinationtest_test
 import (
 	"context"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -16,18 +17,20 @@ import (
 
 // TestKafka runs the suite on Kafka, against franz-go's in-process
 // Kafka-protocol cluster (kfake): no Kafka server exists on these machines.
-// kfake keeps nothing across a restart, so the Restart check is left out.
+// For the restart, the cluster persists to a directory of the test's own
+// (kfake.DataDir, with SyncWrites) and is started again on the same port.
 func TestKafka(t *testing.T) {
 	t.Parallel()
 	destinationtest.Run(t, destinationtest.Destination{
 		AttributePrefix: "ce_",
-		Open:            kafkaTarget,
+		Open:            func(t *testing.T) destinationtest.Target { return kafkaTarget(t, false) },
+		OpenRestartable: func(t *testing.T) destinationtest.Target { return kafkaTarget(t, true) },
 	})
 }
 
 const kafkaMaxRecord = 512 << 10
 
-func kafkaTarget(t *testing.T) destinationtest.Target {
+func kafkaTarget(t *testing.T, restartable bool) destinationtest.Target {
 	var topics []string
 	for _, typ := range destinationtest.AggregateTypes {
 		topic, err := outboxkafka.Topic(outboxkafka.TopicDefault, typ)
@@ -36,16 +39,33 @@ func kafkaTarget(t *testing.T) destinationtest.Target {
 		}
 		topics = append(topics, topic)
 	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, topics...))
+	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(4, topics...)}
+	if restartable {
+		opts = append(opts, kfake.DataDir(t.TempDir()), kfake.SyncWrites())
+	}
+	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.Close)
-	p := kafkaPublisher(t, c.ListenAddrs())
+	t.Cleanup(func() { c.Close() })
+	brokers := c.ListenAddrs()
+	p := kafkaPublisher(t, brokers)
+	var restart func(t *testing.T)
+	if restartable {
+		restart = func(t *testing.T) {
+			_, port, _ := net.SplitHostPort(brokers[0])
+			n, _ := strconv.Atoi(port)
+			c.Close()
+			if c, err = kfake.NewCluster(append(opts, kfake.Ports(n))...); err != nil {
+				t.Fatalf("start the cluster again: %v", err)
+			}
+		}
+	}
 	return destinationtest.Target{
 		Publisher: p,
+		Restart:   restart,
 		Read: func(ctx context.Context, n int) ([]destinationtest.Delivery, error) {
-			return readTopics(ctx, c.ListenAddrs(), topics, n)
+			return readTopics(ctx, brokers, topics, n)
 		},
 		Unreachable: func(t *testing.T) outbox.Publisher {
 			l, err := net.Listen("tcp", "127.0.0.1:0")

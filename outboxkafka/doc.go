@@ -2,7 +2,8 @@
 // that the relay hands claimed events to, and [Decode] for consumers that
 // read them back. It is built on franz-go (kgo). Use it from Go with
 // outbox.NewRelay, or run "outbox relay --destination kafka://host:port"
-// (and "outbox replay" likewise); the demo and chaos runs are NATS-only still.
+// (and "outbox replay" likewise); "outbox demo" and "outbox chaos" run the
+// example order system on it with --destination kafka.
 //
 // # Destination URL
 //

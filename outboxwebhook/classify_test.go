@@ -33,8 +33,10 @@ func httpServer(t *testing.T, h http.HandlerFunc) *httptest.Server {
 	return srv
 }
 
-// TestClassifyStatus: 2xx is success; 408, 425, 429 and 5xx are plain,
-// retryable errors that carry Retry-After; other 4xx are permanent.
+// TestClassifyStatus: 2xx is success; 429, 502, 503 and 504 are
+// unavailable (the endpoint as a whole), 408, 425 and other 5xx plain,
+// retryable errors, all carrying Retry-After (also as outbox.RetryDelay, for
+// the relay); other 4xx are permanent.
 func TestClassifyStatus(t *testing.T) {
 	t.Parallel()
 	secret := newSecret(t)
@@ -42,14 +44,14 @@ func TestClassifyStatus(t *testing.T) {
 	for _, tc := range []struct {
 		code       int
 		retryAfter string
-		want       string // "ok", "retry", "permanent"
+		want       string // "ok", "retry", "unavailable", "permanent"
 		delay      time.Duration
 	}{
 		{200, "", "ok", 0}, {202, "", "ok", 0}, {204, "", "ok", 0},
 		{500, "7", "retry", 7 * time.Second},
-		{503, "", "retry", 0},
-		{502, "", "retry", 0},
-		{429, date, "retry", 90 * time.Second},
+		{503, "", "unavailable", 0}, {504, "3", "unavailable", 3 * time.Second},
+		{502, "", "unavailable", 0}, {501, "", "retry", 0},
+		{429, date, "unavailable", 90 * time.Second},
 		{408, "", "retry", 0}, {425, "1", "retry", time.Second},
 		{400, "", "permanent", 0}, {401, "", "permanent", 0}, {403, "", "permanent", 0},
 		{404, "", "permanent", 0}, {410, "", "permanent", 0}, {413, "", "permanent", 0}, {422, "", "permanent", 0},
@@ -74,6 +76,11 @@ func TestClassifyStatus(t *testing.T) {
 				t.Errorf("%d: %v, want a plain retryable error", tc.code, err)
 				continue
 			}
+		case "unavailable":
+			if !outbox.IsUnavailable(err) || outbox.IsPermanent(err) {
+				t.Errorf("%d: %v, want unavailable", tc.code, err)
+				continue
+			}
 		case "permanent":
 			if !outbox.IsPermanent(err) {
 				t.Errorf("%d: %v, want permanent", tc.code, err)
@@ -87,6 +94,9 @@ func TestClassifyStatus(t *testing.T) {
 		d, ok := outboxwebhook.RetryAfter(err)
 		if ok != (tc.retryAfter != "") || d < tc.delay-3*time.Second || d > tc.delay {
 			t.Errorf("%d: RetryAfter = %s, %v; want about %s", tc.code, d, ok, tc.delay)
+		}
+		if rd, ok := outbox.RetryDelay(err); ok != (tc.retryAfter != "") || rd != d {
+			t.Errorf("%d: outbox.RetryDelay = %s, %v; want %s, %v", tc.code, rd, ok, d, tc.retryAfter != "")
 		}
 	}
 }

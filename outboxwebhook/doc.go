@@ -81,7 +81,9 @@
 // time) and never retries: the relay does. The answer decides:
 //
 //	2xx                                          accepted (the event is published)
-//	408, 425, 429, 5xx                           retryable error (attempt spent, backoff)
+//	429, 502, 503, 504                           outbox.Unavailable: the endpoint as a whole is
+//	                                               throttling or down (no attempt spent)
+//	408, 425, other 5xx                          retryable error (attempt spent, backoff)
 //	timeout or reset after the request was sent  retryable error
 //	no connection: DNS, refused, TLS handshake,
 //	  timeout while connecting                   outbox.Unavailable (no attempt spent)
@@ -90,10 +92,10 @@
 //
 // Errors for an answer are a [StatusError] quoting the start of the
 // response body (at most Config.MaxResponseBytes is read, 1 KiB quoted).
-// A Retry-After header (seconds or an HTTP date) on a retryable answer is
-// kept in the error, read by [RetryAfter]; the relay does not read it yet
-// and backs off by its own schedule (outbox.Config.RetryBackoffMin/Max), so
-// set those to suit an endpoint that rate-limits. Note that a 401 (a secret
+// A Retry-After header (seconds or an HTTP date) on such an answer is kept
+// in the error, read by [RetryAfter], and marked with outbox.RetryAfter: the
+// relay waits at least that long (at most outbox.RetryAfterMax) before the
+// event's next attempt. Note that a 401 (a secret
 // the receiver does not know, a clock too far off) quarantines events: fix
 // the secret, then retry them with "outbox quarantine retry".
 // [Publisher.Probe] sends one HEAD request; any HTTP answer means reachable.

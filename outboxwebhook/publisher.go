@@ -266,9 +266,12 @@ func (p *Publisher) post(parent context.Context, msg *outbox.Message) error {
 	case code >= 300 && code < 400:
 		se.Location = redactURL(resp.Header.Get("Location"))
 		return outbox.Permanent(se)
-	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
-		se.RetryAfter, se.HasRetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), p.now())
-		return se
+	case code == http.StatusTooManyRequests, code == http.StatusBadGateway, code == http.StatusServiceUnavailable, code == http.StatusGatewayTimeout:
+		// Rate limited, or the service behind the URL is down: the endpoint
+		// as a whole, not this event. Retried without spending an attempt.
+		return withRetryAfter(se, resp, p.now(), outbox.Unavailable)
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code >= 500:
+		return withRetryAfter(se, resp, p.now(), func(err error) error { return err })
 	case code >= 400:
 		return outbox.Permanent(se)
 	}
@@ -338,9 +341,11 @@ func quote(body []byte, readErr error) string {
 }
 
 // StatusError is the error of a request the endpoint answered with a
-// status other than 2xx. Publish returns it as it is when the status is
-// retryable (408, 425, 429, 5xx), and marked outbox.Permanent otherwise
-// (3xx, other 4xx); errors.As finds it either way.
+// status other than 2xx. Publish returns it marked outbox.Unavailable for
+// 429, 502, 503 and 504 (the endpoint as a whole is throttling or down), as
+// it is (retryable) for 408, 425 and other 5xx, and marked
+// outbox.Permanent otherwise (3xx, other 4xx); with outbox.RetryAfter when
+// the response had a Retry-After header. errors.As finds it either way.
 type StatusError struct {
 	// StatusCode and Status are the response's.
 	StatusCode int
@@ -374,10 +379,21 @@ func (e *StatusError) Error() string {
 	return b.String()
 }
 
+// withRetryAfter reads the response's Retry-After into se and returns se
+// marked by class and, when the endpoint asked for a delay, with
+// outbox.RetryAfter, which the relay honours.
+func withRetryAfter(se *StatusError, resp *http.Response, now time.Time, class func(error) error) error {
+	se.RetryAfter, se.HasRetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), now)
+	if se.HasRetryAfter {
+		return class(outbox.RetryAfter(se, se.RetryAfter))
+	}
+	return class(se)
+}
+
 // RetryAfter returns the delay an endpoint asked for with Retry-After on a
-// retryable answer (429, 503, ...), found in err's chain. The relay does
-// not read it (its backoff is its own, outbox.Config.RetryBackoffMin and
-// Max); a program driving the publisher itself can wait at least that long.
+// retryable answer (429, 503, ...), found in err's chain. The relay reads
+// the same delay through outbox.RetryDelay and waits at least that long
+// before the event's next attempt.
 func RetryAfter(err error) (time.Duration, bool) {
 	var se *StatusError
 	if errors.As(err, &se) && se.HasRetryAfter {

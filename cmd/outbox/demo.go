@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,7 +18,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgoutbox/outbox"
@@ -53,20 +53,24 @@ func demo(ctx context.Context, args []string, out, logs io.Writer) error {
 	fs := cli.NewFlagSet("outbox", "demo", `demo [flags]
 
 Runs the example order system in this process: the order HTTP API, the relay
-and the inventory consumer, on PostgreSQL (DATABASE_URL) and NATS JetStream
-(--destination; an embedded server when unset). It drives commands over HTTP
+and the inventory consumer, on PostgreSQL (DATABASE_URL) and the destination
+--destination names: "nats" (the default: an embedded NATS JetStream server),
+"kafka" (franz-go's in-process Kafka-protocol cluster, kfake: the relay and the
+consumer speak the Kafka protocol to it as to any Kafka), or the URL of an
+external broker (nats://host:port, kafka://host:port). It drives commands over HTTP
 with the chaos harness's driver (creates, cancellations, rollbacks,
 idempotent retries, reused keys), waits until every committed event was
 published and applied, prints a report and checks the invariants I1-I5 with
-the same checker as "outbox chaos". Each run uses a fresh schema, stream and subject prefix of
-its own, removed at the end unless --keep. Exits non-zero if a check fails.`)
+the same checker as "outbox chaos". Each run uses a fresh schema and stream
+(with its subject prefix) or topic of its own, removed at the end unless --keep.
+Exits non-zero if a check fails.`)
 	var f demoFlags
 	fs.StringVar(&f.databaseURL, "database-url", cli.Env("DATABASE_URL", cli.DatabaseURLDefault), "PostgreSQL connection URL (env DATABASE_URL)")
-	fs.StringVar(&f.dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "NATS server: nats://host:port (env OUTBOX_DESTINATION; default: an embedded server)")
+	fs.StringVar(&f.dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", "nats"), "nats (an embedded server), kafka (an in-process kfake cluster), or an external broker's URL: nats://host:port, kafka://host:port (env OUTBOX_DESTINATION)")
 	fs.StringVar(&f.dest.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
 	fs.IntVar(&f.orders, "orders", 200, "commands to send: order creates, and cancellations, rollbacks and retries among them")
 	fs.IntVar(&f.concurrency, "concurrency", 8, "concurrent HTTP clients")
-	fs.BoolVar(&f.keep, "keep", false, "keep the schema and the stream at the end, to inspect them")
+	fs.BoolVar(&f.keep, "keep", false, "keep the schema and the stream or topic at the end, to inspect them")
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "give up when the run has not converged after this long")
 	fs.Float64Var(&f.lostAcks, "lost-acks", 0.05, "fraction of consumer acks dropped after the commit (failpoint consumer/after-commit-before-ack), so redeliveries show the inbox deduplicating; ignored when OUTBOX_FAILPOINTS is set")
 	fs.Uint64Var(&f.seed, "seed", 0, "seed of the command mix (0: random)")
@@ -87,6 +91,9 @@ its own, removed at the end unless --keep. Exits non-zero if a check fails.`)
 	if f.seed == 0 {
 		f.seed = rand.Uint64()%1_000_000 + 1
 	}
+	if f.dest.URL == "" {
+		f.dest.URL = "nats"
+	}
 	level := slog.LevelWarn
 	if f.verbose {
 		level = slog.LevelInfo
@@ -104,10 +111,11 @@ type demoRun struct {
 	start time.Time
 
 	where    chaos.Where
+	dest     chaos.Destination
 	pool     *pgxpool.Pool
-	js       jetstream.JetStream
 	api      *ordersapi.Service
 	relay    *outbox.Relay
+	closePub func()
 	consumer *inventory.Consumer
 	driver   *chaos.Driver
 }
@@ -121,26 +129,24 @@ func (d *demoRun) printf(format string, args ...any) {
 func (d *demoRun) run(ctx context.Context) (err error) {
 	d.start = time.Now()
 	suffix := strings.ReplaceAll(uuid.NewString(), "-", "")[:10]
-	d.where = chaos.Where{Schema: "demo_" + suffix, Stream: "DEMO_" + strings.ToUpper(suffix), Prefix: "demo_" + suffix}
+	d.where = chaos.Where{Schema: "demo_" + suffix}
 
-	// NATS: the given server, or an embedded one in a temporary directory.
-	natsURL, where := d.flags.dest.URL, d.flags.dest.URL
-	if natsURL == "" {
-		dir, err := os.MkdirTemp("", "outbox-demo-nats-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		emb, err := outboxnats.StartEmbedded(dir, -1)
-		if err != nil {
-			return fmt.Errorf("start embedded NATS: %w", err)
-		}
-		defer emb.Shutdown()
-		natsURL = emb.ClientURL()
-		where = "embedded JetStream at " + natsURL
+	// The destination: a broker of the demo's own (an embedded NATS server
+	// storing in a temporary directory, or an in-process Kafka cluster), or
+	// an external one; with the run's stream or topic.
+	dir, err := os.MkdirTemp("", "outbox-demo-broker-")
+	if err != nil {
+		return err
 	}
-	d.printf("outbox demo: %d commands, seed %d\n  postgres schema %s, NATS %s\n  stream %s, subjects %s.>\n",
-		d.flags.orders, d.flags.seed, d.where.Schema, where, d.where.Stream, d.where.Prefix)
+	defer os.RemoveAll(dir)
+	d.dest, err = chaos.OpenDestination(ctx, chaos.DestinationConfig{Spec: d.flags.dest.URL, Tag: "demo_" + suffix,
+		Dir: dir, DuplicateWindow: outboxnats.DuplicateWindowDefault})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, d.dest.Close(d.flags.keep)) }()
+	d.printf("outbox demo: %d commands, seed %d\n  postgres schema %s\n  destination: %s\n",
+		d.flags.orders, d.flags.seed, d.where.Schema, d.dest.Describe())
 
 	pcfg, err := pgxpool.ParseConfig(d.flags.databaseURL)
 	if err != nil {
@@ -157,18 +163,14 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	if err := pgident.ValidateSchema(d.where.Schema); err != nil {
 		return err
 	}
-	nc, err := destination.ConnectNATS(natsURL, "outbox-demo")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	if d.js, err = jetstream.New(nc); err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	// Registered after the connection, so it runs while NATS and the pool
-	// are still open.
+	// Registered after the pool, so it runs while the pool is still open.
 	defer func() { err = errors.Join(err, d.removeOrKeep(context.WithoutCancel(ctx))) }()
 
+	defer func() {
+		if d.closePub != nil {
+			d.closePub()
+		}
+	}()
 	if err := d.setUp(ctx); err != nil {
 		return err
 	}
@@ -206,8 +208,8 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 		return srv.Shutdown(sctx)
 	})
 	g.Go(func() error { return componentDone("relay", gctx, d.relay.Run(gctx)) })
-	g.Go(func() error { return componentDone("inventory consumer", gctx, d.consumer.Run(gctx)) })
-	d.printf("  order API %s, relay %s, inventory consumer (durable %s, %d workers) running\n",
+	g.Go(func() error { return componentDone("inventory consumer", gctx, d.consumer.Run(gctx, d.dest.URL())) })
+	d.printf("  order API %s, relay %s, inventory consumer (durable consumer or group %s, %d workers) running\n",
 		baseURL, d.relay.ID(), inventory.DurableDefault, inventory.WorkersDefault)
 
 	waitCtx, cancelWait := context.WithTimeout(gctx, d.flags.timeout)
@@ -217,7 +219,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	d.driver.Run(waitCtx, d.flags.concurrency, 0, d.flags.orders)
 	d.printf("  [%5.1fs] %d/%d commands done over HTTP; waiting for the relay and the consumer\n",
 		time.Since(d.start).Seconds(), d.driver.Ledger.Len(), d.flags.orders)
-	p, convErr := chaos.WaitConverged(waitCtx, d.pool, d.js, d.where)
+	p, convErr := chaos.WaitConverged(waitCtx, d.pool, d.dest, d.where)
 	if convErr == nil {
 		d.printf("  [%5.1fs] converged: all %d events published and applied\n", time.Since(d.start).Seconds(), p.Events)
 	} else {
@@ -238,29 +240,20 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	return errors.Join(convErr, d.report(checkCtx))
 }
 
-// removeOrKeep drops the run's schema and its stream on a shared server,
-// unless --keep.
+// removeOrKeep drops the run's schema unless --keep (the destination's
+// Close removes its stream or topic likewise).
 func (d *demoRun) removeOrKeep(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if d.flags.keep {
-		if d.flags.dest.URL == "" {
-			d.printf("kept schema %s (--keep); the embedded NATS server's stream went with it\n", d.where.Schema)
-		} else {
-			d.printf("kept schema %s and stream %s on %s (--keep)\n", d.where.Schema, d.where.Stream, d.flags.dest.URL)
-		}
+		d.printf("kept schema %s and the stream or topic (--keep) of %s; a broker of the demo's own went with its data\n",
+			d.where.Schema, d.dest.Describe())
 		return nil
 	}
-	var err error
-	if _, derr := d.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{d.where.Schema}.Sanitize()+" CASCADE"); derr != nil {
-		err = fmt.Errorf("drop schema %s: %w", d.where.Schema, derr)
+	if _, err := d.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{d.where.Schema}.Sanitize()+" CASCADE"); err != nil {
+		return fmt.Errorf("drop schema %s: %w", d.where.Schema, err)
 	}
-	if d.flags.dest.URL != "" {
-		if derr := d.js.DeleteStream(ctx, d.where.Stream); derr != nil && !errors.Is(derr, jetstream.ErrStreamNotFound) {
-			err = errors.Join(err, fmt.Errorf("delete stream %s: %w", d.where.Stream, derr))
-		}
-	}
-	return err
+	return nil
 }
 
 // componentDone turns a component's early exit into an error that stops the
@@ -288,7 +281,19 @@ func (d *demoRun) setUp(ctx context.Context) error {
 	if err := inventory.Migrate(ctx, d.pool, d.where.Schema, ""); err != nil {
 		return err
 	}
-	pub, err := outboxnats.NewPublisher(ctx, d.js, outboxnats.Config{Stream: d.where.Stream, SubjectPrefix: d.where.Prefix, Source: d.flags.dest.Source})
+	// The relay's and the consumer's destination settings, read from the
+	// flags the destination gives their processes in "outbox chaos".
+	relayOpts, _, err := destinationFlags(d.dest, chaos.RoleRelay)
+	if err != nil {
+		return err
+	}
+	relayOpts.Source = d.flags.dest.Source
+	pub, closePub, err := destination.Open(ctx, relayOpts)
+	if err != nil {
+		return err
+	}
+	d.closePub = closePub
+	consOpts, session, err := destinationFlags(d.dest, chaos.RoleConsumer)
 	if err != nil {
 		return err
 	}
@@ -299,11 +304,25 @@ func (d *demoRun) setUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.consumer, err = inventory.New(d.pool, d.js, inventory.Config{
-		Schema: d.where.Schema, Stream: d.where.Stream, SubjectPrefix: d.where.Prefix,
-		AckWait: 5 * time.Second, Logger: d.log,
+	d.consumer, err = inventory.New(d.pool, inventory.Config{
+		Schema: d.where.Schema, Stream: consOpts.NATSStream, SubjectPrefix: consOpts.NATSSubjectPrefix,
+		AckWait: 5 * time.Second, SessionTimeout: session, Logger: d.log,
 	})
 	return err
+}
+
+// destinationFlags parses the destination flags dest gives a process of
+// role, as that process would.
+func destinationFlags(dest chaos.Destination, role string) (destination.Options, time.Duration, error) {
+	fs := flag.NewFlagSet(role, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var o destination.Options
+	o.Register(fs)
+	session := fs.Duration("session-timeout", 0, "")
+	if err := fs.Parse(append([]string{"--destination", dest.URL()}, dest.Args(role)...)); err != nil {
+		return o, 0, fmt.Errorf("%s flags of %s: %w", role, dest.Name(), err)
+	}
+	return o, *session, nil
 }
 
 // progress prints a line every second until ctx ends.
@@ -317,7 +336,7 @@ func (d *demoRun) progress(ctx context.Context, done chan<- struct{}) {
 			return
 		case <-t.C:
 		}
-		p, err := chaos.GetProgress(ctx, d.pool, d.js, d.where)
+		p, err := chaos.GetProgress(ctx, d.pool, d.dest, d.where)
 		if err != nil {
 			continue
 		}
@@ -330,7 +349,7 @@ func (d *demoRun) progress(ctx context.Context, done chan<- struct{}) {
 // report prints the figures, the lags and the invariant checks (the chaos
 // harness's Check, against the driver's ledger).
 func (d *demoRun) report(ctx context.Context) error {
-	rep, err := chaos.Check(ctx, d.pool, d.js, d.where, d.driver.Ledger, int(d.consumer.Stats().Anomalies))
+	rep, err := chaos.Check(ctx, d.pool, d.dest, d.where, d.driver.Ledger, int(d.consumer.Stats().Anomalies))
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgoutbox/outbox"
@@ -95,22 +94,23 @@ func runAPI(ctx context.Context, args []string) error {
 }
 
 func runInventory(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("orders", "inventory", "inventory [flags]\n\nConsumes the order events from JetStream with a durable pull consumer and reserves or\nreleases stock, each event applied once and in order per order through the inbox.\nStops on SIGINT/SIGTERM after finishing the messages it holds.")
+	fs := cli.NewFlagSet("orders", "inventory", "inventory [flags]\n\nConsumes the order events from the destination (--destination): from NATS JetStream\nwith a durable pull consumer, or from Kafka as a consumer group (the --durable name),\ncommitting offsets only after the inbox transaction committed. It reserves or\nreleases stock, each event applied once and in order per order through the inbox.\nStops on SIGINT/SIGTERM after finishing the messages it holds.")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
-	fs.StringVar(&dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "NATS server the events are in: nats://host:port (env OUTBOX_DESTINATION)")
+	fs.StringVar(&dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where the events are: "+inventory.Schemes+" (env OUTBOX_DESTINATION)")
 	dest.RegisterNATS(fs)
 	appSchema := appSchemaFlag(fs)
 	var cfg inventory.Config
-	fs.StringVar(&cfg.Durable, "durable", cli.Env("INVENTORY_DURABLE", inventory.DurableDefault), "JetStream durable consumer name (env INVENTORY_DURABLE)")
-	fs.IntVar(&cfg.Workers, "workers", inventory.WorkersDefault, "messages processed at once")
-	fs.DurationVar(&cfg.AckWait, "ack-wait", inventory.AckWaitDefault, "how long JetStream waits for an ack before redelivering")
+	fs.StringVar(&cfg.Durable, "durable", cli.Env("INVENTORY_DURABLE", inventory.DurableDefault), "JetStream durable consumer name, or Kafka consumer group (env INVENTORY_DURABLE)")
+	fs.IntVar(&cfg.Workers, "workers", inventory.WorkersDefault, "messages processed at once (NATS), or partitions (Kafka)")
+	fs.DurationVar(&cfg.AckWait, "ack-wait", inventory.AckWaitDefault, "how long JetStream waits for an ack before redelivering (and the bound on handling one event)")
+	fs.DurationVar(&cfg.SessionTimeout, "session-timeout", inventory.SessionTimeoutDefault, "Kafka: how long the group waits for a silent member before moving its partitions")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if dest.URL == "" {
-		return errors.New("no NATS server: set --destination or OUTBOX_DESTINATION (e.g. nats://127.0.0.1:4222)")
+		return errors.New("no destination: set --destination or OUTBOX_DESTINATION (e.g. nats://127.0.0.1:4222 or kafka://127.0.0.1:9092)")
 	}
 	log := logger()
 	pool, err := common.Connect(ctx)
@@ -121,21 +121,12 @@ func runInventory(ctx context.Context, args []string) error {
 	if err := inventory.Migrate(ctx, pool, common.Schema, *appSchema); err != nil {
 		return err
 	}
-	nc, err := destination.ConnectNATS(dest.URL, "orders-inventory")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
 	cfg.Schema, cfg.AppSchema = common.Schema, *appSchema
 	cfg.Stream, cfg.SubjectPrefix = dest.NATSStream, dest.NATSSubjectPrefix
 	cfg.Logger = log
-	cons, err := inventory.New(pool, js, cfg)
+	cons, err := inventory.New(pool, cfg)
 	if err != nil {
 		return err
 	}
-	return cons.Run(ctx)
+	return cons.Run(ctx, dest.URL)
 }

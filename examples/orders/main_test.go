@@ -230,7 +230,7 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{[]string{"nope"}, 2, "unknown command"},
 		{[]string{"api", "--no-such-flag"}, 2, "flag provided but not defined"},
-		{[]string{"inventory", "--destination", ""}, 1, "no NATS server"},
+		{[]string{"inventory", "--destination", ""}, 1, "no destination"},
 	} {
 		cmd := exec.Command(ordersBinary(t), c.args...)
 		cmd.Env = append(os.Environ(), "OUTBOX_DESTINATION=")

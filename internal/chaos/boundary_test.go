@@ -21,6 +21,8 @@ type boundary struct {
 	// late starts the target only once the commands are done, so a relay
 	// or consumer finds a backlog on its first batch.
 	late bool
+	// dest is the destination (envOptions.dest; default the machine's NATS).
+	dest string
 	// atCrash checks the state the crash left, before the restart.
 	atCrash func(t *testing.T, e *env, d *Driver)
 	// after checks the boundary's own evidence after the recovery.
@@ -33,7 +35,7 @@ type boundary struct {
 // final state of PostgreSQL and the stream.
 func runBoundary(t *testing.T, b boundary) {
 	t.Parallel()
-	e := newEnv(t, envOptions{})
+	e := newEnv(t, envOptions{dest: b.dest})
 	spec := b.failpoint + "=crash@" + strconv.Itoa(b.nth)
 	if b.late {
 		e.startAll(nil, b.target)
@@ -182,6 +184,24 @@ func TestBoundaryConsumerAfterCommitBeforeAck(t *testing.T) {
 		}})
 }
 
+// The Kafka consumer crashes after its inbox transaction committed, before
+// committing the offset: the restarted consumer gets the record again from
+// the group's committed offset, and its inbox recognises it. On franz-go's
+// in-process Kafka-protocol cluster (kfake), which this test process runs.
+func TestBoundaryConsumerAfterCommitBeforeOffsetCommitKafka(t *testing.T) {
+	runBoundary(t, boundary{target: "consumer-1", failpoint: "consumer/after-commit-before-ack", nth: 3, commands: 20, late: true, dest: "kafka",
+		atCrash: func(t *testing.T, e *env, _ *Driver) {
+			if n := e.queryInt(`SELECT count(*) FROM {s}.processed_events`); n < 3 {
+				t.Fatalf("after the crash: %d inbox rows; want the crashed delivery's committed", n)
+			}
+		},
+		after: func(t *testing.T, e *env, r *Report) {
+			if n := e.countLines("consumer-", "duplicate delivery suppressed"); n == 0 {
+				t.Fatal("the redelivery was not suppressed as a duplicate")
+			}
+		}})
+}
+
 // TestBoundaryCleanupMidBatch crashes "outbox cleanup" between a batch's
 // DELETE and its COMMIT: the batches before it stay deleted, that batch
 // rolls back whole, no unpublished event is touched, and a clean run then
@@ -260,7 +280,7 @@ func TestBoundaryCleanupMidBatch(t *testing.T) {
 		d.Do(ctx, &Command{Kind: Cancel, OrderID: id})
 	}
 	d.Run(ctx, 1, 0, 20)
-	if _, err := WaitConverged(ctx, e.pool, e.js, e.where); err != nil {
+	if _, err := WaitConverged(ctx, e.pool, e.dest, e.where); err != nil {
 		t.Fatal(err)
 	}
 	if n := count("event_type = 'OrderCancelled' AND aggregate_sequence = 2 AND aggregate_id = ANY('{" + strings.Join(old, ",") + "}')"); n != int64(len(old)) {

@@ -71,6 +71,38 @@ func TestChaosRun(t *testing.T) {
 	}
 }
 
+// TestChaosRunKafka is a short chaos run with --destination kafka: the
+// relays publish to, and the consumers' group reads from, franz-go's
+// in-process Kafka-protocol cluster (kfake) that the chaos process runs.
+// kfake cannot be restarted without losing its data, so the run has no
+// broker faults and says so; every other fault applies, and no invariant
+// may be violated.
+func TestChaosRunKafka(t *testing.T) {
+	out, code := runChaosCommand(t, testBinaries(t), "--duration", "20s", "--seed", "12", "--destination", "kafka", "--recover-timeout", "60s")
+	if code != 0 {
+		t.Fatalf("outbox chaos exited with %d", code)
+	}
+	for _, inv := range Invariants {
+		if n := figure(t, out, "violations "+inv); n != 0 {
+			t.Errorf("%d violations of %s", n, inv)
+		}
+	}
+	for _, f := range []string{"commits", "processes killed", "failpoints fired", "events"} {
+		if figure(t, out, f) == 0 {
+			t.Errorf("the run had no %s", f)
+		}
+	}
+	if !regexp.MustCompile(`destination: in-process Kafka \(franz-go kfake\) at 127\.0\.0\.1:\d+, topic chaos_12_[0-9a-f]+\.order`).MatchString(out) {
+		t.Error("the run does not say it runs on kfake, with its topic")
+	}
+	if figure(t, out, "broker restarts") != 0 || !strings.Contains(out, "no broker restarts: the harness cannot restart this destination") {
+		t.Error("the run does not say it left the broker restarts out")
+	}
+	if !strings.Contains(out, "seed 12: all invariants hold") {
+		t.Error("the report does not end with its seed and the verdict")
+	}
+}
+
 // TestChaosCatchesBrokenBuild builds the relay with a deliberate bug
 // (-tags outbox_brokenmark: events marked published before the broker's
 // ack) and shows that a short chaos run reports the events it lost and
@@ -111,5 +143,17 @@ func TestScheduleReplays(t *testing.T) {
 		if f.At < 2*time.Second || f.At > 57*time.Second {
 			t.Fatalf("fault outside the fault window: %s", f)
 		}
+	}
+	// Without broker restarts (a destination that cannot be restarted):
+	// the same seed's other faults, none on the broker.
+	cfg.Seed, cfg.NoBroker = 42, true
+	var others Schedule
+	for _, f := range a {
+		if f.Kind != FaultBroker {
+			others = append(others, f)
+		}
+	}
+	if nb := NewSchedule(cfg); nb.Count(FaultBroker) != 0 || nb.String() != others.String() {
+		t.Fatalf("NoBroker schedule:\n%s\nwant the seed's faults without the broker restarts:\n%s", nb, others)
 	}
 }

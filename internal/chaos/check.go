@@ -10,13 +10,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/examples/orders/inventory"
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
-	"github.com/pgoutbox/outbox/outboxnats"
 )
 
 // Invariant names, in report order: I1-I5 of the design, the request
@@ -27,19 +23,19 @@ var Invariants = []string{"I1", "I2", "I3", "I4", "I5", "idempotency", "response
 var Descriptions = map[string]string{
 	"I1":          "every committed order/cancel has exactly one intent",
 	"I2":          "no intent (and no row) for a command that did not commit",
-	"I3":          "every intent published and in the stream",
+	"I3":          "every intent published and at the destination",
 	"I4":          "every effect applied exactly once (inbox rows, stock, reservations)",
 	"I5":          "per order, first publication and application in sequence order",
 	"idempotency": "one order per Idempotency-Key, replays return it",
 	"responses":   "every HTTP answer was one the API may give",
 }
 
-// Where names the run's tables, stream and consumer.
+// Where names the run's tables and consumer; the Destination names the
+// stream or topic.
 type Where struct {
 	Schema string // outbox and business tables
-	Stream string
-	Prefix string
-	// Durable and InboxConsumer default to the inventory's defaults.
+	// Durable (the NATS durable consumer, or the Kafka consumer group) and
+	// InboxConsumer default to the inventory's defaults.
 	Durable       string
 	InboxConsumer string
 }
@@ -63,7 +59,10 @@ type Figures struct {
 	KeyReusesRefused                                                int
 	Events, Published                                               int64
 	StreamMessages, DuplicatesPublished                             int64
-	Deliveries, DuplicatesDelivered                                 int64
+	// Deliveries is -1 where the destination does not count them.
+	Deliveries, DuplicatesDelivered int64
+	// Destination is the destination's kind ("nats", "kafka").
+	Destination string
 }
 
 // Report is the outcome of Check: the figures and the violations found per
@@ -110,58 +109,12 @@ func (r *Report) Err() error {
 	return errors.Join(errs...)
 }
 
-// StreamMessages reads every order event of the run's stream in stream
-// order.
-func StreamMessages(ctx context.Context, js jetstream.JetStream, w Where) ([]outbox.Message, error) {
-	s, err := js.Stream(ctx, w.Stream)
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", w.Stream, err)
-	}
-	filter := outboxnats.AggregateTypeFilter(w.Prefix, orderevents.AggregateType)
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", w.Stream, err)
-	}
-	want := 0
-	for _, n := range info.State.Subjects {
-		want += int(n)
-	}
-	var out []outbox.Message
-	if want == 0 {
-		return out, nil
-	}
-	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
-	if err != nil {
-		return nil, fmt.Errorf("read stream %s: %w", w.Stream, err)
-	}
-	for len(out) < want {
-		batch, err := oc.Fetch(min(want-len(out), 1000), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("read stream %s: %w", w.Stream, err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			msg, err := outboxnats.Decode(m.Headers(), m.Data())
-			if err != nil {
-				return nil, fmt.Errorf("message on %s does not decode: %w", m.Subject(), err)
-			}
-			out = append(out, msg)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return nil, fmt.Errorf("read stream %s: %w", w.Stream, err)
-		}
-		if n == 0 {
-			return nil, fmt.Errorf("read stream %s: got %d of %d messages", w.Stream, len(out), want)
-		}
-	}
-	return out, nil
-}
-
 // Progress is how far the system has come with the committed events.
 type Progress struct {
 	Events, Unpublished, Quarantined, Processed int64
-	// NumPending and NumAckPending are the durable consumer's.
+	// NumPending and NumAckPending are the consumer's (Destination's
+	// ConsumerProgress Pending and InFlight); NumPending is -1 while the
+	// consumer does not exist.
 	NumPending, NumAckPending int64
 	Deliveries                int64
 }
@@ -178,8 +131,9 @@ func (p Progress) String() string {
 		p.Events, p.Unpublished, p.Quarantined, p.Processed, p.NumPending, p.NumAckPending)
 }
 
-// GetProgress reads the progress from PostgreSQL and the durable consumer.
-func GetProgress(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, w Where) (Progress, error) {
+// GetProgress reads the progress from PostgreSQL and the destination's
+// consumer.
+func GetProgress(ctx context.Context, pool *pgxpool.Pool, dest Destination, w Where) (Progress, error) {
 	w = w.withDefaults()
 	var p Progress
 	if err := pool.QueryRow(ctx, `SELECT
@@ -190,31 +144,26 @@ func GetProgress(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream
 		Scan(&p.Events, &p.Unpublished, &p.Quarantined, &p.Processed); err != nil {
 		return p, err
 	}
-	c, err := js.Consumer(ctx, w.Stream, w.Durable)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+	c, err := dest.Progress(ctx, w.Durable)
+	if err != nil {
+		return p, err
+	}
+	if !c.Exists {
 		p.NumPending = -1 // not created yet
 		return p, nil
 	}
-	if err != nil {
-		return p, err
-	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return p, err
-	}
-	p.NumPending, p.NumAckPending = int64(info.NumPending), int64(info.NumAckPending)
-	p.Deliveries = int64(info.Delivered.Consumer)
+	p.NumPending, p.NumAckPending, p.Deliveries = c.Pending, c.InFlight, c.Deliveries
 	return p, nil
 }
 
 // WaitConverged polls until every event is published and applied and the
 // consumer has nothing pending, or ctx ends.
-func WaitConverged(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, w Where) (Progress, error) {
+func WaitConverged(ctx context.Context, pool *pgxpool.Pool, dest Destination, w Where) (Progress, error) {
 	var last Progress
 	var lastErr error
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		p, err := GetProgress(qctx, pool, js, w)
+		p, err := GetProgress(qctx, pool, dest, w)
 		cancel()
 		if err == nil {
 			last = p
@@ -374,12 +323,14 @@ type eventRow struct {
 }
 
 // Check verifies I1-I5 and request idempotency on the final state of
-// PostgreSQL and the stream against the client's ledger (resolve it first).
+// PostgreSQL and the destination against the client's ledger (resolve it
+// first).
 // outOfOrder is the number of applications out of order the consumers
 // reported (their "cancellation found no reservation" anomaly).
-func Check(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, w Where, ledger *Ledger, outOfOrder int) (*Report, error) {
+func Check(ctx context.Context, pool *pgxpool.Pool, dest Destination, w Where, ledger *Ledger, outOfOrder int) (*Report, error) {
 	w = w.withDefaults()
 	r := newReport()
+	r.Destination = dest.Name()
 	cmds := ledger.Commands()
 	answers, idem := ledger.Problems()
 	for _, p := range answers {
@@ -542,7 +493,7 @@ FROM `+w.table("outbox_events")+` ORDER BY aggregate_id, aggregate_sequence`)
 	}
 
 	// I3: every intent published and at the broker.
-	msgs, err := StreamMessages(ctx, js, w)
+	msgs, err := dest.Messages(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -560,7 +511,7 @@ FROM `+w.table("outbox_events")+` ORDER BY aggregate_id, aggregate_sequence`)
 			r.Violate("I3", "event %s (order %s seq %d) is not published", e.id, e.orderID, e.seq)
 		}
 		if inStream[e.id] == 0 {
-			r.Violate("I3", "event %s (order %s seq %d, marked published: %v) is not in the stream", e.id, e.orderID, e.seq, e.published)
+			r.Violate("I3", "event %s (order %s seq %d, marked published: %v) is not at the destination", e.id, e.orderID, e.seq, e.published)
 		}
 	}
 
@@ -652,11 +603,15 @@ WHERE consumer_name = $1 AND aggregate_type = $2`, w.InboxConsumer, orderevents.
 		}
 	}
 
-	p, err := GetProgress(ctx, pool, js, w)
+	p, err := GetProgress(ctx, pool, dest, w)
 	if err != nil {
 		return nil, err
 	}
 	r.Deliveries = p.Deliveries
-	r.DuplicatesDelivered = max(p.Deliveries-r.Events, 0)
+	if p.Deliveries >= 0 {
+		r.DuplicatesDelivered = max(p.Deliveries-r.Events, 0)
+	} else {
+		r.DuplicatesDelivered = -1
+	}
 	return r, nil
 }

@@ -12,9 +12,13 @@
 //     deliberately broken build of the checker's own test).
 //   - Process runs one child process whose output lines go to a Sink; it
 //     dies with its parent (PR_SET_PDEATHSIG) so nothing is left behind.
-//   - Broker is a NATS server of the harness's own (a nats-server process,
-//     or an embedded one) that can be stopped and started again on the same
-//     port and storage.
+//   - Destination is where the relays publish and the consumers read, one
+//     file per kind: NATS (an own Broker, a nats-server process or an
+//     embedded one that can be stopped and started again on the same port
+//     and storage, or an external server) and Kafka (franz-go's in-process
+//     kfake cluster, not restartable, or an external cluster). It gives the
+//     processes their destination flags, reads every event back for Check
+//     and reports the consumers' progress.
 //   - System runs the order system's members ("api", "relay-N",
 //     "consumer-N"): start (with OUTBOX_FAILPOINTS), kill, pause, resume,
 //     stop, and a record of how each incarnation ended.
@@ -23,7 +27,7 @@
 //     an unknown SKU, cancellations, second cancellations) and keeps a Ledger of what the client knows:
 //     committed, rolled back, or ambiguous (a 500 or a lost connection),
 //     settled by a retry with the same key or, at the end, from the database.
-//   - Check compares PostgreSQL, the stream and the consumers' tables with
+//   - Check compares PostgreSQL, the destination and the consumers' tables with
 //     the Ledger and reports violations of I1-I5, request idempotency and
 //     unexpected answers.
 //   - NewSchedule draws a run's faults from a seed; Run is "outbox chaos".

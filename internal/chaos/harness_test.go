@@ -12,11 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgoutbox/outbox/internal/natstest"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
-	"github.com/pgoutbox/outbox/outboxnats"
 )
 
 var (
@@ -97,8 +94,9 @@ func logSink(t *testing.T) Sink {
 type envOptions struct {
 	relays, consumers int
 	lease             time.Duration
-	// natsURL is the broker (default: the machine's NATS server).
-	natsURL string
+	// dest is the destination: a URL, or a kind ("kafka") for one of the
+	// test's own (default: the machine's NATS server).
+	dest string
 	// databaseURL and pool are the database (default: the machine's).
 	databaseURL string
 	pool        *pgxpool.Pool
@@ -111,15 +109,15 @@ type env struct {
 	t     *testing.T
 	pool  *pgxpool.Pool
 	where Where
-	js    jetstream.JetStream
+	dest  Destination
 	sys   *System
 	seed  uint64
 }
 
 func newEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
-	if o.natsURL == "" {
-		o.natsURL = outboxtest.NATSURL()
+	if o.dest == "" {
+		o.dest = outboxtest.NATSURL()
 	}
 	if o.lease == 0 {
 		o.lease = time.Second
@@ -133,24 +131,32 @@ func newEnv(t *testing.T, o envOptions) *env {
 		pool, schema = o.pool, o.schema
 	}
 	name := outboxtest.UniqueName(t, "c")
-	w := Where{Schema: schema, Stream: strings.ToUpper(name), Prefix: name}
-	nc := natstest.Connect(t, o.natsURL)
-	js := natstest.JetStream(t, nc)
+	w := Where{Schema: schema}
 	// A short deduplication window, so a republished event really reaches
 	// the stream twice and the consumers have duplicates to suppress.
-	natstest.Publisher(t, js, outboxnats.Config{Stream: w.Stream, SubjectPrefix: w.Prefix, DuplicateWindow: 100 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dest, err := OpenDestination(ctx, DestinationConfig{Spec: o.dest, Tag: name, DuplicateWindow: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := dest.Close(false); err != nil {
+			t.Error(err)
+		}
+	})
 	port, err := FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
 	sys := NewSystem(SystemConfig{
 		Bins: testBinaries(t), DatabaseURL: o.databaseURL, Schema: schema,
-		NATSURL: o.natsURL, Stream: w.Stream, Prefix: w.Prefix, APIPort: port,
+		Destination: dest, APIPort: port,
 		Relays: o.relays, Consumers: o.consumers, Lease: o.lease, AckWait: 2 * time.Second,
 		Sink: logSink(t),
 	})
 	t.Cleanup(sys.KillAll) // registered after the stream's deletion: runs first
-	return &env{t: t, pool: pool, where: w, js: js, sys: sys, seed: 1}
+	return &env{t: t, pool: pool, where: w, dest: dest, sys: sys, seed: 1}
 }
 
 func (e *env) start(name, failpoints string) {
@@ -222,7 +228,7 @@ func (e *env) converge(d *Driver) *Report {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if p, err := WaitConverged(ctx, e.pool, e.js, e.where); err != nil {
+	if p, err := WaitConverged(ctx, e.pool, e.dest, e.where); err != nil {
 		e.t.Fatalf("%v", err)
 	} else {
 		e.t.Logf("converged: %s", p)
@@ -230,7 +236,7 @@ func (e *env) converge(d *Driver) *Report {
 	if err := d.Ledger.Resolve(ctx, e.pool, e.where.Schema); err != nil {
 		e.t.Fatal(err)
 	}
-	r, err := Check(ctx, e.pool, e.js, e.where, d.Ledger, e.countLines("consumer-", "cancellation found no reservation"))
+	r, err := Check(ctx, e.pool, e.dest, e.where, d.Ledger, e.countLines("consumer-", "cancellation found no reservation"))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -273,7 +279,7 @@ func (e *env) queryInt(sql string) int64 {
 
 func (e *env) streamCount() int64 {
 	e.t.Helper()
-	msgs, err := StreamMessages(context.Background(), e.js, e.where)
+	msgs, err := e.dest.Messages(context.Background())
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func TestBrokerRestartAndOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = broker.Stop() })
-	e := newEnv(t, envOptions{natsURL: broker.URL(), relays: 2})
+	e := newEnv(t, envOptions{dest: broker.URL(), relays: 2})
 	e.startAll(nil)
 	d := e.driver()
 	stop := background(e, d, 2, 20)

@@ -23,9 +23,13 @@ func (r *Report) WriteFigures(w io.Writer) {
 	Line(w, "key reuses refused", r.KeyReusesRefused, "same Idempotency-Key, another body: 422, nothing written")
 	Line(w, "not sent", r.NotSent, "the API was down until the run ended")
 	Line(w, "events", r.Events, fmt.Sprintf("%d published", r.Published))
-	Line(w, "stream messages", r.StreamMessages, fmt.Sprintf("%d duplicates published (republished after a crash or a stale lease)", r.DuplicatesPublished))
-	Line(w, "deliveries", r.Deliveries, "to the inventory consumers (JetStream)")
-	Line(w, "duplicates delivered", r.DuplicatesDelivered, "deliveries beyond the first of each event")
+	Line(w, "stream messages", r.StreamMessages, fmt.Sprintf("at the destination; %d duplicates published (republished after a crash or a stale lease)", r.DuplicatesPublished))
+	if r.Deliveries >= 0 {
+		Line(w, "deliveries", r.Deliveries, "to the inventory consumers ("+r.Destination+")")
+		Line(w, "duplicates delivered", r.DuplicatesDelivered, "deliveries beyond the first of each event")
+	} else {
+		Line(w, "deliveries", "-", r.Destination+" does not count deliveries; the inbox counts the duplicates")
+	}
 }
 
 // WriteViolations writes, per invariant, the number of violations and the

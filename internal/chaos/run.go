@@ -15,12 +15,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/outbox/examples/orders/ordersdb"
 	"github.com/pgoutbox/outbox/outboxmigrate"
-	"github.com/pgoutbox/outbox/outboxnats"
 )
 
 // Config configures a chaos run.
@@ -34,8 +31,14 @@ type Config struct {
 	DatabaseURL string
 	// Bins are the outbox (relays) and orders (API, consumers) executables.
 	Bins Binaries
+	// Destination is where the relays publish: "nats" (a NATS server of
+	// the run's own, restarted by broker faults), "kafka" (franz-go's
+	// in-process Kafka cluster, kfake, which cannot be restarted: no broker
+	// faults), or the URL of an external broker (never restarted).
+	// Defaults to "nats".
+	Destination string
 	// NATSServer is the nats-server executable the run starts (and
-	// restarts) as its broker; "" runs an embedded server instead.
+	// restarts) as its NATS broker; "" runs an embedded server instead.
 	NATSServer string
 	// Relays and Consumers are how many of each run. Default to 2.
 	Relays, Consumers int
@@ -85,6 +88,9 @@ func (c Config) withDefaults() Config {
 	if c.RecoverTimeout <= 0 {
 		c.RecoverTimeout = 3 * time.Minute
 	}
+	if c.Destination == "" {
+		c.Destination = "nats"
+	}
 	if c.Out == nil {
 		c.Out = io.Discard
 	}
@@ -128,12 +134,12 @@ type Result struct {
 
 // run is one chaos run in progress.
 type run struct {
-	cfg    Config
-	where  Where
-	sys    *System
-	broker *Broker
-	sched  Schedule
-	start  time.Time
+	cfg   Config
+	where Where
+	sys   *System
+	dest  Destination
+	sched Schedule
+	start time.Time
 
 	opMu  sync.Mutex // one change to the members at a time
 	stats Stats
@@ -153,8 +159,9 @@ func (r *run) count(f func(s *Stats)) {
 func (r *run) printf(format string, args ...any) { fmt.Fprintf(r.cfg.Out, format, args...) }
 
 // Run runs the order system as processes (one API, cfg.Relays relays,
-// cfg.Consumers inventory consumers sharing one durable consumer) on a
-// schema and a broker of its own, drives commands for cfg.Duration while
+// cfg.Consumers inventory consumers sharing one durable consumer or group)
+// on a schema and a stream or topic of its own (on a broker of its own
+// unless cfg.Destination is a URL), drives commands for cfg.Duration while
 // injecting the seed's faults, lets everything recover, and checks the
 // invariants. It prints its progress and report to cfg.Out and returns an
 // error when an invariant was violated (or the run could not be done).
@@ -163,7 +170,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	var suffix [3]byte
 	_, _ = rand.Read(suffix[:])
 	tag := fmt.Sprintf("%d_%x", cfg.Seed, suffix)
-	r := &run{cfg: cfg, where: Where{Schema: "chaos_" + tag, Stream: "CHAOS_" + strings.ToUpper(tag), Prefix: "chaos_" + tag}.withDefaults()}
+	r := &run{cfg: cfg, where: Where{Schema: "chaos_" + tag}.withDefaults()}
 	res = &Result{Seed: cfg.Seed}
 
 	logDir, err := os.MkdirTemp("", "outbox-chaos-")
@@ -225,28 +232,13 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 		}
 	}
 
-	// The broker, with the stream created up front (short dedup window).
-	if r.broker, err = NewBroker(cfg.NATSServer, filepath.Join(logDir, "nats"), sink); err != nil {
+	// The destination, with the stream or topic created up front (a short
+	// dedup window on NATS).
+	if r.dest, err = OpenDestination(ctx, DestinationConfig{Spec: cfg.Destination, Tag: "chaos_" + tag,
+		Dir: filepath.Join(logDir, "broker"), NATSServer: cfg.NATSServer, DuplicateWindow: cfg.DuplicateWindow, Sink: sink}); err != nil {
 		return res, err
 	}
-	if err := r.broker.Start(ctx); err != nil {
-		return res, err
-	}
-	defer func() { _ = r.broker.Stop() }()
-	nc, err := nats.Connect(r.broker.URL(), nats.Name("outbox-chaos"), nats.MaxReconnects(-1),
-		nats.ReconnectWait(100*time.Millisecond), nats.Timeout(5*time.Second))
-	if err != nil {
-		return res, fmt.Errorf("connect to the broker: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return res, err
-	}
-	if _, err := outboxnats.NewPublisher(ctx, js, outboxnats.Config{Stream: r.where.Stream, SubjectPrefix: r.where.Prefix,
-		DuplicateWindow: cfg.DuplicateWindow}); err != nil {
-		return res, err
-	}
+	defer func() { err = errors.Join(err, r.dest.Close(cfg.Keep)) }()
 
 	port, err := FreePort()
 	if err != nil {
@@ -254,16 +246,20 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	}
 	r.sys = NewSystem(SystemConfig{
 		Bins: cfg.Bins, DatabaseURL: cfg.DatabaseURL, Schema: r.where.Schema,
-		NATSURL: r.broker.URL(), Stream: r.where.Stream, Prefix: r.where.Prefix, APIPort: port,
+		Destination: r.dest, APIPort: port,
 		Relays: cfg.Relays, Consumers: cfg.Consumers, Lease: cfg.Lease, AckWait: 2 * time.Second, Sink: sink,
 	})
 	defer r.sys.KillAll()
-	r.sched = NewSchedule(ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: r.sys.Names(), Every: cfg.Every, Lease: cfg.Lease})
+	r.sched = NewSchedule(ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: r.sys.Names(), Every: cfg.Every, Lease: cfg.Lease,
+		NoBroker: !r.dest.Restartable()})
 	res.Schedule = r.sched
 
 	r.printf("outbox chaos: seed %d, %s of faults\n", cfg.Seed, cfg.Duration)
 	r.printf("  processes: %s (orders %s, outbox %s)\n", strings.Join(r.sys.Names(), ", "), cfg.Bins.Orders, cfg.Bins.Outbox)
-	r.printf("  broker: %s at %s; schema %s, stream %s\n", r.broker.Kind(), r.broker.URL(), r.where.Schema, r.where.Stream)
+	r.printf("  destination: %s; schema %s\n", r.dest.Describe(), r.where.Schema)
+	if !r.dest.Restartable() {
+		r.printf("  no broker restarts: the harness cannot restart this destination without losing its data\n")
+	}
 	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts)\n", r.sched.Digest(), len(r.sched),
 		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker))
 
@@ -291,7 +287,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	var wg sync.WaitGroup
 	wg.Go(func() { driver.Run(runCtx, cfg.Clients, cfg.Rate, 0) })
 	wg.Go(func() { r.inject(runCtx) })
-	wg.Go(func() { r.progress(runCtx, pool, js, driver) })
+	wg.Go(func() { r.progress(runCtx, pool, driver) })
 	wg.Wait()
 	if ctx.Err() != nil {
 		return res, fmt.Errorf("interrupted: %w", context.Cause(ctx))
@@ -301,7 +297,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	r.printf("[%5.1fs] faults over; recovering\n", r.elapsed())
 	recStart := time.Now()
 	r.opMu.Lock()
-	if err := r.broker.Start(ctx); err != nil {
+	if err := r.dest.Start(ctx); err != nil {
 		r.opMu.Unlock()
 		return res, err
 	}
@@ -316,7 +312,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	}
 	r.opMu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, cfg.RecoverTimeout)
-	progress, convErr := WaitConverged(rctx, pool, js, r.where)
+	progress, convErr := WaitConverged(rctx, pool, r.dest, r.where)
 	cancel()
 	r.stats.Recovery = time.Since(recStart)
 	if convErr != nil {
@@ -332,7 +328,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	if err := driver.Ledger.Resolve(cctx, pool, r.where.Schema); err != nil {
 		return res, err
 	}
-	report, err := Check(cctx, pool, js, r.where, driver.Ledger, int(r.outOfOrder.Load()))
+	report, err := Check(cctx, pool, r.dest, r.where, driver.Ledger, int(r.outOfOrder.Load()))
 	if err != nil {
 		return res, err
 	}
@@ -374,7 +370,7 @@ func (r *run) finishStats() {
 	r.stats.FailpointsFired = map[string]int{"crash": int(r.fired[0].Load()), "error": int(r.fired[1].Load()), "sleep": int(r.fired[2].Load())}
 	r.stats.DuplicatesSuppressed = int(r.duplicates.Load())
 	r.stats.OutOfOrder = int(r.outOfOrder.Load())
-	r.stats.BrokerRestarts = r.broker.Restarts()
+	r.stats.BrokerRestarts = r.dest.Restarts()
 	for _, x := range r.sys.Exits() {
 		switch {
 		case x.Failpoint != "":
@@ -479,12 +475,12 @@ func (r *run) inject(ctx context.Context) {
 				r.sys.Resume(f.Target)
 			})
 		case FaultBroker:
-			if err := r.broker.Stop(); err != nil {
+			if err := r.dest.Stop(); err != nil {
 				r.printf("  stop the broker: %v\n", err)
 			}
 			pending.Go(func() {
 				if sleepCtx(ctx, f.For) {
-					if err := r.broker.Start(context.WithoutCancel(ctx)); err != nil {
+					if err := r.dest.Start(context.WithoutCancel(ctx)); err != nil {
 						r.printf("  start the broker: %v\n", err)
 					}
 				}
@@ -505,7 +501,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 // progress prints a line every 10s until ctx ends.
-func (r *run) progress(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, d *Driver) {
+func (r *run) progress(ctx context.Context, pool *pgxpool.Pool, d *Driver) {
 	t := time.NewTicker(10 * time.Second)
 	defer t.Stop()
 	for {
@@ -515,7 +511,7 @@ func (r *run) progress(ctx context.Context, pool *pgxpool.Pool, js jetstream.Jet
 		case <-t.C:
 		}
 		qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		p, err := GetProgress(qctx, pool, js, r.where)
+		p, err := GetProgress(qctx, pool, r.dest, r.where)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -529,7 +525,7 @@ func (r *run) progress(ctx context.Context, pool *pgxpool.Pool, js jetstream.Jet
 		r.smu.Unlock()
 		r.printf("[%5.1fs] %d commands committed | %s | killed %d, failpoints fired %d, broker restarts %d\n",
 			r.elapsed(), d.Ledger.Committed(), state, killed,
-			r.fired[0].Load()+r.fired[1].Load()+r.fired[2].Load(), r.broker.Restarts())
+			r.fired[0].Load()+r.fired[1].Load()+r.fired[2].Load(), r.dest.Restarts())
 	}
 }
 
@@ -545,7 +541,11 @@ func (r *run) report(res *Result) {
 	line("failpoints armed", s.FailpointsArmed, fmt.Sprintf("%d disarmed by a clean restart", s.Disarmed))
 	line("failpoints fired", fired, fmt.Sprintf("crash %d, error %d, sleep %d", s.FailpointsFired["crash"], s.FailpointsFired["error"], s.FailpointsFired["sleep"]))
 	line("relays paused", s.Pauses, "SIGSTOP past the lease, then SIGCONT")
-	line("broker restarts", s.BrokerRestarts, "")
+	if r.dest.Restartable() {
+		line("broker restarts", s.BrokerRestarts, "")
+	} else {
+		line("broker restarts", s.BrokerRestarts, "none: "+r.dest.Name()+" here cannot be restarted without losing its data")
+	}
 	line("process error exits", s.ErrorExits, "exited by themselves (e.g. started while the broker was down), restarted")
 	line("recovery", s.Recovery.Round(time.Millisecond), "from the end of the faults to all published and applied")
 	rep.WriteViolations(r.cfg.Out)

@@ -101,6 +101,9 @@ type ScheduleConfig struct {
 	Every time.Duration
 	// Lease is the relays' lease: pauses last longer than it.
 	Lease time.Duration
+	// NoBroker leaves the broker restarts out, for a destination that
+	// cannot be restarted. The other faults stay those of the seed.
+	NoBroker bool
 }
 
 // Failpoints lists the boundaries armed per role by the chaos run.
@@ -124,7 +127,9 @@ func roleOf(name string) string {
 // NewSchedule draws the faults of a run from cfg.Seed alone: the same seed
 // and configuration give the same schedule (times, kinds, targets, rules).
 // Faults start after a short warm-up and stop a few seconds before the end;
-// a run of 15s or more has at least one broker restart and one pause.
+// a run of 15s or more has at least one broker restart (unless NoBroker)
+// and one pause. NoBroker drops the broker restarts after drawing them, so
+// the other faults are the same as with them.
 func NewSchedule(cfg ScheduleConfig) Schedule {
 	if cfg.Every <= 0 {
 		cfg.Every = 2 * time.Second
@@ -180,6 +185,15 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 			s = append(s, pause(cfg.Duration/3+dur(0, cfg.Duration/4)))
 		}
 		sort.SliceStable(s, func(i, j int) bool { return s[i].At < s[j].At })
+	}
+	if cfg.NoBroker {
+		kept := s[:0]
+		for _, f := range s {
+			if f.Kind != FaultBroker {
+				kept = append(kept, f)
+			}
+		}
+		s = kept
 	}
 	return s
 }

@@ -27,9 +27,9 @@ type SystemConfig struct {
 	Bins        Binaries
 	DatabaseURL string
 	Schema      string
-	NATSURL     string
-	Stream      string
-	Prefix      string
+	// Destination is where the relays publish and the consumers read: its
+	// URL and Args make their destination flags.
+	Destination Destination
 	// APIPort is the order API's port, kept across restarts.
 	APIPort int
 	// Relays and Consumers are how many of each run. Default to 1.
@@ -132,11 +132,13 @@ func (s *System) Role(name string) string {
 // APIURL is the order API's base URL.
 func (s *System) APIURL() string { return "http://127.0.0.1:" + strconv.Itoa(s.cfg.APIPort) }
 
-// args returns the member's command line.
+// spec returns the member's command line.
 func (s *System) spec(m *member) ProcessSpec {
 	c := s.cfg
 	db := []string{"--database-url", c.DatabaseURL, "--schema", c.Schema}
-	nats := []string{"--destination", c.NATSURL, "--nats-stream", c.Stream, "--nats-subject-prefix", c.Prefix}
+	dest := func(role string) []string {
+		return append([]string{"--destination", c.Destination.URL()}, c.Destination.Args(role)...)
+	}
 	name := fmt.Sprintf("%s#%d", m.name, m.incarnation)
 	switch m.role {
 	case RoleAPI:
@@ -146,10 +148,10 @@ func (s *System) spec(m *member) ProcessSpec {
 		args := append([]string{"relay", "--id", fmt.Sprintf("%s.%d", m.name, m.incarnation),
 			"--lease", c.Lease.String(), "--poll-interval", "100ms", "--retry-min", "100ms", "--retry-max", "2s",
 			"--shutdown-timeout", "2s", "--batch-size", "50"}, db...)
-		return ProcessSpec{Name: name, Path: c.Bins.Outbox, Args: append(args, nats...)}
+		return ProcessSpec{Name: name, Path: c.Bins.Outbox, Args: append(args, dest(RoleRelay)...)}
 	default:
 		args := append([]string{"inventory", "--ack-wait", c.AckWait.String(), "--workers", "2"}, db...)
-		return ProcessSpec{Name: name, Path: c.Bins.Orders, Args: append(args, nats...)}
+		return ProcessSpec{Name: name, Path: c.Bins.Orders, Args: append(args, dest(RoleConsumer)...)}
 	}
 }
 

@@ -1,14 +1,18 @@
 // Package inventory is the example inventory consumer: it reserves stock for
 // OrderCreated events and releases it for OrderCancelled events, reading the
-// order events from NATS JetStream through a durable pull consumer.
+// order events from the destination the relay publishes to: NATS JetStream
+// through a durable pull consumer (consume_nats.go) or Kafka through a
+// consumer group (consume_kafka.go). [Consumer.Run] picks the transport from
+// the destination URL.
 //
-// Every delivery goes through inbox.Inbox.Handle, so the stock change
-// commits in one local transaction with the inbox rows: a redelivered event
-// is recognised as a duplicate and changes nothing (invariant I4), and an
-// event that arrives before an earlier event of the same order is refused as
-// early and redelivered later (invariant I5). Messages are acknowledged only
-// after that transaction committed; the failpoint
-// "consumer/after-commit-before-ack" sits between the two.
+// Every delivery, whatever its transport, goes through one code path
+// (deliver, then inbox.Inbox.Handle), so the stock change commits in one
+// local transaction with the inbox rows: a redelivered event is recognised
+// as a duplicate and changes nothing (invariant I4), and an event that
+// arrives before an earlier event of the same order is refused as early and
+// delivered again later (invariant I5). A message is acknowledged (NATS) or
+// its offset committed (Kafka) only after that transaction committed; the
+// failpoint "consumer/after-commit-before-ack" sits between the two.
 package inventory
 
 import (
@@ -22,7 +26,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
@@ -42,11 +45,17 @@ const (
 	EarlyDelayDefault    = 100 * time.Millisecond
 	RetryDelayDefault    = 500 * time.Millisecond
 	RetryDelayMax        = 30 * time.Second
+	// SessionTimeoutDefault is short (Kafka's clients default to 45s) so
+	// that a crashed consumer's partitions move to another soon.
+	SessionTimeoutDefault = 10 * time.Second
 )
 
 // FailpointAfterCommitBeforeAck fires after the inbox transaction committed
-// and before the message is acknowledged. An injected error skips the ack
-// (the message is negatively acknowledged instead), as a crash there would.
+// and before the message is acknowledged (NATS) or its offset committed
+// (Kafka). An injected error skips the ack or the commit, as a crash there
+// would: NATS redelivers the message; the Kafka consumer leaves its group
+// without committing and rejoins, so the records come again from the last
+// committed offset.
 const FailpointAfterCommitBeforeAck = "consumer/after-commit-before-ack"
 
 // Config configures a Consumer.
@@ -61,18 +70,23 @@ type Config struct {
 	// SubjectPrefix is the events' subject prefix; the consumer filters on
 	// "<prefix>.order.>". Defaults to outboxnats.SubjectPrefixDefault.
 	SubjectPrefix string
-	// Durable names the JetStream durable consumer. Defaults to
-	// DurableDefault.
+	// Durable names the JetStream durable consumer, or the Kafka consumer
+	// group. Defaults to DurableDefault.
 	Durable string
 	// InboxConsumer is the consumer name in the inbox tables. Defaults to
 	// InboxConsumerDefault.
 	InboxConsumer string
-	// Workers is how many messages are processed at once. Defaults to
-	// WorkersDefault.
+	// Workers is how many messages (NATS), or partitions (Kafka), are
+	// processed at once. Defaults to WorkersDefault.
 	Workers int
-	// AckWait is how long JetStream waits for an ack before redelivering.
-	// Defaults to AckWaitDefault.
+	// AckWait is how long JetStream waits for an ack before redelivering;
+	// it also bounds the handling of one delivery. Defaults to
+	// AckWaitDefault.
 	AckWait time.Duration
+	// SessionTimeout is how long the Kafka group waits for a silent member
+	// before it hands the member's partitions to another. Defaults to
+	// SessionTimeoutDefault.
+	SessionTimeout time.Duration
 	// EarlyDelay is the redelivery delay of an event that arrived before an
 	// earlier event of its order was applied. Defaults to EarlyDelayDefault.
 	EarlyDelay time.Duration
@@ -107,6 +121,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = AckWaitDefault
+	}
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = SessionTimeoutDefault
 	}
 	if c.EarlyDelay <= 0 {
 		c.EarlyDelay = EarlyDelayDefault
@@ -144,7 +161,6 @@ type Stats struct {
 // Consumer reserves and releases stock for order events.
 type Consumer struct {
 	pool  *pgxpool.Pool
-	js    jetstream.JetStream
 	cfg   Config
 	inbox *inbox.Inbox
 	log   *slog.Logger
@@ -157,8 +173,9 @@ type queries struct {
 	reserve, addStock, release, lockStock, subStock string
 }
 
-// New returns a consumer. js may be nil when only Handle is used.
-func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consumer, error) {
+// New returns a consumer. Run it on a destination with Run (or RunNATS,
+// RunKafka), or hand it events with Handle.
+func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if pool == nil {
 		return nil, errors.New("inventory: New needs a pool")
 	}
@@ -173,7 +190,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consumer, err
 	}
 	stock, res := app.Table("inventory_stock"), app.Table("inventory_reservations")
 	return &Consumer{
-		pool: pool, js: js, cfg: cfg, inbox: in, log: cfg.Logger,
+		pool: pool, cfg: cfg, inbox: in, log: cfg.Logger,
 		q: queries{
 			reserve: `INSERT INTO ` + res + ` (order_id, sku, quantity, status, event_id)
 SELECT $1, sku, quantity, 'reserved', $4 FROM unnest($2::text[], $3::int[]) AS i(sku, quantity)`,
@@ -211,11 +228,6 @@ func (c *Consumer) Inbox() *inbox.Inbox { return c.inbox }
 func (c *Consumer) Stats() Stats {
 	return Stats{Delivered: c.delivered.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
 		Early: c.early.Load(), Errors: c.errs.Load(), Rejected: c.rejected.Load(), Anomalies: c.anomalies.Load()}
-}
-
-// FilterSubject is the subject filter of the durable consumer.
-func (c *Consumer) FilterSubject() string {
-	return outboxnats.AggregateTypeFilter(c.cfg.SubjectPrefix, orderevents.AggregateType)
 }
 
 // Handle applies one event through the inbox and counts the outcome.

@@ -63,7 +63,7 @@ func newEnv(t *testing.T) *env {
 			t.Errorf("delete stream %s: %v", e.stream, err)
 		}
 	})
-	e.cons, err = inventory.New(pool, js, inventory.Config{
+	e.cons, err = inventory.New(pool, inventory.Config{
 		Schema: schema, Stream: e.stream, SubjectPrefix: e.prefix, Durable: "inventory-test",
 		AckWait: 5 * time.Second, EarlyDelay: 20 * time.Millisecond, RetryDelay: 50 * time.Millisecond,
 	})
@@ -86,7 +86,7 @@ func (e *env) start() {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- e.cons.Run(ctx) }()
+	go func() { done <- e.cons.RunNATS(ctx, e.js) }()
 	e.t.Cleanup(func() {
 		cancel()
 		select {

@@ -1,0 +1,78 @@
+package inventory
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/inbox"
+	"github.com/pgoutbox/outbox/internal/failpoint"
+)
+
+// verdict is what a transport does with a delivery once deliver has seen
+// it.
+type verdict int
+
+const (
+	// settle: applied, or a duplicate of an applied event; acknowledge it
+	// (NATS) or move the committed offset past it (Kafka).
+	settle verdict = iota
+	// again: not applied (a failure, or an earlier event of the order is
+	// missing); deliver it again after the delay.
+	again
+	// dropAck: applied, but the failpoint drops the acknowledgement or the
+	// commit, as a crash there would; the redelivery will be a duplicate.
+	dropAck
+)
+
+// deliver is the one code path every transport hands a decoded event to:
+// it applies the event through the inbox (Handle), logs what is worth a
+// line, passes the failpoint between the commit and the ack, and says what
+// to do with the delivery. delivery is the delivery's number (1 for the
+// first), which lengthens the delays. The event is handled to the end even
+// when ctx ends, within AckWait.
+func (c *Consumer) deliver(ctx context.Context, msg outbox.Message, delivery int) (verdict, time.Duration) {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.AckWait)
+	defer cancel()
+	out, err := c.Handle(hctx, msg)
+	if err != nil {
+		d := retryDelay(delivery, c.cfg.RetryDelay, RetryDelayMax)
+		c.log.Warn("apply event failed; redelivering", slog.String("event_id", msg.ID.String()),
+			slog.String("order_id", msg.AggregateID), slog.Int64("sequence", msg.Sequence),
+			slog.Int("delivery", delivery), slog.Duration("retry_in", d), slog.Any("error", err))
+		return again, d
+	}
+	if out == inbox.Early {
+		// An earlier event of this order is not applied yet: let it arrive.
+		return again, retryDelay(delivery, c.cfg.EarlyDelay, 10*time.Second)
+	}
+	if out == inbox.Duplicate {
+		// Worth a line: a duplicate means a failure upstream (a lost ack, a
+		// relay that crashed between the broker's ack and its mark).
+		c.log.Info("duplicate delivery suppressed: already applied", slog.String("event_id", msg.ID.String()),
+			slog.String("order_id", msg.AggregateID), slog.Int64("sequence", msg.Sequence), slog.Int("delivery", delivery))
+	}
+	if err := failpoint.Hit(FailpointAfterCommitBeforeAck); err != nil {
+		return dropAck, c.cfg.EarlyDelay
+	}
+	return settle, 0
+}
+
+// retryDelay doubles base for each attempt after the first, up to max.
+func retryDelay(attempt int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
