@@ -17,7 +17,7 @@ import (
 func TestQuickRun(t *testing.T) {
 	o := options{quick: true, only: allGroups, sz: quickSizes(),
 		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
-		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222")}
+		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222"), amqpURL: envOr("AMQP_URL", "amqp://127.0.0.1:5672/")}
 	var logw io.Writer = io.Discard
 	if testing.Verbose() {
 		logw = os.Stderr
@@ -34,6 +34,12 @@ func TestQuickRun(t *testing.T) {
 		"latency/write-16c/wakeup-off", "latency/write-16c/wakeup-notifier", "latency/write-16c/wakeup-in-tx",
 		"scale/1-relay-processes", "scale/2-relay-processes", "scale/4-relay-processes", "memory/relay-peak-rss",
 		"history/0-published-rows", "history/50k-published-rows", "idle/relay-queries-per-sec",
+		"dest/nats/relay-ours", "dest/kafka/relay-ours", "dest/kafka/ours-10-hot-aggregates",
+	}
+	for _, d := range destinations {
+		for _, sc := range []string{"relay-ours", "relay-naive", "commit-to-ack-wakeup", "ours-10-hot-aggregates", "naive-10-hot-aggregates"} {
+			want = append(want, "dest/"+d.name+"/"+sc)
+		}
 	}
 	got := map[string]bool{}
 	for _, r := range results {
@@ -71,7 +77,7 @@ func TestQuickRun(t *testing.T) {
 func TestQuickSoak(t *testing.T) {
 	o := options{quick: true, only: []string{"soak"}, sz: quickSizes(),
 		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
-		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222")}
+		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222"), amqpURL: envOr("AMQP_URL", "amqp://127.0.0.1:5672/")}
 	var log strings.Builder
 	results, err := run(context.Background(), o, &log)
 	if err != nil {

@@ -44,11 +44,28 @@ func (a *ackRecorder) count() int {
 // through the library) for d, with an in-process relay at its defaults,
 // polling only or woken by a Notifier, and returns commit→ack latencies.
 func latencyRun(ctx context.Context, e *env, name string, wake bool) (lat []time.Duration, offered float64, err error) {
+	return latencyRunTo(ctx, e, name, wake, nil)
+}
+
+// latencyRunTo is latencyRun with the relay publishing through the
+// publisher open returns for the run's space (nil: outboxnats on the space's
+// stream); its close function runs when the relay stops.
+func latencyRunTo(ctx context.Context, e *env, name string, wake bool,
+	open func(ctx context.Context, s space) (outbox.Publisher, func(), error)) (lat []time.Duration, offered float64, err error) {
 	s, cleanup, err := e.newSpace(ctx, name)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer cleanup()
+	if open == nil {
+		open = func(ctx context.Context, s space) (outbox.Publisher, func(), error) {
+			pub, nc, err := e.publisher(ctx, s)
+			if err != nil {
+				return nil, nil, err
+			}
+			return pub, nc.Close, nil
+		}
+	}
 	if err := createOrders(ctx, e, s.schema); err != nil {
 		return nil, 0, err
 	}
@@ -63,7 +80,11 @@ func latencyRun(ctx context.Context, e *env, name string, wake bool) (lat []time
 	defer wpool.Close()
 	rec := &ackRecorder{acks: map[uuid.UUID]time.Time{}}
 	ph := &phases{}
-	_, stopRelay, err := startRelay(ctx, e, s, outbox.RelayConfig{DisableNotify: !wake, Observer: ph},
+	pub, closePub, err := open(ctx, s)
+	if err != nil {
+		return nil, 0, err
+	}
+	_, stopRelay, err := startRelayTo(ctx, e, s, pub, closePub, outbox.RelayConfig{DisableNotify: !wake, Observer: ph},
 		func(p outbox.Publisher) outbox.Publisher { rec.next = p; return rec })
 	if err != nil {
 		return nil, 0, err

@@ -15,13 +15,20 @@ import (
 // acks). stop ends the relay, waits for it and closes its pool and
 // connection; it returns the relay's error.
 func startRelay(ctx context.Context, e *env, s space, cfg outbox.RelayConfig, wrap func(outbox.Publisher) outbox.Publisher) (r *outbox.Relay, stop func() error, err error) {
-	pool, err := e.relayPool(ctx, 4)
+	pub, nc, err := e.publisher(ctx, s)
 	if err != nil {
 		return nil, nil, err
 	}
-	pub, nc, err := e.publisher(ctx, s)
+	return startRelayTo(ctx, e, s, pub, nc.Close, cfg, wrap)
+}
+
+// startRelayTo is startRelay publishing through pub (any destination);
+// closePub runs when the relay stops, or when it cannot start.
+func startRelayTo(ctx context.Context, e *env, s space, pub outbox.Publisher, closePub func(), cfg outbox.RelayConfig,
+	wrap func(outbox.Publisher) outbox.Publisher) (r *outbox.Relay, stop func() error, err error) {
+	pool, err := e.relayPool(ctx, 4)
 	if err != nil {
-		pool.Close()
+		closePub()
 		return nil, nil, err
 	}
 	cfg.Schema, cfg.Publisher, cfg.Logger = s.schema, pub, quietLogger()
@@ -30,7 +37,7 @@ func startRelay(ctx context.Context, e *env, s space, cfg outbox.RelayConfig, wr
 	}
 	r, err = outbox.NewRelay(pool, cfg)
 	if err != nil {
-		nc.Close()
+		closePub()
 		pool.Close()
 		return nil, nil, err
 	}
@@ -40,7 +47,7 @@ func startRelay(ctx context.Context, e *env, s space, cfg outbox.RelayConfig, wr
 	return r, func() error {
 		cancel()
 		err := <-done
-		nc.Close()
+		closePub()
 		pool.Close()
 		return err
 	}, nil

@@ -5,14 +5,18 @@
 // It lives in its own Go module so that the product never depends on the
 // peer. Run it from the repository root:
 //
-//	cd bench && go run .            # the default run (about 10 minutes)
-//	cd bench && go run . --quick    # a smoke run (under a minute)
+//	cd bench && go run .            # the default run (about 10 minutes before the destinations group)
+//	cd bench && go run . --quick    # a smoke run (one to two minutes)
 //	cd bench && go run . --long     # a 1,000,000-event backlog
 //	cd bench && go run . --json     # one JSON object per scenario
 //	cd bench && go run . --only soak  # writers and relay together, 10 minutes
+//	cd bench && go run . --only destinations  # each destination beside a naive publisher
+//	cd bench && go run . --only destinations --destinations kafka
 //
 // Every scenario uses its own PostgreSQL schema (or database) and its own
-// JetStream stream, and removes them when it ends. Progress goes to stderr;
+// JetStream stream (in the destinations group, its own Kafka cluster and
+// topic, RabbitMQ exchange and queue, or webhook receiver), and removes them
+// when it ends. Progress goes to stderr;
 // the table (or JSON) to stdout. See BENCHMARKS.md for what each figure means
 // and what limits it.
 package main
@@ -102,7 +106,7 @@ func quickSizes() sizes {
 }
 
 // groups in the order they run by default.
-var allGroups = []string{"write", "relay", "latency", "scale", "history", "blocked", "idle"}
+var allGroups = []string{"write", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
 
 // extraGroups run only when named with --only: they take long.
 var extraGroups = []string{"soak"}
@@ -112,7 +116,9 @@ type options struct {
 	skipPeer, tuneBatch     bool
 	syncCommit              bool
 	only                    []string
+	dests                   []string // destinations group: which destinations (nil: all)
 	databaseURL, natsURL    string
+	amqpURL                 string
 	explainFile, jsonOut    string
 	cpuProfile              string
 	sz                      sizes
@@ -131,6 +137,10 @@ func main() {
 	fs.BoolVar(&o.syncCommit, "sync-commit", false, "run every relay with synchronous_commit on (outbox relay --sync-commit)")
 	fs.StringVar(&only, "only", "", "comma-separated groups to run: "+strings.Join(allGroups, ",")+
 		" (the default), and "+strings.Join(extraGroups, ",")+" (only when named)")
+	var dests string
+	var backlog int
+	fs.IntVar(&backlog, "backlog", 0, "the relay and destinations groups' backlog, in events, over one aggregate per 20 events (default 200000, --quick 5000, --long 1000000)")
+	fs.StringVar(&dests, "destinations", "", "destinations group: comma-separated destinations to run (default all: "+destinationNames()+")")
 	var soak soakSizes
 	fs.DurationVar(&soak.duration, "soak-duration", 0, "soak: how long writers and relay run together (default 10m, --quick 6s)")
 	fs.IntVar(&soak.rate, "soak-rate", 0, "soak: events/s offered by the writers, one event per transaction (default 1000)")
@@ -141,6 +151,7 @@ func main() {
 	fs.IntVar(&soak.aggregates, "soak-aggregates", 0, "soak: events go to this many aggregates, so counter rows are updated (default 10000)")
 	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL (env DATABASE_URL)")
 	fs.StringVar(&o.natsURL, "nats-url", envOr("NATS_URL", "nats://127.0.0.1:4222"), "NATS with JetStream (env NATS_URL)")
+	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://127.0.0.1:5672/"), "RabbitMQ, for the destinations group (env AMQP_URL; no user: guest)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (in-process relays, writers) to this file")
 	fs.StringVar(&o.jsonOut, "json-out", "", "also write the JSON objects to this file (with the table on stdout)")
 	fs.StringVar(&o.explainFile, "explain", "", "write the claim's EXPLAIN (ANALYZE, BUFFERS) on the history table to this file")
@@ -154,6 +165,9 @@ func main() {
 	if o.long {
 		o.sz.backlog = 1_000_000
 	}
+	if backlog > 0 {
+		o.sz.backlog, o.sz.aggregates = backlog, max(1, backlog/20)
+	}
 	o.sz.soak = o.sz.soak.override(soak)
 	o.only = allGroups
 	if only != "" {
@@ -161,6 +175,15 @@ func main() {
 		for _, g := range o.only {
 			if !slices.Contains(allGroups, g) && !slices.Contains(extraGroups, g) {
 				fmt.Fprintf(os.Stderr, "bench: unknown group %q (groups: %s)\n", g, strings.Join(append(allGroups, extraGroups...), ","))
+				os.Exit(2)
+			}
+		}
+	}
+	if dests != "" {
+		o.dests = strings.Split(dests, ",")
+		for _, d := range o.dests {
+			if !slices.ContainsFunc(destinations, func(x destination) bool { return x.name == d }) {
+				fmt.Fprintf(os.Stderr, "bench: unknown destination %q (destinations: %s)\n", d, destinationNames())
 				os.Exit(2)
 			}
 		}
@@ -242,6 +265,8 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchRelay(ctx, e)
 		case "latency":
 			rs, err = benchLatency(ctx, e)
+		case "destinations":
+			rs, err = benchDestinations(ctx, e)
 		case "scale":
 			rs, err = benchScale(ctx, e)
 		case "history":

@@ -22,16 +22,21 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // (default configuration) and returns the elapsed time, from Run to the last
 // mark.
 func drainOurs(ctx context.Context, e *env, s space, n int, tweak func(*outbox.RelayConfig)) (time.Duration, *outbox.Relay, error) {
-	pool, err := e.relayPool(ctx, 4)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer pool.Close()
 	pub, nc, err := e.publisher(ctx, s)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer nc.Close()
+	return drainOursTo(ctx, e, s, pub, n, tweak)
+}
+
+// drainOursTo is drainOurs publishing through pub (any destination).
+func drainOursTo(ctx context.Context, e *env, s space, pub outbox.Publisher, n int, tweak func(*outbox.RelayConfig)) (time.Duration, *outbox.Relay, error) {
+	pool, err := e.relayPool(ctx, 4)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer pool.Close()
 	if err := pool.Ping(ctx); err != nil {
 		return 0, nil, err
 	}
