@@ -116,7 +116,10 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 	if cfg.MaxRecordBytes > 1<<30 {
 		return nil, fmt.Errorf("outboxkafka: MaxRecordBytes %d is over 1 GiB", cfg.MaxRecordBytes)
 	}
-	all := append([]kgo.Opt(nil), opts...)
+	// No linger by default: the relay hands over a whole batch and waits
+	// for its acknowledgements, so waiting for more records only adds
+	// latency (10 ms a call with franz-go's default). opts may set one.
+	all := append([]kgo.Opt{kgo.ProducerLinger(0)}, opts...)
 	all = append(all,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.DialTimeout(cfg.DialTimeout),
