@@ -41,16 +41,16 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 		claim: `WITH ` + headsSQL(events, batchSize) + `
 ), ` + successorsSQL(events) + `
 ), candidates AS (
-	SELECT event_id, claimed_by FROM heads
+	SELECT event_id, claimed_by, true AS head FROM heads
 	UNION ALL
-	SELECT event_id, claimed_by FROM runs
+	SELECT event_id, claimed_by, false FROM runs
 )
 UPDATE ` + events + ` e
 SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 millisecond'
 FROM candidates c
 WHERE e.event_id = c.event_id
   AND e.event_id = ANY (ARRAY(SELECT event_id FROM candidates))
-RETURNING ` + messageColumns(events, "e") + `, e.attempt_count, c.claimed_by`,
+RETURNING ` + messageColumnsSkipped(events, "e", `CASE WHEN c.head THEN `+skippedFromSQL(events, "e")+` ELSE 0 END`) + `, e.attempt_count, c.claimed_by`,
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.
@@ -80,10 +80,17 @@ WHERE event_id = ANY($1) AND claim_token = $2`,
 // type (NULL is JSON), the headers as raw JSON, decoded in Go so that a row
 // whose headers are not a string map fails alone instead of the whole query.
 func messageColumns(events, e string) string {
+	return messageColumnsSkipped(events, e, skippedFromSQL(events, e))
+}
+
+// messageColumnsSkipped is messageColumns with skipped as the SkippedFrom
+// expression. The claim probes for a skip only at the heads: a claimed
+// successor's predecessor is claimed with it, so it was not skipped.
+func messageColumnsSkipped(events, e, skipped string) string {
 	return e + `.event_id, ` + e + `.aggregate_type, ` + e + `.aggregate_id, ` + e + `.aggregate_sequence, ` + e + `.event_type,
 	` + e + `.schema_version, coalesce(` + e + `.content_type, '` + ContentTypeJSON + `'),
 	coalesce(` + e + `.payload_bytes, convert_to(` + e + `.payload::text, 'UTF8')), ` + e + `.headers::text, ` + e + `.occurred_at,
-	` + skippedFromSQL(events, e)
+	` + skipped
 }
 
 // skippedFromSQL is the expression giving the SkippedFrom of event alias e:
@@ -171,8 +178,10 @@ func isHead(events, e string) string {
 // 1.25×batchSize of them, and takes the heads among them. Locking the whole
 // window makes concurrent relays take disjoint windows (each skips the
 // rows another one is claiming), and bounds the work of a claim when few
-// lanes hold many events: each row of the window is probed once, and the
-// rest of the lanes' events are not read. Rows of lanes held up elsewhere
+// lanes hold many events: only the first row of each lane in the window
+// (its lowest sequence: a lane's head, when it is in the window, is its
+// lowest unpublished sequence) is probed, once, and the rest of the
+// lanes' events are not read. Rows of lanes held up elsewhere
 // (by a quarantined, backed-off or leased event, or another relay's claim)
 // only leave fewer heads in the window. Only when the window holds no head
 // at all does the claim scan past it, as far as it takes to find batchSize
@@ -181,14 +190,18 @@ func isHead(events, e string) string {
 func headsSQL(events string, batchSize int) string {
 	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
 	return `scan AS (
-	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence FROM ` + events + ` e
+	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at
+	FROM ` + events + ` e
 	WHERE ` + claimable("e") + `
 	ORDER BY e.available_at, e.occurred_at
 	LIMIT ` + window + `
 	FOR UPDATE OF e SKIP LOCKED
 ), scan_heads AS (
-	SELECT w.event_id, w.claimed_by, w.aggregate_type, w.aggregate_id, w.aggregate_sequence FROM scan w
-	WHERE ` + isHead(events, "w") + `
+	SELECT f.event_id, f.claimed_by, f.aggregate_type, f.aggregate_id, f.aggregate_sequence FROM (
+		SELECT DISTINCT ON (w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C") w.* FROM scan w
+		ORDER BY w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C", w.aggregate_sequence) f
+	WHERE ` + isHead(events, "f") + `
+	ORDER BY f.available_at, f.occurred_at
 	LIMIT ` + limit + `
 ), blocked AS (
 	SELECT NOT EXISTS (SELECT 1 FROM scan_heads) AND EXISTS (SELECT 1 FROM scan) AS beyond
