@@ -91,6 +91,10 @@ type DestinationConfig struct {
 	// DuplicateWindow is the NATS stream's deduplication window. Defaults
 	// to 500ms: short, so republished events reach the consumers twice.
 	DuplicateWindow time.Duration
+	// AMQPURL is the RabbitMQ broker the kind "amqp" uses: "" starts a
+	// node of the run's own (restartable: the chaos run), a URL names a
+	// broker that runs already (the demo: the machine's).
+	AMQPURL string
 	// Partitions is the Kafka topic's partition count. Defaults to 8.
 	Partitions int
 	// Sink receives a broker process's output lines.
