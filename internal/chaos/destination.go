@@ -19,7 +19,7 @@ import (
 // Stop and Start for broker faults.
 //
 // Each kind lives in a file of its own (destination_nats.go,
-// destination_kafka.go) that registers itself with registerDestination; a
+// destination_kafka.go, destination_amqp.go) that registers itself with registerDestination; a
 // new kind is one more such file.
 type Destination interface {
 	// Name is the kind: "nats", "kafka".
