@@ -1,9 +1,13 @@
 package inventory_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net/url"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -298,4 +302,56 @@ func TestAMQPReconnectsAfterBrokerRestart(t *testing.T) {
 	if got := e.reserved(); got["A"] != 1 || got["B"] != 2 {
 		t.Fatalf("reserved %v, want A=1 B=2", got)
 	}
+}
+
+// TestAMQPNeverPrintsThePassword: the consumer's log lines name the broker
+// without the URL's password, also while it cannot connect.
+func TestAMQPNeverPrintsThePassword(t *testing.T) {
+	t.Parallel()
+	pool, schema := outboxtest.Schema(t)
+	var logs syncBuffer
+	c, err := inventory.New(pool, inventory.Config{Schema: schema, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	// A wrong password on the machine's broker, then an unreachable port.
+	go func() { done <- c.Run(ctx, "amqp://guest:s3cret-pw@127.0.0.1:5672/?exchange=x") }()
+	outboxtest.Eventually(t, waitFor, "a failed connection logged", func() bool { return strings.Contains(logs.String(), "reconnecting") })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() { done <- c.Run(ctx, "amqp://guest:s3cret-pw@127.0.0.1:1/?exchange=x") }()
+	outboxtest.Eventually(t, waitFor, "a failed connection logged", func() bool {
+		return strings.Count(logs.String(), "reconnecting") >= 2
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if strings.Contains(out, "s3cret-pw") || !strings.Contains(out, "guest:xxxxx@127.0.0.1") {
+		t.Fatalf("logs show the password, or do not name the broker:\n%s", out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
