@@ -3,7 +3,11 @@
 // consumers that read them back. It is built on
 // github.com/rabbitmq/amqp091-go. Use it from Go with outbox.NewRelay, or
 // run "outbox relay --destination amqp://user@host:5672/vhost" (and "outbox
-// replay" likewise); the demo and chaos runs are NATS-only still.
+// replay" likewise). "outbox demo --destination amqp" runs the example order
+// system on the machine's RabbitMQ and "outbox chaos --destination amqp" on a
+// node of its own, which it restarts as a fault; the example consumer
+// ("orders inventory --destination amqp://...") reads a queue bound to the
+// exchange.
 //
 // # Destination URL
 //

@@ -28,6 +28,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/destination"
 	"github.com/pgoutbox/outbox/internal/failpoint"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/outboxamqp"
 	"github.com/pgoutbox/outbox/outboxnats"
 )
 
@@ -56,17 +57,19 @@ Runs the example order system in this process: the order HTTP API, the relay
 and the inventory consumer, on PostgreSQL (DATABASE_URL) and the destination
 --destination names: "nats" (the default: an embedded NATS JetStream server),
 "kafka" (franz-go's in-process Kafka-protocol cluster, kfake: the relay and the
-consumer speak the Kafka protocol to it as to any Kafka), or the URL of an
-external broker (nats://host:port, kafka://host:port). It drives commands over HTTP
+consumer speak the Kafka protocol to it as to any Kafka), "amqp" (the machine's
+RabbitMQ at amqp://guest:guest@127.0.0.1:5672/), or the URL of an external broker
+(nats://host:port, kafka://host:port, amqp://user:password@host:port/). It drives commands over HTTP
 with the chaos harness's driver (creates, cancellations, rollbacks,
 idempotent retries, reused keys), waits until every committed event was
 published and applied, prints a report and checks the invariants I1-I5 with
 the same checker as "outbox chaos". Each run uses a fresh schema and stream
-(with its subject prefix) or topic of its own, removed at the end unless --keep.
+(with its subject prefix), topic, or exchange (with its queues) of its own, removed at
+the end unless --keep.
 Exits non-zero if a check fails.`)
 	var f demoFlags
 	fs.StringVar(&f.databaseURL, "database-url", cli.Env("DATABASE_URL", cli.DatabaseURLDefault), "PostgreSQL connection URL (env DATABASE_URL)")
-	fs.StringVar(&f.dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", "nats"), "nats (an embedded server), kafka (an in-process kfake cluster), or an external broker's URL: nats://host:port, kafka://host:port (env OUTBOX_DESTINATION)")
+	fs.StringVar(&f.dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", "nats"), "nats (an embedded server), kafka (an in-process kfake cluster), amqp (the machine's RabbitMQ), or an external broker's URL: nats://host:port, kafka://host:port, amqp://user:password@host:port/ (env OUTBOX_DESTINATION)")
 	fs.StringVar(&f.dest.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
 	fs.IntVar(&f.orders, "orders", 200, "commands to send: order creates, and cancellations, rollbacks and retries among them")
 	fs.IntVar(&f.concurrency, "concurrency", 8, "concurrent HTTP clients")
@@ -140,7 +143,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	}
 	defer os.RemoveAll(dir)
 	d.dest, err = chaos.OpenDestination(ctx, chaos.DestinationConfig{Spec: d.flags.dest.URL, Tag: "demo_" + suffix,
-		Dir: dir, DuplicateWindow: outboxnats.DuplicateWindowDefault})
+		Dir: dir, DuplicateWindow: outboxnats.DuplicateWindowDefault, AMQPURL: outboxamqp.URLDefault})
 	if err != nil {
 		return err
 	}

@@ -94,7 +94,7 @@ func runAPI(ctx context.Context, args []string) error {
 }
 
 func runInventory(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("orders", "inventory", "inventory [flags]\n\nConsumes the order events from the destination (--destination): from NATS JetStream\nwith a durable pull consumer, or from Kafka as a consumer group (the --durable name),\ncommitting offsets only after the inbox transaction committed. It reserves or\nreleases stock, each event applied once and in order per order through the inbox.\nStops on SIGINT/SIGTERM after finishing the messages it holds.")
+	fs := cli.NewFlagSet("orders", "inventory", "inventory [flags]\n\nConsumes the order events from the destination (--destination): from NATS JetStream\nwith a durable pull consumer, from Kafka as a consumer group (the --durable name),\ncommitting offsets only after the inbox transaction committed, or from RabbitMQ\n(amqp://) through the queue \"<exchange>.<durable>\", which it declares and binds,\nacking only after the inbox transaction committed. It reserves or\nreleases stock, each event applied once and in order per order through the inbox.\nStops on SIGINT/SIGTERM after finishing the messages it holds.")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
@@ -102,7 +102,7 @@ func runInventory(ctx context.Context, args []string) error {
 	dest.RegisterNATS(fs)
 	appSchema := appSchemaFlag(fs)
 	var cfg inventory.Config
-	fs.StringVar(&cfg.Durable, "durable", cli.Env("INVENTORY_DURABLE", inventory.DurableDefault), "JetStream durable consumer name, or Kafka consumer group (env INVENTORY_DURABLE)")
+	fs.StringVar(&cfg.Durable, "durable", cli.Env("INVENTORY_DURABLE", inventory.DurableDefault), "JetStream durable consumer name, Kafka consumer group, or RabbitMQ queue <exchange>.<durable> (env INVENTORY_DURABLE)")
 	fs.IntVar(&cfg.Workers, "workers", inventory.WorkersDefault, "messages processed at once (NATS), or partitions (Kafka)")
 	fs.DurationVar(&cfg.AckWait, "ack-wait", inventory.AckWaitDefault, "how long JetStream waits for an ack before redelivering (and the bound on handling one event)")
 	fs.DurationVar(&cfg.SessionTimeout, "session-timeout", inventory.SessionTimeoutDefault, "Kafka: how long the group waits for a silent member before moving its partitions")

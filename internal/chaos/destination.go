@@ -19,7 +19,7 @@ import (
 // Stop and Start for broker faults.
 //
 // Each kind lives in a file of its own (destination_nats.go,
-// destination_kafka.go) that registers itself with registerDestination; a
+// destination_kafka.go, destination_amqp.go) that registers itself with registerDestination; a
 // new kind is one more such file.
 type Destination interface {
 	// Name is the kind: "nats", "kafka".
@@ -91,6 +91,10 @@ type DestinationConfig struct {
 	// DuplicateWindow is the NATS stream's deduplication window. Defaults
 	// to 500ms: short, so republished events reach the consumers twice.
 	DuplicateWindow time.Duration
+	// AMQPURL is the RabbitMQ broker the kind "amqp" uses: "" starts a
+	// node of the run's own (restartable: the chaos run), a URL names a
+	// broker that runs already (the demo: the machine's).
+	AMQPURL string
 	// Partitions is the Kafka topic's partition count. Defaults to 8.
 	Partitions int
 	// Sink receives a broker process's output lines.

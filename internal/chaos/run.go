@@ -34,6 +34,7 @@ type Config struct {
 	// Destination is where the relays publish: "nats" (a NATS server of
 	// the run's own, restarted by broker faults), "kafka" (franz-go's
 	// in-process Kafka cluster, kfake, which cannot be restarted: no broker
+	// faults), "amqp" (a RabbitMQ node of the run's own, restarted by broker
 	// faults), or the URL of an external broker (never restarted).
 	// Defaults to "nats".
 	Destination string

@@ -9,18 +9,21 @@ import (
 
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
 	"github.com/pgoutbox/outbox/internal/destination"
+	"github.com/pgoutbox/outbox/outboxamqp"
 	"github.com/pgoutbox/outbox/outboxkafka"
 )
 
 // Schemes lists the destination URL schemes Run consumes from.
-const Schemes = "nats://host:port, kafka://host:port[,host:port][?topic=outbox.{aggregate_type}]"
+const Schemes = "nats://host:port, kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}]"
 
 // Run consumes the order events from the destination URL (the one the
 // relay publishes to) until ctx ends, with the transport of its scheme:
 // nats:// (and tls://) reads the JetStream stream Config.Stream through the
 // durable consumer Config.Durable (RunNATS); kafka:// reads the topic the
 // URL's topic template gives the order aggregate type (default
-// "outbox.order") as the consumer group Config.Durable (RunKafka).
+// "outbox.order") as the consumer group Config.Durable (RunKafka); amqp://
+// (and amqps://) reads the RabbitMQ queue "<exchange>.<durable>" bound to
+// the URL's exchange for the order events (RunAMQP).
 func (c *Consumer) Run(ctx context.Context, destinationURL string) error {
 	scheme, _, _ := strings.Cut(destinationURL, "://")
 	switch scheme {
@@ -48,6 +51,15 @@ func (c *Consumer) Run(ctx context.Context, destinationURL string) error {
 			return err
 		}
 		return c.RunKafka(ctx, cfg.Brokers, topic)
+	case "amqp", "amqps":
+		cfg, err := outboxamqp.ParseURL(destinationURL)
+		if err != nil {
+			return err
+		}
+		if cfg.Exchange == "" {
+			cfg.Exchange = outboxamqp.ExchangeDefault
+		}
+		return c.RunAMQP(ctx, cfg.URL, cfg.Exchange, cfg.RoutingKey)
 	default:
 		return fmt.Errorf("inventory: destination scheme %q not supported (use %s)", scheme, Schemes)
 	}

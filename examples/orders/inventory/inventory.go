@@ -1,9 +1,9 @@
 // Package inventory is the example inventory consumer: it reserves stock for
 // OrderCreated events and releases it for OrderCancelled events, reading the
 // order events from the destination the relay publishes to: NATS JetStream
-// through a durable pull consumer (consume_nats.go) or Kafka through a
-// consumer group (consume_kafka.go). [Consumer.Run] picks the transport from
-// the destination URL.
+// through a durable pull consumer (consume_nats.go), Kafka through a
+// consumer group (consume_kafka.go) or a RabbitMQ queue (consume_amqp.go).
+// [Consumer.Run] picks the transport from the destination URL.
 //
 // Every delivery, whatever its transport, goes through one code path
 // (deliver, then inbox.Inbox.Handle), so the stock change commits in one
@@ -70,8 +70,9 @@ type Config struct {
 	// SubjectPrefix is the events' subject prefix; the consumer filters on
 	// "<prefix>.order.>". Defaults to outboxnats.SubjectPrefixDefault.
 	SubjectPrefix string
-	// Durable names the JetStream durable consumer, or the Kafka consumer
-	// group. Defaults to DurableDefault.
+	// Durable names the JetStream durable consumer, the Kafka consumer
+	// group, or the RabbitMQ queue AMQPQueue(exchange, Durable). Defaults
+	// to DurableDefault.
 	Durable string
 	// InboxConsumer is the consumer name in the inbox tables. Defaults to
 	// InboxConsumerDefault.
@@ -80,8 +81,8 @@ type Config struct {
 	// processed at once. Defaults to WorkersDefault.
 	Workers int
 	// AckWait is how long JetStream waits for an ack before redelivering;
-	// it also bounds the handling of one delivery. Defaults to
-	// AckWaitDefault.
+	// it also bounds the handling of one delivery, and half of it (1s to
+	// 10s) is the AMQP heartbeat. Defaults to AckWaitDefault.
 	AckWait time.Duration
 	// SessionTimeout is how long the Kafka group waits for a silent member
 	// before it hands the member's partitions to another. Defaults to

@@ -146,7 +146,7 @@ func orders(n int) (waves [2][]outbox.Message, want map[string]int64) {
 	return waves, want
 }
 
-func (e *kafkaEnv) checkStock(want map[string]int64) {
+func (e *env) checkStock(want map[string]int64) {
 	e.t.Helper()
 	got := e.reserved()
 	for _, s := range []string{"A", "B", "C"} {
