@@ -20,8 +20,9 @@ relays ("outbox relay", this binary) and --consumers inventory consumers ("order
 inventory", sharing one durable consumer or consumer group), on a fresh schema of
 DATABASE_URL and the --destination: "nats" (the default: a NATS server of its own,
 nats-server or an embedded one), "kafka" (franz-go's in-process Kafka-protocol
-cluster, kfake, in this process on a free port; the processes speak the Kafka
-protocol to it as to any Kafka), "amqp" (a RabbitMQ node of its own on free ports,
+cluster, kfake, in this process on a free port, persisted to the run's directory
+so that it can be restarted; the processes speak the Kafka protocol to it as to
+any Kafka), "amqp" (a RabbitMQ node of its own on free ports,
 rabbitmq-server), or the URL of an external broker (nats://host:port,
 kafka://host:port, amqp://user:password@host:port/), on which the run makes a stream,
 topic or exchange of its own (on RabbitMQ with the consumers' queue and a witness
@@ -30,9 +31,8 @@ queue that only the checker reads, bound before any relay starts). For
 with the same Idempotency-Key) and injects faults at the seed's times: SIGKILLs,
 restarts with a failpoint armed (OUTBOX_FAILPOINTS), relays paused past their
 lease, broker restarts. Broker restarts need a broker the run can restart without
-losing data, its own NATS server or RabbitMQ node: on kfake (in memory) and on
-external brokers they
-are left out, and the run says so. Then it lets everything recover and checks I1-I5
+losing data, its own NATS server, kfake cluster or RabbitMQ node: on external
+brokers they are left out, and the run says so. Then it lets everything recover and checks I1-I5
 and request idempotency on PostgreSQL and the destination. It prints one line per
 figure and per invariant and exits non-zero on any violation. The same seed gives
 the same schedule of faults (--print-schedule lists it).`
@@ -71,7 +71,7 @@ func runChaos(ctx context.Context, args []string) error {
 	if *printSchedule {
 		sys := chaos.NewSystem(chaos.SystemConfig{Relays: cfg.Relays, Consumers: cfg.Consumers})
 		s := chaos.NewSchedule(chaos.ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: sys.Names(), Every: cfg.Every, Lease: cfg.Lease,
-			NoBroker: cfg.Destination != "nats" && cfg.Destination != "amqp"})
+			NoBroker: cfg.Destination != "nats" && cfg.Destination != "kafka" && cfg.Destination != "amqp"})
 		fmt.Printf("seed %d, %s: schedule %s, %d faults\n%s", cfg.Seed, cfg.Duration, s.Digest(), len(s), s)
 		return nil
 	}
