@@ -10,11 +10,34 @@
 // [ParseURL] reads the URL form "outbox relay --destination" takes:
 //
 //	kafka://host1:9092,host2:9092?topic=outbox.{aggregate_type}&source=/shop&delivery_timeout=10s&dial_timeout=5s&max_record_bytes=1000000
+//	kafka://relay@host1:9092,host2:9092?sasl=scram-sha-512&tls=true&ca_file=/etc/kafka/ca.pem&cert_file=/etc/relay.pem&key_file=/etc/relay.key
 //
 // The host part lists the seed brokers (port 9092 when left out); each query
-// parameter is optional and sets the Config field of its name. TLS and SASL
-// are not configurable from the URL yet (credentials in it are refused):
-// pass kgo options to [NewPublisher].
+// parameter is optional and sets the Config field of its name.
+//
+// A user before the brokers authenticates with SASL, and sasl= names the
+// mechanism (plain, scram-sha-256 or scram-sha-512; required with a user,
+// refused without one). The password is taken from the environment
+// variable OUTBOX_KAFKA_PASSWORD ([PasswordEnv]), so that it appears in no
+// command line; "user:password@" (percent-encoded) is accepted too, and
+// wins. The password is never printed: errors and Config's String and
+// GoString leave it out. tls=true dials the brokers with TLS, checking their
+// certificates against the system's roots, or the PEM ca_file's, and their
+// host names; cert_file and key_file (PEM, both or neither) are a client
+// certificate for brokers that require one. A CA or certificate file implies
+// tls=true. PLAIN sends the password as it is: use it with TLS. From Go, set
+// the same [Config] fields (Config.TLSConfig for anything else TLS), or pass
+// kgo options to [NewPublisher] (another SASL mechanism, such as OAUTHBEARER
+// or AWS_MSK_IAM).
+//
+// A failed authentication or TLS handshake (a wrong password, a broker
+// certificate from an unknown authority, no client certificate where one is
+// required) is outbox.Unavailable, for Publish and Probe alike: no event can
+// be published until the configuration or the cluster is fixed, so the relay
+// waits and probes instead of quarantining events. Kafka answers a wrong
+// password with SASL_AUTHENTICATION_FAILED, which Probe reports at once; a
+// record that cannot be produced meanwhile fails when DeliveryTimeout
+// passes.
 //
 // # Topics, keys and partitions
 //

@@ -3,6 +3,7 @@ package outboxkafka_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -104,4 +105,27 @@ func ExampleTopic() {
 	// Output:
 	// shop.order <nil>
 	//  aggregate type "order/eu": topic name "shop.order/eu": Kafka allows only [a-zA-Z0-9._-]
+}
+
+// ExampleParseURL reads a destination URL that authenticates with SCRAM over
+// TLS; the password comes from OUTBOX_KAFKA_PASSWORD (set by the deployment,
+// here by the example) and is never printed.
+func ExampleParseURL() {
+	os.Setenv(outboxkafka.PasswordEnv, "s3cret-from-the-vault")
+	defer os.Unsetenv(outboxkafka.PasswordEnv)
+	cfg, err := outboxkafka.ParseURL("kafka://relay@k1:9092,k2?sasl=scram-sha-512&tls=true&ca_file=/etc/kafka/ca.pem")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(cfg.Brokers, cfg.SASLMechanism, cfg.User, cfg.TLS, cfg.CAFile)
+	fmt.Println(cfg.Password == "s3cret-from-the-vault")
+	fmt.Printf("%v\n", cfg)
+	_, err = outboxkafka.ParseURL("kafka://relay@k1:9092")
+	fmt.Println(err)
+	// Output:
+	// [k1:9092 k2:9092] SCRAM-SHA-512 relay true /etc/kafka/ca.pem
+	// true
+	// {Brokers:[k1:9092 k2:9092] Topic: Source: DeliveryTimeout:0s DialTimeout:0s MaxRecordBytes:0 SASLMechanism:SCRAM-SHA-512 User:relay Password:xxxxx TLS:true CAFile:/etc/kafka/ca.pem CertFile: KeyFile: TLSConfig:false}
+	// outboxkafka: destination kafka://relay@k1:9092: a user needs sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512
 }

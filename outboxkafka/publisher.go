@@ -2,14 +2,20 @@ package outboxkafka
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/pgoutbox/outbox"
 )
@@ -23,6 +29,13 @@ const (
 	// MaxRecordBytesDefault stays below the broker's default
 	// message.max.bytes (1,048,588) with room for the batch header.
 	MaxRecordBytesDefault = 1_000_000
+)
+
+// SASL mechanisms for Config.SASLMechanism.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
 )
 
 // Config configures a Publisher. Only Brokers is required.
@@ -52,6 +65,122 @@ type Config struct {
 	// refuses as too large fails the whole batch it is in. Defaults to
 	// MaxRecordBytesDefault.
 	MaxRecordBytes int
+
+	// SASLMechanism authenticates the connections with SASL: SASLPlain,
+	// SASLScramSHA256 or SASLScramSHA512, as User with Password (both
+	// required then). Empty, the default, is no SASL. PLAIN sends the
+	// password as it is: use it with TLS.
+	SASLMechanism string
+	// User is the SASL user name.
+	User string
+	// Password is the SASL password. String, GoString and errors never show
+	// it.
+	Password string
+
+	// TLS dials the brokers with TLS, verifying their certificates against
+	// the system's roots, or CAFile's, and the broker's host name. Setting
+	// CAFile, CertFile, KeyFile or TLSConfig implies it.
+	TLS bool
+	// CAFile is a PEM file of the certificate authorities that sign the
+	// brokers' certificates, in place of the system's roots.
+	CAFile string
+	// CertFile and KeyFile are PEM files of the client's certificate and
+	// its key, for brokers that authenticate clients by certificate; both
+	// or neither.
+	CertFile, KeyFile string
+	// TLSConfig is the TLS configuration to start from (it is cloned, and
+	// CAFile, CertFile and KeyFile are added to the clone). Nil starts from
+	// an empty one.
+	TLSConfig *tls.Config
+}
+
+// String returns the configuration with the password redacted, for logs.
+func (c Config) String() string {
+	pw := ""
+	if c.Password != "" {
+		pw = "xxxxx"
+	}
+	return fmt.Sprintf("{Brokers:%v Topic:%s Source:%s DeliveryTimeout:%s DialTimeout:%s MaxRecordBytes:%d SASLMechanism:%s User:%s Password:%s TLS:%t CAFile:%s CertFile:%s KeyFile:%s TLSConfig:%t}",
+		c.Brokers, c.Topic, c.Source, c.DeliveryTimeout, c.DialTimeout, c.MaxRecordBytes, c.SASLMechanism, c.User, pw,
+		c.TLS, c.CAFile, c.CertFile, c.KeyFile, c.TLSConfig != nil)
+}
+
+// GoString is String: %#v does not print the password either.
+func (c Config) GoString() string { return "outboxkafka.Config" + c.String() }
+
+// usesTLS reports whether the brokers are dialed with TLS.
+func (c Config) usesTLS() bool {
+	return c.TLS || c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" || c.TLSConfig != nil
+}
+
+// check validates the SASL and TLS fields without reading any file.
+func (c Config) check() error {
+	switch c.SASLMechanism {
+	case "":
+		if c.User != "" || c.Password != "" {
+			return errors.New("outboxkafka: a SASL user or password without SASLMechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
+		}
+	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		if c.User == "" {
+			return fmt.Errorf("outboxkafka: SASL %s without a user", c.SASLMechanism)
+		}
+		if c.Password == "" {
+			return fmt.Errorf("outboxkafka: SASL %s: no password for user %q", c.SASLMechanism, c.User)
+		}
+	default:
+		return fmt.Errorf("outboxkafka: unknown SASL mechanism %q (known: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)", c.SASLMechanism)
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return errors.New("outboxkafka: a client certificate needs both CertFile and KeyFile")
+	}
+	return nil
+}
+
+// saslOpt returns the client option for the SASL fields, or nil.
+func (c Config) saslOpt() kgo.Opt {
+	var m sasl.Mechanism
+	switch c.SASLMechanism {
+	case SASLPlain:
+		m = plain.Auth{User: c.User, Pass: c.Password}.AsMechanism()
+	case SASLScramSHA256:
+		m = scram.Auth{User: c.User, Pass: c.Password}.AsSha256Mechanism()
+	case SASLScramSHA512:
+		m = scram.Auth{User: c.User, Pass: c.Password}.AsSha512Mechanism()
+	default:
+		return nil
+	}
+	return kgo.SASL(m)
+}
+
+// tlsConfig returns the TLS configuration of the TLS fields, reading the
+// files, or nil without TLS.
+func (c Config) tlsConfig() (*tls.Config, error) {
+	if !c.usesTLS() {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.TLSConfig != nil {
+		tc = c.TLSConfig.Clone()
+	}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("outboxkafka: CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("outboxkafka: CA file %s: no PEM certificate in it", c.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if c.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("outboxkafka: client certificate %s, key %s: %w", c.CertFile, c.KeyFile, err)
+		}
+		tc.Certificates = append(tc.Certificates, cert)
+	}
+	return tc, nil
 }
 
 func (c Config) withDefaults() Config {
@@ -100,11 +229,12 @@ func (p *Publisher) OrderedPipelining() bool { return true }
 
 // NewPublisher creates a Kafka client for cfg.Brokers with acks=all,
 // idempotent writes and the key partitioner (the record key is the
-// aggregate id, so an aggregate's events stay on one partition). opts are
-// passed to kgo.NewClient before the publisher's own, for TLS, SASL or
-// logging; options that would weaken those guarantees are overridden, and
-// kgo.DisableIdempotentWrite is refused. It does not connect: Probe does.
-// Close the publisher to close the client.
+// aggregate id, so an aggregate's events stay on one partition), with SASL
+// and TLS as cfg says (reading its CA and certificate files now). opts are
+// passed to kgo.NewClient before the publisher's own, for logging or other
+// SASL mechanisms; options that would weaken those guarantees are
+// overridden, and kgo.DisableIdempotentWrite is refused. It does not
+// connect: Probe does. Close the publisher to close the client.
 func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 	cfg = cfg.withDefaults()
 	if len(cfg.Brokers) == 0 {
@@ -115,6 +245,13 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 	}
 	if cfg.MaxRecordBytes > 1<<30 {
 		return nil, fmt.Errorf("outboxkafka: MaxRecordBytes %d is over 1 GiB", cfg.MaxRecordBytes)
+	}
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
 	}
 	// No linger by default: the relay hands over a whole batch and waits
 	// for its acknowledgements, so waiting for more records only adds
@@ -128,6 +265,12 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxRecordBytes+512)),
 	)
+	if o := cfg.saslOpt(); o != nil {
+		all = append(all, o)
+	}
+	if tc != nil {
+		all = append(all, kgo.DialTLSConfig(tc))
+	}
 	client, err := kgo.NewClient(all...)
 	if err != nil {
 		return nil, fmt.Errorf("outboxkafka: %w", err)
@@ -163,7 +306,10 @@ type result struct {
 // without a leader, not enough in-sync replicas, the client closed) and
 // outbox.Permanent when the message can never be accepted (over
 // MaxRecordBytes, refused by the broker as too large, an invalid topic name,
-// no authorization for the topic). Anything else is a plain, retryable
+// no authorization for the topic). A failed SASL authentication or TLS
+// handshake (a wrong password, a broker certificate not signed by a trusted
+// authority) is unavailable: no message can be published until the
+// configuration or the cluster is fixed. Anything else is a plain, retryable
 // error. Publish does not retry beyond what the client itself does within
 // DeliveryTimeout.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
@@ -298,11 +444,21 @@ func unavailable(err error) bool {
 		kerr.NotEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.LeaderNotAvailable,
 		kerr.NotLeaderForPartition, kerr.BrokerNotAvailable, kerr.RequestTimedOut,
 		kerr.NetworkException, kerr.KafkaStorageError,
+		kerr.SaslAuthenticationFailed, kerr.UnsupportedSaslMechanism, kerr.IllegalSaslState,
 	} {
 		if errors.Is(err, target) {
 			return true
 		}
 	}
-	var ne net.Error
-	return errors.As(err, &ne)
+	var (
+		ne  net.Error
+		ve  *tls.CertificateVerificationError
+		ae  tls.AlertError
+		rhe tls.RecordHeaderError
+		uae x509.UnknownAuthorityError
+		he  x509.HostnameError
+		ce  x509.CertificateInvalidError
+	)
+	return errors.As(err, &ne) || errors.As(err, &ve) || errors.As(err, &ae) || errors.As(err, &rhe) ||
+		errors.As(err, &uae) || errors.As(err, &he) || errors.As(err, &ce)
 }

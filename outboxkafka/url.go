@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -13,17 +14,44 @@ import (
 // DefaultPort is the broker port of a URL host without one.
 const DefaultPort = "9092"
 
+// PasswordEnv names the environment variable ParseURL takes the SASL
+// password from when the URL names a user without one.
+const PasswordEnv = "OUTBOX_KAFKA_PASSWORD"
+
 // ParseURL returns the Config a destination URL describes:
 //
 //	kafka://host1:9092,host2:9092?topic=outbox.{aggregate_type}&source=/shop&delivery_timeout=10s&dial_timeout=5s&max_record_bytes=1000000
+//	kafka://relay@host1:9092,host2:9092?sasl=scram-sha-512&tls=true&ca_file=/etc/kafka/ca.pem&cert_file=/etc/relay.pem&key_file=/etc/relay.key
 //
 // The host part lists the seed brokers, separated by commas (port 9092 when
 // left out); every query parameter is optional and sets the Config field of
-// its name, with the same defaults. Unknown parameters are refused, and so
-// are credentials in the URL (TLS and SASL are not configurable from a URL
-// yet: pass kgo options to NewPublisher). Errors never repeat the URL's
-// password.
+// its name, with the same defaults. A user before the brokers is the SASL
+// user, and then sasl= (plain, scram-sha-256 or scram-sha-512) is required;
+// its password is taken from the environment variable OUTBOX_KAFKA_PASSWORD,
+// so that it need not appear in a command line, unless the URL has one
+// (user:password@, percent-encoded). tls=true dials the brokers with TLS,
+// verified against the system's roots or ca_file (PEM); cert_file and
+// key_file (PEM, both or neither) are the client's certificate. Unknown
+// parameters are refused. Errors never repeat the password.
 func ParseURL(raw string) (Config, error) {
+	cfg, err := parseURL(raw)
+	if err != nil && suspect(raw) {
+		// An unencoded / ? or # in a password ends the broker list early,
+		// and the error would quote what follows.
+		return Config{}, errors.New("outboxkafka: destination URL: not valid, and not shown as it may hold a password (percent-encode / ? # : @ in a password, or use " + PasswordEnv + ")")
+	}
+	return cfg, err
+}
+
+// suspect reports whether an '@' comes after the end of raw's broker list,
+// as when a password has an unencoded / ? or #.
+func suspect(raw string) bool {
+	_, rest, _ := strings.Cut(raw, "://")
+	i := strings.IndexAny(rest, "/?#")
+	return i >= 0 && !strings.Contains(rest[:i], "@") && strings.Contains(rest[i:], "@")
+}
+
+func parseURL(raw string) (Config, error) {
 	var cfg Config
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok || scheme != "kafka" {
@@ -34,10 +62,26 @@ func ParseURL(raw string) (Config, error) {
 	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
 		hosts, tail = rest[:i], rest[i:]
 	}
-	if strings.Contains(hosts, "@") {
-		return cfg, errors.New("outboxkafka: destination URL: credentials in the URL are not supported yet")
-	}
 	shown := "kafka://" + hosts
+	if i := strings.LastIndex(hosts, "@"); i >= 0 {
+		userinfo := hosts[:i]
+		hosts = hosts[i+1:]
+		rawUser, rawPassword, hasPassword := strings.Cut(userinfo, ":")
+		shown = "kafka://" + rawUser + "@" + hosts
+		if hasPassword {
+			shown = "kafka://" + rawUser + ":xxxxx@" + hosts
+		}
+		var err error
+		if cfg.User, err = url.PathUnescape(rawUser); err != nil || cfg.User == "" {
+			return Config{}, fmt.Errorf("outboxkafka: destination %s: bad user name", shown)
+		}
+		if hasPassword {
+			// The unescape error would quote part of the password.
+			if cfg.Password, err = url.PathUnescape(rawPassword); err != nil {
+				return Config{}, fmt.Errorf("outboxkafka: destination %s: bad percent-encoding in the password", shown)
+			}
+		}
+	}
 	u, err := url.Parse("kafka://h" + tail)
 	if err != nil {
 		return cfg, fmt.Errorf("outboxkafka: destination %s: %w", shown, err)
@@ -65,6 +109,7 @@ func ParseURL(raw string) (Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("outboxkafka: destination %s: query: %w", shown, err)
 	}
+	tlsOff := false
 	for k, vs := range q {
 		v := vs[len(vs)-1]
 		var err error
@@ -82,8 +127,19 @@ func ParseURL(raw string) (Config, error) {
 			if err == nil && cfg.MaxRecordBytes < 1 {
 				err = errors.New("not a positive number")
 			}
+		case "sasl":
+			cfg.SASLMechanism, err = saslMechanism(v)
+		case "tls":
+			cfg.TLS, err = strconv.ParseBool(v)
+			tlsOff = err == nil && !cfg.TLS
+		case "ca_file":
+			cfg.CAFile = v
+		case "cert_file":
+			cfg.CertFile = v
+		case "key_file":
+			cfg.KeyFile = v
 		default:
-			err = errors.New("unknown parameter (known: topic, source, delivery_timeout, dial_timeout, max_record_bytes)")
+			err = errors.New("unknown parameter (known: topic, source, delivery_timeout, dial_timeout, max_record_bytes, sasl, tls, ca_file, cert_file, key_file)")
 		}
 		if err != nil {
 			return Config{}, fmt.Errorf("outboxkafka: destination %s: %s=%q: %w", shown, k, v, err)
@@ -94,7 +150,37 @@ func ParseURL(raw string) (Config, error) {
 			return Config{}, fmt.Errorf("outboxkafka: destination %s: topic template %q: %w", shown, cfg.Topic, err)
 		}
 	}
+	if tlsOff && (cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "") {
+		return Config{}, fmt.Errorf("outboxkafka: destination %s: tls=false with ca_file, cert_file or key_file", shown)
+	}
+	if (cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "") && !tlsOff {
+		cfg.TLS = true
+	}
+	switch {
+	case cfg.User != "" && cfg.SASLMechanism == "":
+		return Config{}, fmt.Errorf("outboxkafka: destination %s: a user needs sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512", shown)
+	case cfg.User == "" && cfg.SASLMechanism != "":
+		return Config{}, fmt.Errorf("outboxkafka: destination %s: sasl=%s needs a user (kafka://user@host:9092, the password in %s)", shown, strings.ToLower(cfg.SASLMechanism), PasswordEnv)
+	case cfg.User != "" && cfg.Password == "":
+		cfg.Password = os.Getenv(PasswordEnv)
+		if cfg.Password == "" {
+			return Config{}, fmt.Errorf("outboxkafka: destination %s: no password for user %q: set %s", shown, cfg.User, PasswordEnv)
+		}
+	}
+	if err := cfg.check(); err != nil {
+		return Config{}, fmt.Errorf("outboxkafka: destination %s: %s", shown, strings.TrimPrefix(err.Error(), "outboxkafka: "))
+	}
 	return cfg, nil
+}
+
+// saslMechanism returns the Config.SASLMechanism a sasl= parameter names.
+func saslMechanism(v string) (string, error) {
+	for _, m := range []string{SASLPlain, SASLScramSHA256, SASLScramSHA512} {
+		if strings.EqualFold(v, m) {
+			return m, nil
+		}
+	}
+	return "", errors.New("unknown SASL mechanism (known: plain, scram-sha-256, scram-sha-512)")
 }
 
 func positiveDuration(v string) (time.Duration, error) {

@@ -49,3 +49,65 @@ func TestParseURL(t *testing.T) {
 		}
 	}
 }
+
+// TestParseURLCredentials: a user in the URL is the SASL user, sasl= is
+// required with it, and its password comes from the URL or, preferably,
+// OUTBOX_KAFKA_PASSWORD; tls= and the PEM files set the TLS fields. No
+// error repeats the password.
+func TestParseURLCredentials(t *testing.T) {
+	const pw = "Pw-s3cret-e81"
+	t.Setenv(outboxkafka.PasswordEnv, pw)
+	cfg, err := outboxkafka.ParseURL("kafka://relay@k1,k2:9093?sasl=scram-sha-512&tls=true&ca_file=/etc/ca.pem&cert_file=/etc/c.pem&key_file=/etc/c.key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.User != "relay" || cfg.Password != pw || cfg.SASLMechanism != outboxkafka.SASLScramSHA512 || !cfg.TLS ||
+		cfg.CAFile != "/etc/ca.pem" || cfg.CertFile != "/etc/c.pem" || cfg.KeyFile != "/etc/c.key" ||
+		!slices.Equal(cfg.Brokers, []string{"k1:9092", "k2:9093"}) {
+		t.Fatalf("ParseURL = %v", cfg)
+	}
+	// A password in the URL (percent-encoded) wins over the environment.
+	cfg, err = outboxkafka.ParseURL("kafka://re%40lay:in%2Furl@k1?sasl=PLAIN")
+	if err != nil || cfg.User != "re@lay" || cfg.Password != "in/url" || cfg.SASLMechanism != outboxkafka.SASLPlain || cfg.TLS {
+		t.Fatalf("ParseURL with a password: %v, %v", cfg, err)
+	}
+	// A CA file alone implies TLS.
+	if cfg, err := outboxkafka.ParseURL("kafka://k1?ca_file=/etc/ca.pem"); err != nil || !cfg.TLS {
+		t.Fatalf("ca_file alone: %v, %v", cfg, err)
+	}
+	if cfg, err := outboxkafka.ParseURL("kafka://relay@k1?sasl=scram-sha-256"); err != nil || cfg.SASLMechanism != outboxkafka.SASLScramSHA256 {
+		t.Fatalf("scram-sha-256: %v, %v", cfg, err)
+	}
+	for raw, want := range map[string]string{
+		"kafka://relay@k1":                                    "sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512",
+		"kafka://relay:" + pw + "@k1":                         "sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512",
+		"kafka://k1?sasl=plain":                               "needs a user",
+		"kafka://relay:" + pw + "@k1?sasl=gssapi":             "known: plain, scram-sha-256, scram-sha-512",
+		"kafka://relay:" + pw + "@k1?sasl=plain&tls=maybe":    "tls=",
+		"kafka://relay:" + pw + "@k1?tls=false&ca_file=/x":    "tls=false",
+		"kafka://relay:" + pw + "@k1?sasl=plain&cert_file=/x": "CertFile and KeyFile",
+		"kafka://relay:" + pw + "%zz@k1?sasl=plain":           "percent-encoding",
+		"kafka://relay:" + pw + "@k1:99999?sasl=plain":        "bad port",
+		"kafka://relay:" + pw + "@k1?sasl=plain&bogus=1":      "unknown parameter",
+		"kafka://:" + pw + "@k1?sasl=plain":                   "bad user",
+		"kafka://relay:pa/" + pw + "@k1?sasl=plain":           "not shown",
+		"kafka://relay:pa?" + pw + "@k1?sasl=plain":           "not shown",
+		"kafka://relay:pa#" + pw + "@k1?sasl=plain":           "not shown",
+	} {
+		_, err := outboxkafka.ParseURL(raw)
+		if err == nil {
+			t.Errorf("ParseURL(%q) succeeded", raw)
+			continue
+		}
+		if strings.Contains(err.Error(), pw) {
+			t.Errorf("ParseURL(%q): %v repeats the password", raw, err)
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseURL(%q): %v, want it to say %q", raw, err, want)
+		}
+	}
+	t.Setenv(outboxkafka.PasswordEnv, "")
+	if _, err := outboxkafka.ParseURL("kafka://relay@k1?sasl=plain"); err == nil || !strings.Contains(err.Error(), outboxkafka.PasswordEnv) {
+		t.Fatalf("no password anywhere: %v, want it to name %s", err, outboxkafka.PasswordEnv)
+	}
+}

@@ -32,7 +32,7 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET) (env OUTBOX_DESTINATION; secrets are never printed)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://[user@]host:port[,host:port][?topic=outbox.{aggregate_type}&sasl=scram-sha-512&tls=true&ca_file=...] (SASL password in env OUTBOX_KAFKA_PASSWORD), amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET) (env OUTBOX_DESTINATION; secrets are never printed)")
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
@@ -179,7 +179,10 @@ func Redact(raw string) string {
 
 // openKafka opens a Kafka publisher (outboxkafka) and waits, as OpenWait
 // does, until the cluster answers a metadata request. The URL's source
-// parameter, when set, wins over --source.
+// parameter, when set, wins over --source. A user in the URL without a
+// password takes it from OUTBOX_KAFKA_PASSWORD (outboxkafka.ParseURL reads
+// it); a failed SASL authentication or TLS handshake is unavailable, so
+// OpenWait waits, logging why.
 func openKafka(ctx context.Context, o Options, retry func(ctx context.Context, err error) error) (outbox.Publisher, func(), error) {
 	cfg, err := outboxkafka.ParseURL(o.URL)
 	if err != nil {
