@@ -10,17 +10,21 @@ import (
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
 	"github.com/pgoutbox/outbox/internal/destination"
 	"github.com/pgoutbox/outbox/outboxkafka"
+	"github.com/pgoutbox/outbox/outboxwebhook"
 )
 
 // Schemes lists the destination URL schemes Run consumes from.
-const Schemes = "nats://host:port, kafka://host:port[,host:port][?topic=outbox.{aggregate_type}]"
+const Schemes = "nats://host:port, kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], http://host:port/path (the webhook URL the relay posts to; served here)"
 
 // Run consumes the order events from the destination URL (the one the
 // relay publishes to) until ctx ends, with the transport of its scheme:
 // nats:// (and tls://) reads the JetStream stream Config.Stream through the
 // durable consumer Config.Durable (RunNATS); kafka:// reads the topic the
 // URL's topic template gives the order aggregate type (default
-// "outbox.order") as the consumer group Config.Durable (RunKafka).
+// "outbox.order") as the consumer group Config.Durable (RunKafka);
+// http:// is the webhook the relay posts to: the consumer serves it on the
+// URL's host, port and path, verifying the requests with the secrets in
+// OUTBOX_WEBHOOK_SECRET (RunWebhook).
 func (c *Consumer) Run(ctx context.Context, destinationURL string) error {
 	scheme, _, _ := strings.Cut(destinationURL, "://")
 	switch scheme {
@@ -48,6 +52,8 @@ func (c *Consumer) Run(ctx context.Context, destinationURL string) error {
 			return err
 		}
 		return c.RunKafka(ctx, cfg.Brokers, topic)
+	case "http", "https":
+		return c.RunWebhook(ctx, destinationURL, outboxwebhook.SecretsFromEnv())
 	default:
 		return fmt.Errorf("inventory: destination scheme %q not supported (use %s)", scheme, Schemes)
 	}

@@ -1,9 +1,10 @@
 // Package inventory is the example inventory consumer: it reserves stock for
 // OrderCreated events and releases it for OrderCancelled events, reading the
 // order events from the destination the relay publishes to: NATS JetStream
-// through a durable pull consumer (consume_nats.go) or Kafka through a
-// consumer group (consume_kafka.go). [Consumer.Run] picks the transport from
-// the destination URL.
+// through a durable pull consumer (consume_nats.go), Kafka through a
+// consumer group (consume_kafka.go), or an HTTP webhook the relay posts to
+// and the consumer serves (consume_webhook.go). [Consumer.Run] picks the
+// transport from the destination URL.
 //
 // Every delivery, whatever its transport, goes through one code path
 // (deliver, then inbox.Inbox.Handle), so the stock change commits in one
