@@ -56,8 +56,11 @@ Runs the example order system in this process: the order HTTP API, the relay
 and the inventory consumer, on PostgreSQL (DATABASE_URL) and the destination
 --destination names: "nats" (the default: an embedded NATS JetStream server),
 "kafka" (franz-go's in-process Kafka-protocol cluster, kfake: the relay and the
-consumer speak the Kafka protocol to it as to any Kafka), or the URL of an
-external broker (nats://host:port, kafka://host:port). It drives commands over HTTP
+consumer speak the Kafka protocol to it as to any Kafka), "webhook" (the relay
+POSTs each event, signed with a secret of the run's own, to the consumer's HTTP
+server on a free port; what the consumer accepted is what is "at the
+destination"), or the URL of an external broker (nats://host:port,
+kafka://host:port), or http://host:port/path for the consumer's webhook server. It drives commands over HTTP
 with the chaos harness's driver (creates, cancellations, rollbacks,
 idempotent retries, reused keys), waits until every committed event was
 published and applied, prints a report and checks the invariants I1-I5 with
@@ -66,7 +69,7 @@ the same checker as "outbox chaos". Each run uses a fresh schema and stream
 Exits non-zero if a check fails.`)
 	var f demoFlags
 	fs.StringVar(&f.databaseURL, "database-url", cli.Env("DATABASE_URL", cli.DatabaseURLDefault), "PostgreSQL connection URL (env DATABASE_URL)")
-	fs.StringVar(&f.dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", "nats"), "nats (an embedded server), kafka (an in-process kfake cluster), or an external broker's URL: nats://host:port, kafka://host:port (env OUTBOX_DESTINATION)")
+	fs.StringVar(&f.dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", "nats"), "nats (an embedded server), kafka (an in-process kfake cluster), webhook (the consumer's HTTP server on a free port), or a URL: nats://host:port, kafka://host:port, http://host:port/path (env OUTBOX_DESTINATION)")
 	fs.StringVar(&f.dest.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
 	fs.IntVar(&f.orders, "orders", 200, "commands to send: order creates, and cancellations, rollbacks and retries among them")
 	fs.IntVar(&f.concurrency, "concurrency", 8, "concurrent HTTP clients")
@@ -140,7 +143,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	}
 	defer os.RemoveAll(dir)
 	d.dest, err = chaos.OpenDestination(ctx, chaos.DestinationConfig{Spec: d.flags.dest.URL, Tag: "demo_" + suffix,
-		Dir: dir, DuplicateWindow: outboxnats.DuplicateWindowDefault})
+		Dir: dir, DuplicateWindow: outboxnats.DuplicateWindowDefault, DatabaseURL: d.flags.databaseURL, Schema: d.where.Schema})
 	if err != nil {
 		return err
 	}
@@ -171,6 +174,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 			d.closePub()
 		}
 	}()
+	defer setEnv(append(chaos.DestinationEnv(d.dest, chaos.RoleRelay), chaos.DestinationEnv(d.dest, chaos.RoleConsumer)...))()
 	if err := d.setUp(ctx); err != nil {
 		return err
 	}
@@ -187,6 +191,13 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	g, gctx := errgroup.WithContext(runCtx)
+	// The consumer first: on a webhook it is the endpoint the relay's
+	// publisher waits for.
+	g.Go(func() error { return componentDone("inventory consumer", gctx, d.consumer.Run(gctx, d.dest.URL())) })
+	if err := d.setUpRelay(gctx); err != nil {
+		stop()
+		return errors.Join(err, g.Wait())
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -208,7 +219,6 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 		return srv.Shutdown(sctx)
 	})
 	g.Go(func() error { return componentDone("relay", gctx, d.relay.Run(gctx)) })
-	g.Go(func() error { return componentDone("inventory consumer", gctx, d.consumer.Run(gctx, d.dest.URL())) })
 	d.printf("  order API %s, relay %s, inventory consumer (durable consumer or group %s, %d workers) running\n",
 		baseURL, d.relay.ID(), inventory.DurableDefault, inventory.WorkersDefault)
 
@@ -281,26 +291,9 @@ func (d *demoRun) setUp(ctx context.Context) error {
 	if err := inventory.Migrate(ctx, d.pool, d.where.Schema, ""); err != nil {
 		return err
 	}
-	// The relay's and the consumer's destination settings, read from the
-	// flags the destination gives their processes in "outbox chaos".
-	relayOpts, _, err := destinationFlags(d.dest, chaos.RoleRelay)
-	if err != nil {
-		return err
-	}
-	relayOpts.Source = d.flags.dest.Source
-	pub, closePub, err := destination.Open(ctx, relayOpts)
-	if err != nil {
-		return err
-	}
-	d.closePub = closePub
+	// The consumer's destination settings, read from the flags the
+	// destination gives its processes in "outbox chaos".
 	consOpts, session, err := destinationFlags(d.dest, chaos.RoleConsumer)
-	if err != nil {
-		return err
-	}
-	d.relay, err = outbox.NewRelay(d.pool, outbox.RelayConfig{
-		Publisher: pub, Schema: d.where.Schema, ID: "demo-relay-" + d.where.Schema[len("demo_"):],
-		PollInterval: 250 * time.Millisecond, Logger: d.log,
-	})
 	if err != nil {
 		return err
 	}
@@ -309,6 +302,58 @@ func (d *demoRun) setUp(ctx context.Context) error {
 		AckWait: 5 * time.Second, SessionTimeout: session, Logger: d.log,
 	})
 	return err
+}
+
+// setUpRelay opens the relay's publisher, waiting while the destination
+// cannot be reached (a webhook consumer still starting), and builds the
+// relay.
+func (d *demoRun) setUpRelay(ctx context.Context) error {
+	relayOpts, _, err := destinationFlags(d.dest, chaos.RoleRelay)
+	if err != nil {
+		return err
+	}
+	relayOpts.Source = d.flags.dest.Source
+	wctx, cancel := context.WithTimeout(ctx, d.flags.timeout)
+	defer cancel()
+	pub, closePub, err := destination.OpenWait(wctx, relayOpts, func(ctx context.Context, err error) error {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error %v)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+			return nil
+		}
+	})
+	if err != nil {
+		return err
+	}
+	d.closePub = closePub
+	d.relay, err = outbox.NewRelay(d.pool, outbox.RelayConfig{
+		Publisher: pub, Schema: d.where.Schema, ID: "demo-relay-" + d.where.Schema[len("demo_"):],
+		PollInterval: 250 * time.Millisecond, Logger: d.log,
+	})
+	return err
+}
+
+// setEnv sets "KEY=value" pairs (the destination's, such as the webhook's
+// secret, which the relay's publisher and the consumer read as their
+// processes would) in this process and returns a function that restores
+// the previous values.
+func setEnv(kvs []string) (restore func()) {
+	var undo []func()
+	for _, kv := range kvs {
+		k, v, _ := strings.Cut(kv, "=")
+		if old, ok := os.LookupEnv(k); ok {
+			undo = append(undo, func() { os.Setenv(k, old) })
+		} else {
+			undo = append(undo, func() { os.Unsetenv(k) })
+		}
+		os.Setenv(k, v)
+	}
+	return func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
 }
 
 // destinationFlags parses the destination flags dest gives a process of
