@@ -124,7 +124,9 @@ func (d *webhookDestination) Start(context.Context) error { return nil }
 
 func (d *webhookDestination) Restarts() int { return 0 }
 
-func (d *webhookDestination) table(name string) string { return pgx.Identifier{d.schema, name}.Sanitize() }
+func (d *webhookDestination) table(name string) string {
+	return pgx.Identifier{d.schema, name}.Sanitize()
+}
 
 // Messages returns the order events the endpoint durably accepted: those
 // with an inbox row, in the order the rows were written (each order's in
