@@ -113,7 +113,7 @@ func (d *webhookDestination) MaxConsumers() (int, string) {
 }
 
 func (d *webhookDestination) NoRestarts() string {
-	return "not applicable: no broker between relay and consumer; the consumer (the endpoint) is killed and restarted instead"
+	return "not applicable to a webhook, which has no broker between relay and consumer; the consumer (the endpoint) is killed and restarted instead"
 }
 
 func (d *webhookDestination) Restartable() bool { return false }
