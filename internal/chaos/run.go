@@ -34,7 +34,9 @@ type Config struct {
 	// Destination is where the relays publish: "nats" (a NATS server of
 	// the run's own, restarted by broker faults), "kafka" (franz-go's
 	// in-process Kafka cluster, kfake, which cannot be restarted: no broker
-	// faults), or the URL of an external broker (never restarted).
+	// faults), "webhook" (the relays POST to the one consumer, which is
+	// the endpoint: no broker faults), or the URL of an external broker
+	// (never restarted) or of the consumer's webhook.
 	// Defaults to "nats".
 	Destination string
 	// NATSServer is the nats-server executable the run starts (and
