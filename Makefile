@@ -9,6 +9,9 @@ demo: ## run the order system end to end on an embedded NATS server
 demo-kafka: ## the same on Kafka (franz-go's in-process kfake cluster)
 	go run ./cmd/outbox demo --destination kafka
 
+demo-webhook: ## the same on webhooks (the relay POSTs to the consumer's HTTP server)
+	go run ./cmd/outbox demo --destination webhook
+
 test: ## run every test against the local PostgreSQL and NATS (as CI does)
 	go test -race -count=1 -timeout 20m ./...
 
@@ -29,4 +32,4 @@ bench: ## run the benchmark against the local PostgreSQL and NATS (BENCHMARKS.md
 bench-quick: ## the benchmark at smoke sizes (under a minute)
 	cd bench && go run . --quick
 
-.PHONY: help demo demo-kafka test ci lint build bench bench-quick
+.PHONY: help demo demo-kafka demo-webhook test ci lint build bench bench-quick

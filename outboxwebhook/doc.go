@@ -118,7 +118,8 @@
 // tolerance (5 minutes either way), caps the body, decodes the message and
 // calls a function with it: 2xx when the function returned nil, 500 (the
 // relay retries) when it failed, 422 (the relay quarantines the event) when
-// its error is marked outbox.Permanent, 401 for a bad signature or
+// its error is marked outbox.Permanent (a Retry-After header on the 500
+// when it is marked outbox.RetryAfter), 401 for a bad signature or
 // timestamp, 400 for a request that is not an outbox event. To apply each
 // event once, in order, call the inbox (package inbox) from the function and
 // return an error for an Early outcome, so the relay retries it after the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/pgoutbox/outbox"
@@ -48,7 +49,9 @@ type Receiver struct {
 //  3. decodes the message with Decode: 400 when it is not an outbox event;
 //  4. calls handle with the request's context and answers 204 when it
 //     returns nil, 422 when its error is marked outbox.Permanent (the relay
-//     quarantines the event), and 500 otherwise (the relay retries later).
+//     quarantines the event), and 500 otherwise (the relay retries later),
+//     with a Retry-After header (whole seconds, at least 1) when the error
+//     is marked with outbox.RetryAfter, which the relay honours.
 //
 // Error answers carry the error's text as a plain-text body, which the
 // relay records as the event's last error: keep secrets out of handle's
@@ -111,6 +114,9 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		code := http.StatusInternalServerError
 		if outbox.IsPermanent(err) {
 			code = http.StatusUnprocessableEntity
+		} else if d, ok := outbox.RetryDelay(err); ok {
+			// Whole seconds, rounded up: 0 would mean "at once".
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(max((d+time.Second-1)/time.Second, 1)), 10))
 		}
 		fail(w, code, err.Error())
 		return

@@ -142,15 +142,22 @@ func TestReceiverRefuses(t *testing.T) {
 }
 
 // TestReceiverErrorsReachTheRelay: a handle error comes back to the
-// publisher retryable (500) or permanent (422), quoted.
+// publisher retryable (500) or permanent (422), quoted; one marked with
+// outbox.RetryAfter carries its delay (rounded up to seconds) to the relay.
 func TestReceiverErrorsReachTheRelay(t *testing.T) {
 	t.Parallel()
 	secret := newSecret(t)
 	for _, tc := range []struct {
-		err       error
-		permanent bool
-		quote     string
-	}{{errors.New("inventory db down"), false, "inventory db down"}, {outbox.Permanent(errors.New("unknown sku")), true, "unknown sku"}} {
+		err        error
+		permanent  bool
+		quote      string
+		retryAfter time.Duration
+	}{
+		{errors.New("inventory db down"), false, "inventory db down", 0},
+		{outbox.Permanent(errors.New("unknown sku")), true, "unknown sku", 0},
+		{outbox.RetryAfter(errors.New("not yet"), 1500*time.Millisecond), false, "not yet", 2 * time.Second},
+		{outbox.RetryAfter(errors.New("soon"), time.Millisecond), false, "soon", time.Second},
+	} {
 		rc, err := outboxwebhook.NewReceiver([]string{secret}, func(context.Context, outbox.Message) error { return tc.err }, outboxwebhook.ReceiverOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -161,6 +168,9 @@ func TestReceiverErrorsReachTheRelay(t *testing.T) {
 		srv.Close()
 		if err == nil || outbox.IsPermanent(err) != tc.permanent || !strings.Contains(err.Error(), tc.quote) {
 			t.Errorf("handle error %v: publish error %v", tc.err, err)
+		}
+		if d, ok := outbox.RetryDelay(err); ok != (tc.retryAfter > 0) || d != tc.retryAfter {
+			t.Errorf("handle error %v: publish error's Retry-After %v (%v), want %v", tc.err, d, ok, tc.retryAfter)
 		}
 	}
 }

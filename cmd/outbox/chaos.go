@@ -22,17 +22,22 @@ DATABASE_URL and the --destination: "nats" (the default: a NATS server of its ow
 nats-server or an embedded one), "kafka" (franz-go's in-process Kafka-protocol
 cluster, kfake, in this process on a free port, persisted to the run's directory
 so that it can be restarted; the processes speak the Kafka protocol to it as to
-any Kafka), "amqp" (a RabbitMQ node of its own on free ports,
-rabbitmq-server), or the URL of an external broker (nats://host:port,
-kafka://host:port, amqp://user:password@host:port/), on which the run makes a stream,
-topic or exchange of its own (on RabbitMQ with the consumers' queue and a witness
-queue that only the checker reads, bound before any relay starts). For
+any Kafka), "amqp" (a RabbitMQ node of its own on free ports, rabbitmq-server),
+"webhook" (the relays POST each event to the one inventory consumer, which serves
+the webhook on a free port, signed with a secret of the run's own passed in
+OUTBOX_WEBHOOK_SECRET; no broker in between), or the URL of an external broker
+(nats://host:port, kafka://host:port, amqp://user:password@host:port/), on which
+the run makes a stream, topic or exchange of its own (on RabbitMQ with the
+consumers' queue and a witness queue that only the checker reads, bound before any
+relay starts), or http://host:port/path for the consumer to serve. For
 --duration it drives commands over HTTP (creates, cancellations, rollbacks, retries
 with the same Idempotency-Key) and injects faults at the seed's times: SIGKILLs,
 restarts with a failpoint armed (OUTBOX_FAILPOINTS), relays paused past their
 lease, broker restarts. Broker restarts need a broker the run can restart without
 losing data, its own NATS server, kfake cluster or RabbitMQ node: on external
-brokers they are left out, and the run says so. Then it lets everything recover and checks I1-I5
+brokers they are left out, and on a webhook they do not apply (its endpoint is the
+consumer, killed and restarted like any process); the run says so. A webhook runs
+one consumer process whatever --consumers says, as it has one endpoint. Then it lets everything recover and checks I1-I5
 and request idempotency on PostgreSQL and the destination. It prints one line per
 figure and per invariant and exits non-zero on any violation. The same seed gives
 the same schedule of faults (--print-schedule lists it).`
@@ -44,7 +49,7 @@ func runChaos(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Duration, "duration", time.Minute, "how long to drive commands and inject faults")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule and the command mix (0: random, printed)")
 	ordersBin := fs.String("orders-bin", cli.Env("OUTBOX_CHAOS_ORDERS_BIN", ""), "the orders binary (env OUTBOX_CHAOS_ORDERS_BIN; default: 'orders' beside this binary, else built with the go tool from this module)")
-	fs.StringVar(&cfg.Destination, "destination", cli.Env("OUTBOX_CHAOS_DESTINATION", "nats"), "nats, kafka, amqp, or an external broker's URL: nats://host:port, kafka://host:port, amqp://user:password@host:port/ (env OUTBOX_CHAOS_DESTINATION)")
+	fs.StringVar(&cfg.Destination, "destination", cli.Env("OUTBOX_CHAOS_DESTINATION", "nats"), "nats, kafka, amqp, webhook, or a URL: nats://host:port, kafka://host:port, amqp://user:password@host:port/, http://host:port/path (env OUTBOX_CHAOS_DESTINATION)")
 	natsServer := fs.String("nats-server", cli.Env("OUTBOX_CHAOS_NATS_SERVER", ""), "nats-server executable to run as the broker, or 'embedded' (default: nats-server on PATH or /usr/sbin/nats-server, else embedded)")
 	fs.IntVar(&cfg.Relays, "relays", 2, "relay processes")
 	fs.IntVar(&cfg.Consumers, "consumers", 2, "inventory consumer processes")

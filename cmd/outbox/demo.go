@@ -58,8 +58,12 @@ and the inventory consumer, on PostgreSQL (DATABASE_URL) and the destination
 --destination names: "nats" (the default: an embedded NATS JetStream server),
 "kafka" (franz-go's in-process Kafka-protocol cluster, kfake: the relay and the
 consumer speak the Kafka protocol to it as to any Kafka), "amqp" (the machine's
-RabbitMQ at amqp://guest:guest@127.0.0.1:5672/), or the URL of an external broker
-(nats://host:port, kafka://host:port, amqp://user:password@host:port/). It drives commands over HTTP
+RabbitMQ at amqp://guest:guest@127.0.0.1:5672/), "webhook" (the relay POSTs each
+event, signed with a secret of the run's own, to the consumer's HTTP server on a
+free port; what the consumer accepted is what is "at the destination"), or the URL
+of an external broker (nats://host:port, kafka://host:port,
+amqp://user:password@host:port/), or http://host:port/path for the consumer's
+webhook server. It drives commands over HTTP
 with the chaos harness's driver (creates, cancellations, rollbacks,
 idempotent retries, reused keys), waits until every committed event was
 published and applied, prints a report and checks the invariants I1-I5 with
@@ -69,7 +73,7 @@ the end unless --keep.
 Exits non-zero if a check fails.`)
 	var f demoFlags
 	fs.StringVar(&f.databaseURL, "database-url", cli.Env("DATABASE_URL", cli.DatabaseURLDefault), "PostgreSQL connection URL (env DATABASE_URL)")
-	fs.StringVar(&f.dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", "nats"), "nats (an embedded server), kafka (an in-process kfake cluster), amqp (the machine's RabbitMQ), or an external broker's URL: nats://host:port, kafka://host:port, amqp://user:password@host:port/ (env OUTBOX_DESTINATION)")
+	fs.StringVar(&f.dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", "nats"), "nats (an embedded server), kafka (an in-process kfake cluster), amqp (the machine's RabbitMQ), webhook (the consumer's HTTP server on a free port), or a URL: nats://host:port, kafka://host:port, amqp://user:password@host:port/, http://host:port/path (env OUTBOX_DESTINATION)")
 	fs.StringVar(&f.dest.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
 	fs.IntVar(&f.orders, "orders", 200, "commands to send: order creates, and cancellations, rollbacks and retries among them")
 	fs.IntVar(&f.concurrency, "concurrency", 8, "concurrent HTTP clients")
@@ -143,7 +147,8 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	}
 	defer os.RemoveAll(dir)
 	d.dest, err = chaos.OpenDestination(ctx, chaos.DestinationConfig{Spec: d.flags.dest.URL, Tag: "demo_" + suffix,
-		Dir: dir, DuplicateWindow: outboxnats.DuplicateWindowDefault, AMQPURL: outboxamqp.URLDefault})
+		Dir: dir, DuplicateWindow: outboxnats.DuplicateWindowDefault, AMQPURL: outboxamqp.URLDefault,
+		DatabaseURL: d.flags.databaseURL, Schema: d.where.Schema})
 	if err != nil {
 		return err
 	}
@@ -174,6 +179,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 			d.closePub()
 		}
 	}()
+	defer setEnv(append(chaos.DestinationEnv(d.dest, chaos.RoleRelay), chaos.DestinationEnv(d.dest, chaos.RoleConsumer)...))()
 	if err := d.setUp(ctx); err != nil {
 		return err
 	}
@@ -190,6 +196,13 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	g, gctx := errgroup.WithContext(runCtx)
+	// The consumer first: on a webhook it is the endpoint the relay's
+	// publisher waits for.
+	g.Go(func() error { return componentDone("inventory consumer", gctx, d.consumer.Run(gctx, d.dest.URL())) })
+	if err := d.setUpRelay(gctx); err != nil {
+		stop()
+		return errors.Join(err, g.Wait())
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -211,7 +224,6 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 		return srv.Shutdown(sctx)
 	})
 	g.Go(func() error { return componentDone("relay", gctx, d.relay.Run(gctx)) })
-	g.Go(func() error { return componentDone("inventory consumer", gctx, d.consumer.Run(gctx, d.dest.URL())) })
 	d.printf("  order API %s, relay %s, inventory consumer (durable consumer or group %s, %d workers) running\n",
 		baseURL, d.relay.ID(), inventory.DurableDefault, inventory.WorkersDefault)
 
@@ -284,26 +296,9 @@ func (d *demoRun) setUp(ctx context.Context) error {
 	if err := inventory.Migrate(ctx, d.pool, d.where.Schema, ""); err != nil {
 		return err
 	}
-	// The relay's and the consumer's destination settings, read from the
-	// flags the destination gives their processes in "outbox chaos".
-	relayOpts, _, err := destinationFlags(d.dest, chaos.RoleRelay)
-	if err != nil {
-		return err
-	}
-	relayOpts.Source = d.flags.dest.Source
-	pub, closePub, err := destination.Open(ctx, relayOpts)
-	if err != nil {
-		return err
-	}
-	d.closePub = closePub
+	// The consumer's destination settings, read from the flags the
+	// destination gives its processes in "outbox chaos".
 	consOpts, session, err := destinationFlags(d.dest, chaos.RoleConsumer)
-	if err != nil {
-		return err
-	}
-	d.relay, err = outbox.NewRelay(d.pool, outbox.RelayConfig{
-		Publisher: pub, Schema: d.where.Schema, ID: "demo-relay-" + d.where.Schema[len("demo_"):],
-		PollInterval: 250 * time.Millisecond, Logger: d.log,
-	})
 	if err != nil {
 		return err
 	}
@@ -312,6 +307,58 @@ func (d *demoRun) setUp(ctx context.Context) error {
 		AckWait: 5 * time.Second, SessionTimeout: session, Logger: d.log,
 	})
 	return err
+}
+
+// setUpRelay opens the relay's publisher, waiting while the destination
+// cannot be reached (a webhook consumer still starting), and builds the
+// relay.
+func (d *demoRun) setUpRelay(ctx context.Context) error {
+	relayOpts, _, err := destinationFlags(d.dest, chaos.RoleRelay)
+	if err != nil {
+		return err
+	}
+	relayOpts.Source = d.flags.dest.Source
+	wctx, cancel := context.WithTimeout(ctx, d.flags.timeout)
+	defer cancel()
+	pub, closePub, err := destination.OpenWait(wctx, relayOpts, func(ctx context.Context, err error) error {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error %v)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+			return nil
+		}
+	})
+	if err != nil {
+		return err
+	}
+	d.closePub = closePub
+	d.relay, err = outbox.NewRelay(d.pool, outbox.RelayConfig{
+		Publisher: pub, Schema: d.where.Schema, ID: "demo-relay-" + d.where.Schema[len("demo_"):],
+		PollInterval: 250 * time.Millisecond, Logger: d.log,
+	})
+	return err
+}
+
+// setEnv sets "KEY=value" pairs (the destination's, such as the webhook's
+// secret, which the relay's publisher and the consumer read as their
+// processes would) in this process and returns a function that restores
+// the previous values.
+func setEnv(kvs []string) (restore func()) {
+	var undo []func()
+	for _, kv := range kvs {
+		k, v, _ := strings.Cut(kv, "=")
+		if old, ok := os.LookupEnv(k); ok {
+			undo = append(undo, func() { os.Setenv(k, old) })
+		} else {
+			undo = append(undo, func() { os.Unsetenv(k) })
+		}
+		os.Setenv(k, v)
+	}
+	return func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
 }
 
 // destinationFlags parses the destination flags dest gives a process of

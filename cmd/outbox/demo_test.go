@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -27,12 +28,18 @@ var (
 // enables a failpoint, and failpoints are process-wide.
 func runDemoTest(t *testing.T, args ...string) (report, schema, stream string) {
 	t.Helper()
+	return runDemoTestLogs(t, new(bytes.Buffer), args...)
+}
+
+// runDemoTestLogs is runDemoTest keeping the components' logs in logs.
+func runDemoTestLogs(t *testing.T, logs *bytes.Buffer, args ...string) (report, schema, stream string) {
+	t.Helper()
 	t.Setenv("OUTBOX_FAILPOINTS", "")
-	var out, logs bytes.Buffer
+	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()
-	err := demo(ctx, append([]string{"--database-url", outboxtest.DatabaseURL()}, args...), &out, &logs)
+	err := demo(ctx, append([]string{"--database-url", outboxtest.DatabaseURL()}, args...), &out, logs)
 	report = out.String()
 	t.Logf("demo %v (%s):\n%s", args, time.Since(start).Round(time.Millisecond), report)
 	if err != nil {
@@ -95,6 +102,32 @@ func TestDemoKafka(t *testing.T) {
 	}
 	if m := regexp.MustCompile(`(?m)^duplicates suppressed\s+(\d+)`).FindStringSubmatch(report); m == nil || m[1] == "0" {
 		t.Error("no redelivery was suppressed by the inbox")
+	}
+	if schemaExists(t, schema) {
+		t.Errorf("schema %s was not dropped", schema)
+	}
+}
+
+// TestDemoWebhook runs "outbox demo --destination webhook": the relay POSTs
+// each event, signed with a secret of the run's own, to the inventory
+// consumer's HTTP server; dropped answers after the commit make the relay
+// post again and the inbox suppress the repeats; every invariant holds, and
+// the secret is never printed.
+func TestDemoWebhook(t *testing.T) {
+	t.Setenv("OUTBOX_WEBHOOK_SECRET", "")
+	var logs bytes.Buffer
+	report, schema, _ := runDemoTestLogs(t, &logs, "--orders", "60", "--destination", "webhook", "--lost-acks", "0.2", "--verbose")
+	if !regexp.MustCompile(`destination: webhook: the relays POST to the inventory consumer's HTTP server at http://127\.0\.0\.1:\d+/events`).MatchString(report) {
+		t.Error("the report does not say the relay posts to the consumer's server")
+	}
+	if m := regexp.MustCompile(`(?m)^duplicates suppressed\s+(\d+)`).FindStringSubmatch(report); m == nil || m[1] == "0" {
+		t.Error("no repeated POST was suppressed by the inbox")
+	}
+	if strings.Contains(report+logs.String(), "whsec_") {
+		t.Error("the signing secret was printed")
+	}
+	if v := os.Getenv("OUTBOX_WEBHOOK_SECRET"); v != "" {
+		t.Error("the demo left its secret in the environment")
 	}
 	if schemaExists(t, schema) {
 		t.Errorf("schema %s was not dropped", schema)

@@ -94,7 +94,7 @@ func runAPI(ctx context.Context, args []string) error {
 }
 
 func runInventory(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("orders", "inventory", "inventory [flags]\n\nConsumes the order events from the destination (--destination): from NATS JetStream\nwith a durable pull consumer, from Kafka as a consumer group (the --durable name),\ncommitting offsets only after the inbox transaction committed, or from RabbitMQ\n(amqp://) through the queue \"<exchange>.<durable>\", which it declares and binds,\nacking only after the inbox transaction committed. It reserves or\nreleases stock, each event applied once and in order per order through the inbox.\nStops on SIGINT/SIGTERM after finishing the messages it holds.")
+	fs := cli.NewFlagSet("orders", "inventory", "inventory [flags]\n\nConsumes the order events from the destination (--destination): from NATS JetStream\nwith a durable pull consumer, from Kafka as a consumer group (the --durable name),\ncommitting offsets only after the inbox transaction committed, or from RabbitMQ\n(amqp://) through the queue \"<exchange>.<durable>\", which it declares and binds,\nacking only after the inbox transaction committed; or, for an http:// webhook URL,\nserves that URL (its host:port and path) and answers the relay's POSTs (secret in\nOUTBOX_WEBHOOK_SECRET): 204 once the inbox transaction committed. It reserves or\nreleases stock, each event applied once and in order per order through the inbox.\nStops on SIGINT/SIGTERM after finishing the messages it holds.")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
@@ -110,7 +110,7 @@ func runInventory(ctx context.Context, args []string) error {
 		return err
 	}
 	if dest.URL == "" {
-		return errors.New("no destination: set --destination or OUTBOX_DESTINATION (e.g. nats://127.0.0.1:4222 or kafka://127.0.0.1:9092)")
+		return errors.New("no destination: set --destination or OUTBOX_DESTINATION (e.g. nats://127.0.0.1:4222, kafka://127.0.0.1:9092 or http://127.0.0.1:8081/events)")
 	}
 	log := logger()
 	pool, err := common.Connect(ctx)

@@ -99,6 +99,43 @@ func TestChaosRunKafka(t *testing.T) {
 	}
 }
 
+// TestChaosRunWebhook is a short chaos run with --destination webhook: the
+// relays POST to the one inventory consumer, which is the endpoint, with a
+// secret of the run's own; the consumer is killed and restarted by the
+// schedule, there are no broker faults, every invariant holds and the
+// secret is printed nowhere, the processes' logs included.
+func TestChaosRunWebhook(t *testing.T) {
+	out, code := runChaosCommand(t, testBinaries(t), "--duration", "15s", "--seed", "13", "--destination", "webhook", "--recover-timeout", "60s", "--verbose")
+	if code != 0 {
+		t.Fatalf("outbox chaos exited with %d", code)
+	}
+	for _, inv := range Invariants {
+		if n := figure(t, out, "violations "+inv); n != 0 {
+			t.Errorf("%d violations of %s", n, inv)
+		}
+	}
+	for _, f := range []string{"commits", "processes killed", "events", "stream messages"} {
+		if figure(t, out, f) == 0 {
+			t.Errorf("the run had no %s", f)
+		}
+	}
+	if !regexp.MustCompile(`destination: webhook: the relays POST to the inventory consumer's HTTP server at http://127\.0\.0\.1:\d+/events`).MatchString(out) {
+		t.Error("the run does not say the relays post to the consumer")
+	}
+	if !strings.Contains(out, "processes: api, consumer-1, relay-1, relay-2 ") || !strings.Contains(out, "1 consumer process instead of 2: a webhook has one endpoint") {
+		t.Error("the run does not say it runs one consumer process")
+	}
+	if figure(t, out, "broker restarts") != 0 || !strings.Contains(out, "no broker restarts: not applicable to a webhook") {
+		t.Error("the run does not say broker restarts do not apply")
+	}
+	if strings.Contains(out, "whsec_") || strings.Contains(out, "OUTBOX_WEBHOOK_SECRET=") {
+		t.Error("the signing secret was printed")
+	}
+	if !strings.Contains(out, "seed 13: all invariants hold") {
+		t.Error("the report does not end with its seed and the verdict")
+	}
+}
+
 // TestChaosCatchesBrokenBuild builds the relay with a deliberate bug
 // (-tags outbox_brokenmark: events marked published before the broker's
 // ack) and shows that a short chaos run reports the events it lost and

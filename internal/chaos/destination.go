@@ -19,8 +19,9 @@ import (
 // Stop and Start for broker faults.
 //
 // Each kind lives in a file of its own (destination_nats.go,
-// destination_kafka.go, destination_amqp.go) that registers itself with registerDestination; a
-// new kind is one more such file.
+// destination_kafka.go, destination_amqp.go, destination_webhook.go) that
+// registers itself with registerDestination; a new kind is one more such
+// file. Optional methods some kinds have are in destination_hints.go.
 type Destination interface {
 	// Name is the kind: "nats", "kafka".
 	Name() string
@@ -99,6 +100,9 @@ type DestinationConfig struct {
 	Partitions int
 	// Sink receives a broker process's output lines.
 	Sink Sink
+	// DatabaseURL and Schema are the run's database and schema, for a
+	// destination that reads what the consumers accepted (webhook).
+	DatabaseURL, Schema string
 }
 
 // destinationKind is one kind of destination: its name, the URL schemes of

@@ -35,7 +35,9 @@ type Config struct {
 	// the run's own, restarted by broker faults), "kafka" (franz-go's
 	// in-process Kafka cluster, kfake, which cannot be restarted: no broker
 	// faults), "amqp" (a RabbitMQ node of the run's own, restarted by broker
-	// faults), or the URL of an external broker (never restarted).
+	// faults), "webhook" (the relays POST to the one consumer, which is the
+	// endpoint: no broker faults), or the URL of an external broker (never
+	// restarted) or of the consumer's webhook.
 	// Defaults to "nats".
 	Destination string
 	// NATSServer is the nats-server executable the run starts (and
@@ -236,10 +238,12 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	// The destination, with the stream or topic created up front (a short
 	// dedup window on NATS).
 	if r.dest, err = OpenDestination(ctx, DestinationConfig{Spec: cfg.Destination, Tag: "chaos_" + tag,
-		Dir: filepath.Join(logDir, "broker"), NATSServer: cfg.NATSServer, DuplicateWindow: cfg.DuplicateWindow, Sink: sink}); err != nil {
+		Dir: filepath.Join(logDir, "broker"), NATSServer: cfg.NATSServer, DuplicateWindow: cfg.DuplicateWindow, Sink: sink,
+		DatabaseURL: cfg.DatabaseURL, Schema: r.where.Schema}); err != nil {
 		return res, err
 	}
 	defer func() { err = errors.Join(err, r.dest.Close(cfg.Keep)) }()
+	consumers, fewer := maxConsumers(r.dest, cfg.Consumers)
 
 	port, err := FreePort()
 	if err != nil {
@@ -248,7 +252,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	r.sys = NewSystem(SystemConfig{
 		Bins: cfg.Bins, DatabaseURL: cfg.DatabaseURL, Schema: r.where.Schema,
 		Destination: r.dest, APIPort: port,
-		Relays: cfg.Relays, Consumers: cfg.Consumers, Lease: cfg.Lease, AckWait: 2 * time.Second, Sink: sink,
+		Relays: cfg.Relays, Consumers: consumers, Lease: cfg.Lease, AckWait: 2 * time.Second, Sink: sink,
 	})
 	defer r.sys.KillAll()
 	r.sched = NewSchedule(ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: r.sys.Names(), Every: cfg.Every, Lease: cfg.Lease,
@@ -258,8 +262,11 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	r.printf("outbox chaos: seed %d, %s of faults\n", cfg.Seed, cfg.Duration)
 	r.printf("  processes: %s (orders %s, outbox %s)\n", strings.Join(r.sys.Names(), ", "), cfg.Bins.Orders, cfg.Bins.Outbox)
 	r.printf("  destination: %s; schema %s\n", r.dest.Describe(), r.where.Schema)
+	if fewer != "" {
+		r.printf("  %d consumer process instead of %d: %s\n", consumers, cfg.Consumers, fewer)
+	}
 	if !r.dest.Restartable() {
-		r.printf("  no broker restarts: the harness cannot restart this destination without losing its data\n")
+		r.printf("  no broker restarts: %s\n", noRestartsNote(r.dest))
 	}
 	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts)\n", r.sched.Digest(), len(r.sched),
 		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker))
@@ -545,7 +552,7 @@ func (r *run) report(res *Result) {
 	if r.dest.Restartable() {
 		line("broker restarts", s.BrokerRestarts, "")
 	} else {
-		line("broker restarts", s.BrokerRestarts, "none: "+r.dest.Name()+" here cannot be restarted without losing its data")
+		line("broker restarts", s.BrokerRestarts, "none: "+noRestartsNote(r.dest))
 	}
 	line("process error exits", s.ErrorExits, "exited by themselves (e.g. started while the broker was down), restarted")
 	line("recovery", s.Recovery.Round(time.Millisecond), "from the end of the faults to all published and applied")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -166,6 +167,9 @@ func environ(failpoints string, seed uint64) []string {
 			"OUTBOX_NATS_STREAM", "OUTBOX_NATS_SUBJECT_PREFIX", "OUTBOX_RELAY_ID":
 			continue
 		}
+		if slices.Contains(DestinationEnvNames, k) {
+			continue
+		}
 		env = append(env, kv)
 	}
 	if failpoints != "" {
@@ -190,7 +194,7 @@ func (s *System) Start(name, failpoints string, seed uint64) error {
 	m.failpoints = failpoints
 	m.byHarness, m.paused = false, false
 	spec := s.spec(m)
-	spec.Env = environ(failpoints, seed)
+	spec.Env = append(environ(failpoints, seed), DestinationEnv(s.cfg.Destination, m.role)...)
 	p, err := StartProcess(spec, s.cfg.Sink)
 	if err != nil {
 		return err

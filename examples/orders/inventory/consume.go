@@ -11,10 +11,11 @@ import (
 	"github.com/pgoutbox/outbox/internal/destination"
 	"github.com/pgoutbox/outbox/outboxamqp"
 	"github.com/pgoutbox/outbox/outboxkafka"
+	"github.com/pgoutbox/outbox/outboxwebhook"
 )
 
 // Schemes lists the destination URL schemes Run consumes from.
-const Schemes = "nats://host:port, kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}]"
+const Schemes = "nats://host:port, kafka://host:port[,host:port][?topic=outbox.{aggregate_type}], amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}], http://host:port/path (the webhook URL the relay posts to; served here)"
 
 // Run consumes the order events from the destination URL (the one the
 // relay publishes to) until ctx ends, with the transport of its scheme:
@@ -23,7 +24,10 @@ const Schemes = "nats://host:port, kafka://host:port[,host:port][?topic=outbox.{
 // URL's topic template gives the order aggregate type (default
 // "outbox.order") as the consumer group Config.Durable (RunKafka); amqp://
 // (and amqps://) reads the RabbitMQ queue "<exchange>.<durable>" bound to
-// the URL's exchange for the order events (RunAMQP).
+// the URL's exchange for the order events (RunAMQP); http:// is the
+// webhook the relay posts to: the consumer serves it on the URL's host,
+// port and path, verifying the requests with the secrets in
+// OUTBOX_WEBHOOK_SECRET (RunWebhook).
 func (c *Consumer) Run(ctx context.Context, destinationURL string) error {
 	scheme, _, _ := strings.Cut(destinationURL, "://")
 	switch scheme {
@@ -60,6 +64,8 @@ func (c *Consumer) Run(ctx context.Context, destinationURL string) error {
 			cfg.Exchange = outboxamqp.ExchangeDefault
 		}
 		return c.RunAMQP(ctx, cfg.URL, cfg.Exchange, cfg.RoutingKey)
+	case "http", "https":
+		return c.RunWebhook(ctx, destinationURL, outboxwebhook.SecretsFromEnv())
 	default:
 		return fmt.Errorf("inventory: destination scheme %q not supported (use %s)", scheme, Schemes)
 	}

@@ -2,8 +2,10 @@
 // OrderCreated events and releases it for OrderCancelled events, reading the
 // order events from the destination the relay publishes to: NATS JetStream
 // through a durable pull consumer (consume_nats.go), Kafka through a
-// consumer group (consume_kafka.go) or a RabbitMQ queue (consume_amqp.go).
-// [Consumer.Run] picks the transport from the destination URL.
+// consumer group (consume_kafka.go), a RabbitMQ queue (consume_amqp.go), or
+// an HTTP webhook the relay posts to and the consumer serves
+// (consume_webhook.go). [Consumer.Run] picks the transport from the
+// destination URL.
 //
 // Every delivery, whatever its transport, goes through one code path
 // (deliver, then inbox.Inbox.Handle), so the stock change commits in one
