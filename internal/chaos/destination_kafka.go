@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -31,20 +29,15 @@ func init() {
 // developed. Nothing else here depends on kfake: the processes and the
 // harness's clients speak the Kafka protocol to whatever listens.
 //
-// The in-process cluster persists to the run's directory (kfake.DataDir,
-// with SyncWrites, so an acknowledged record is on disk), which makes it
-// restartable on its port: a run on it has broker faults like a run on
-// NATS. An external cluster is not restarted by the harness.
+// kfake keeps its data in memory, so it is not restartable: a run on it has
+// no broker faults.
 type kafkaDestination struct {
-	mu       sync.Mutex
-	fake     *kfake.Cluster // nil on an external cluster, or while stopped
-	fakeOpts []kfake.Opt    // to start it again, on the same port and data
-	runs     int            // starts of the in-process cluster
-	url      string         // with the topic template
-	brokers  []string
-	topic    string
-	cl       *kgo.Client
-	adm      *kadm.Client
+	fake    *kfake.Cluster // nil on an external cluster
+	url     string         // with the topic template
+	brokers []string
+	topic   string
+	cl      *kgo.Client
+	adm     *kadm.Client
 }
 
 func openKafka(ctx context.Context, cfg DestinationConfig, rawURL string) (Destination, error) {
@@ -54,12 +47,9 @@ func openKafka(ctx context.Context, cfg DestinationConfig, rawURL string) (Desti
 		if err != nil {
 			return nil, err
 		}
-		d.fakeOpts = []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port), kfake.GroupMinSessionTimeout(time.Second),
-			kfake.DataDir(filepath.Join(cfg.Dir, "kafka")), kfake.SyncWrites()}
-		if d.fake, err = kfake.NewCluster(d.fakeOpts...); err != nil {
+		if d.fake, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.GroupMinSessionTimeout(time.Second)); err != nil {
 			return nil, fmt.Errorf("start kfake on port %d: %w", port, err)
 		}
-		d.runs = 1
 		rawURL = "kafka://127.0.0.1:" + strconv.Itoa(port)
 	}
 	pcfg, err := outboxkafka.ParseURL(rawURL)
@@ -98,11 +88,8 @@ func openKafka(ctx context.Context, cfg DestinationConfig, rawURL string) (Desti
 }
 
 func (d *kafkaDestination) closeFake() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.fake != nil {
 		d.fake.Close()
-		d.fake = nil
 	}
 }
 
@@ -110,8 +97,8 @@ func (d *kafkaDestination) Name() string { return "kafka" }
 
 func (d *kafkaDestination) Describe() string {
 	where := "Kafka at " + strings.Join(d.brokers, ",")
-	if d.fakeOpts != nil {
-		where = "in-process Kafka (franz-go kfake, persisted to disk) at " + strings.Join(d.brokers, ",")
+	if d.fake != nil {
+		where = "in-process Kafka (franz-go kfake) at " + strings.Join(d.brokers, ",")
 	}
 	return where + ", topic " + d.topic
 }
@@ -126,41 +113,13 @@ func (d *kafkaDestination) Args(role string) []string {
 	return nil
 }
 
-func (d *kafkaDestination) Restartable() bool { return d.fakeOpts != nil }
+func (d *kafkaDestination) Restartable() bool { return false }
 
-// Stop shuts the in-process cluster down (its data stays on disk).
-func (d *kafkaDestination) Stop() error {
-	if d.fakeOpts == nil {
-		return errNotRestartable(d)
-	}
-	d.closeFake()
-	return nil
-}
+func (d *kafkaDestination) Stop() error { return errNotRestartable(d) }
 
-// Start starts the in-process cluster again on its port, with its data.
-func (d *kafkaDestination) Start(context.Context) error {
-	if d.fakeOpts == nil {
-		return nil
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.fake != nil {
-		return nil
-	}
-	c, err := kfake.NewCluster(d.fakeOpts...)
-	if err != nil {
-		return fmt.Errorf("start kfake again: %w", err)
-	}
-	d.fake = c
-	d.runs++
-	return nil
-}
+func (d *kafkaDestination) Start(context.Context) error { return nil }
 
-func (d *kafkaDestination) Restarts() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return max(d.runs-1, 0)
-}
+func (d *kafkaDestination) Restarts() int { return 0 }
 
 // Messages reads every record of the topic, partition by partition in
 // offset order, from the start offsets to the end offsets listed first.
@@ -283,7 +242,7 @@ func (d *kafkaDestination) Progress(ctx context.Context, group string) (Consumer
 // an own kfake cluster.
 func (d *kafkaDestination) Close(keep bool) error {
 	var err error
-	if d.fakeOpts == nil && !keep && d.adm != nil {
+	if d.fake == nil && !keep && d.adm != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		resp, derr := d.adm.DeleteTopic(ctx, d.topic)
 		if derr == nil {
