@@ -70,6 +70,11 @@ func (c *Consumer) kafkaSession(ctx context.Context, brokers []string, topic str
 		kgo.BlockRebalanceOnPoll(),
 		kgo.SessionTimeout(c.cfg.SessionTimeout),
 		kgo.HeartbeatInterval(min(c.cfg.SessionTimeout/4, 3*time.Second)),
+		// A rebalance waits this long for every member to rejoin, so a
+		// member killed mid-rebalance holds the whole group for it (60 s by
+		// default): twice the session timeout is ample for a member that
+		// finishes its poll (16 records a worker) and commits.
+		kgo.RebalanceTimeout(2*c.cfg.SessionTimeout),
 	)
 	cl, err := kgo.NewClient(all...)
 	if err != nil {

@@ -87,7 +87,8 @@ type Config struct {
 	// 10s) is the AMQP heartbeat. Defaults to AckWaitDefault.
 	AckWait time.Duration
 	// SessionTimeout is how long the Kafka group waits for a silent member
-	// before it hands the member's partitions to another. Defaults to
+	// before it hands the member's partitions to another; a rebalance waits
+	// twice as long for the members to rejoin. Defaults to
 	// SessionTimeoutDefault.
 	SessionTimeout time.Duration
 	// EarlyDelay is the redelivery delay of an event that arrived before an
