@@ -161,8 +161,6 @@ func parseToken(tok string) (string, error) {
 
 func isUpperHex(c byte) bool { return '0' <= c && c <= '9' || 'A' <= c && c <= 'F' }
 
-func isHex(c byte) bool { return isUpperHex(c) || 'a' <= c && c <= 'f' }
-
 func unhex(c byte) byte {
 	switch {
 	case '0' <= c && c <= '9':
@@ -172,55 +170,6 @@ func unhex(c byte) byte {
 	default:
 		return c - 'A' + 10
 	}
-}
-
-// encodeValue percent-encodes a string attribute for a header value the way
-// the CloudEvents HTTP binding does (and the NATS one follows): space, '"',
-// '%' and every byte outside printable ASCII become %XX, so that any UTF-8
-// string survives the header line exactly (NATS trims header values and
-// turns CR/LF into spaces otherwise).
-func encodeValue(s string) string {
-	n := 0
-	for i := 0; i < len(s); i++ {
-		if needsEncoding(s[i]) {
-			n++
-		}
-	}
-	if n == 0 {
-		return s
-	}
-	b := make([]byte, 0, len(s)+2*n)
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if needsEncoding(c) {
-			b = append(b, '%', hexDigits[c>>4], hexDigits[c&0xF])
-		} else {
-			b = append(b, c)
-		}
-	}
-	return string(b)
-}
-
-func needsEncoding(c byte) bool { return c <= ' ' || c >= 0x7F || c == '"' || c == '%' }
-
-func decodeValue(s string) (string, error) {
-	if !strings.Contains(s, "%") {
-		return s, nil
-	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '%' {
-			b = append(b, c)
-			continue
-		}
-		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
-			return "", fmt.Errorf("invalid percent-encoding in %q", s)
-		}
-		b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
-		i += 2
-	}
-	return string(b), nil
 }
 
 // reserved reports whether a header name belongs to the adapter (ce-
@@ -276,19 +225,19 @@ func encode(msg *outbox.Message, prefix, source string) (*nats.Msg, error) {
 	}
 	h.Set(HeaderSpecVersion, SpecVersion)
 	h.Set(HeaderID, id)
-	h.Set(HeaderType, encodeValue(msg.Type))
-	h.Set(HeaderSource, encodeValue(source))
-	h.Set(HeaderSubject, encodeValue(msg.AggregateID))
+	h.Set(HeaderType, cloudevents.EncodeValue(msg.Type))
+	h.Set(HeaderSource, cloudevents.EncodeValue(source))
+	h.Set(HeaderSubject, cloudevents.EncodeValue(msg.AggregateID))
 	h.Set(HeaderTime, msg.OccurredAt.UTC().Format(time.RFC3339Nano))
-	h.Set(HeaderAggregateType, encodeValue(msg.AggregateType))
+	h.Set(HeaderAggregateType, cloudevents.EncodeValue(msg.AggregateType))
 	h.Set(HeaderSequence, outbox.SequenceHeader(msg.Sequence))
 	h.Set(HeaderSchemaVersion, strconv.Itoa(msg.SchemaVersion))
-	h.Set(HeaderPartitionKey, encodeValue(msg.AggregateID))
+	h.Set(HeaderPartitionKey, cloudevents.EncodeValue(msg.AggregateID))
 	ct := msg.ContentType
 	if ct == "" {
 		ct = ContentType
 	}
-	h.Set(HeaderContentType, encodeValue(ct))
+	h.Set(HeaderContentType, cloudevents.EncodeValue(ct))
 	if msg.SkippedFrom > 0 {
 		h.Set(HeaderSkippedFrom, strconv.FormatInt(msg.SkippedFrom, 10))
 	}
@@ -347,7 +296,7 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 	}
 	text := func(key string) string {
 		v, _ := get(key)
-		s, err := decodeValue(v)
+		s, err := cloudevents.DecodeValue(v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("header %s: %w", key, err))
 		}
@@ -400,7 +349,7 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 	}
 	m.ContentType = ContentType
 	if v, ok := lookup(header, HeaderContentType); ok {
-		ct, err := decodeValue(v)
+		ct, err := cloudevents.DecodeValue(v)
 		if err != nil || ct == "" {
 			errs = append(errs, fmt.Errorf("header %s: %q is not a content type", HeaderContentType, v))
 		}

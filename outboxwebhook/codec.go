@@ -100,14 +100,14 @@ func encodeHeader(h http.Header, msg *outbox.Message, source string) error {
 	set := func(k, v string) { h[textproto.CanonicalMIMEHeaderKey(k)] = []string{v} }
 	set(HeaderSpecVersion, SpecVersion)
 	set(HeaderID, msg.ID.String())
-	set(HeaderType, encodeValue(msg.Type))
-	set(HeaderSource, encodeValue(source))
-	set(HeaderSubject, encodeValue(msg.AggregateID))
+	set(HeaderType, cloudevents.EncodeValue(msg.Type))
+	set(HeaderSource, cloudevents.EncodeValue(source))
+	set(HeaderSubject, cloudevents.EncodeValue(msg.AggregateID))
 	set(HeaderTime, msg.OccurredAt.UTC().Format(time.RFC3339Nano))
-	set(HeaderAggregateType, encodeValue(msg.AggregateType))
+	set(HeaderAggregateType, cloudevents.EncodeValue(msg.AggregateType))
 	set(HeaderSequence, outbox.SequenceHeader(msg.Sequence))
 	set(HeaderSchemaVersion, strconv.Itoa(msg.SchemaVersion))
-	set(HeaderPartitionKey, encodeValue(msg.AggregateID))
+	set(HeaderPartitionKey, cloudevents.EncodeValue(msg.AggregateID))
 	set(HeaderContentType, ct)
 	if msg.SkippedFrom > 0 {
 		set(HeaderSkippedFrom, strconv.FormatInt(msg.SkippedFrom, 10))
@@ -176,7 +176,7 @@ func Decode(header http.Header, body []byte) (outbox.Message, error) {
 		if !ok {
 			return ""
 		}
-		s, err := decodeValue(v)
+		s, err := cloudevents.DecodeValue(v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("header %s: %w", key, err))
 		} else if s == "" && !empty {
@@ -323,75 +323,4 @@ func validValue(v string) bool {
 		}
 	}
 	return true
-}
-
-const hexDigits = "0123456789ABCDEF"
-
-// encodeValue percent-encodes a string attribute as the CloudEvents HTTP
-// binding does: space, '"', '%' and every byte outside printable ASCII
-// become %XX, so that any UTF-8 string survives the header line exactly.
-func encodeValue(s string) string {
-	n := 0
-	for i := 0; i < len(s); i++ {
-		if needsEncoding(s[i]) {
-			n++
-		}
-	}
-	if n == 0 {
-		return s
-	}
-	b := make([]byte, 0, len(s)+2*n)
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if needsEncoding(c) {
-			b = append(b, '%', hexDigits[c>>4], hexDigits[c&0xF])
-		} else {
-			b = append(b, c)
-		}
-	}
-	return string(b)
-}
-
-func needsEncoding(c byte) bool { return c <= ' ' || c >= 0x7F || c == '"' || c == '%' }
-
-// decodeValue reverses encodeValue; the result must be UTF-8.
-func decodeValue(s string) (string, error) {
-	if !strings.Contains(s, "%") {
-		if !utf8.ValidString(s) {
-			return "", fmt.Errorf("%q is not UTF-8", s)
-		}
-		return s, nil
-	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '%' {
-			b = append(b, c)
-			continue
-		}
-		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
-			return "", fmt.Errorf("invalid percent-encoding in %q", s)
-		}
-		b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
-		i += 2
-	}
-	if !utf8.Valid(b) {
-		return "", fmt.Errorf("%q does not decode to UTF-8", s)
-	}
-	return string(b), nil
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c <= '9':
-		return c - '0'
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10
-	default:
-		return c - 'A' + 10
-	}
 }
