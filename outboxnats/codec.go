@@ -3,7 +3,6 @@ package outboxnats
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -39,7 +38,7 @@ const (
 	HeaderReplayID = "ce-replayid"
 
 	// SpecVersion is the CloudEvents version of the messages.
-	SpecVersion = "1.0"
+	SpecVersion = cloudevents.SpecVersion
 	// ContentType is the content type of a payload whose message has none
 	// (outbox.ContentTypeJSON). A message's own content type (the CloudEvents
 	// datacontenttype, which the binary mode carries as content-type) is sent
@@ -172,6 +171,10 @@ func unhex(c byte) byte {
 	}
 }
 
+// binding names the attributes in Decode's errors ("header ce-id") and
+// percent-decodes the string attributes.
+var binding = cloudevents.Binding{Kind: "header", Prefix: "ce-", Unescape: cloudevents.DecodeValue}
+
 // reserved reports whether a header name belongs to the adapter (ce-
 // attributes, the content type) or to JetStream (Nats-*): a message's own
 // headers never override them.
@@ -280,87 +283,22 @@ func headerSize(h nats.Header) int {
 // SkippedFrom, ReplayID, Payload (data itself, not a copy), Headers (every
 // header that is not a ce- attribute, content-type or a Nats- header, such
 // as traceparent; nil when there is none) and OccurredAt (UTC). Attempt is
-// left zero. It returns an error when a required ce- header is missing or
-// malformed. Header names are matched case-insensitively.
+// left zero. It returns an error when a required ce- header is missing,
+// repeated or malformed, by the rules every outbox codec shares (see
+// outboxkafka.Decode). Header names are matched case-insensitively.
 func Decode(header nats.Header, data []byte) (outbox.Message, error) {
-	var errs []error
-	// get returns a required header's value; the bool is false when it is
-	// missing or empty (already reported).
-	get := func(key string) (string, bool) {
-		v, ok := lookup(header, key)
-		if !ok {
-			errs = append(errs, fmt.Errorf("missing header %s", key))
-			return "", false
-		}
-		return v, true
-	}
-	text := func(key string) string {
-		v, _ := get(key)
-		s, err := cloudevents.DecodeValue(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("header %s: %w", key, err))
-		}
-		return s
-	}
-	parse := func(key string, f func(string) error) {
-		if v, ok := get(key); ok {
-			if err := f(v); err != nil {
-				errs = append(errs, fmt.Errorf("header %s: %w", key, err))
-			}
-		}
-	}
-	var m outbox.Message
-	parse(HeaderSpecVersion, func(v string) error {
-		if v != SpecVersion {
-			return fmt.Errorf("unsupported CloudEvents version %q", v)
-		}
-		return nil
-	})
-	parse(HeaderID, func(v string) (err error) {
-		m.ID, err = cloudevents.ParseID(v)
-		return err
-	})
-	m.Type = text(HeaderType)
-	m.AggregateType = text(HeaderAggregateType)
-	m.AggregateID = text(HeaderSubject)
-	parse(HeaderSequence, func(v string) (err error) {
-		m.Sequence, err = cloudevents.ParsePositive(v)
-		return err
-	})
-	parse(HeaderSchemaVersion, func(v string) error {
-		n, err := cloudevents.ParsePositive(v)
-		if err == nil && n > math.MaxInt32 {
-			err = fmt.Errorf("%q is out of range", v)
-		}
-		m.SchemaVersion = int(n)
-		return err
-	})
-	parse(HeaderTime, func(v string) error {
-		t, err := time.Parse(time.RFC3339Nano, v)
-		m.OccurredAt = t.UTC()
-		return err
-	})
-	if v, ok := lookup(header, HeaderSkippedFrom); ok {
-		n, err := cloudevents.ParsePositive(v)
-		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
-			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
-		}
-		m.SkippedFrom = n
-	}
+	m, errs := cloudevents.DecodeAttributes(func(name string) (string, bool, error) {
+		return lookup(header, binding.Prefix+name)
+	}, binding)
 	m.ContentType = ContentType
-	if v, ok := lookup(header, HeaderContentType); ok {
+	if v, ok, err := lookup(header, HeaderContentType); err != nil {
+		errs = append(errs, fmt.Errorf("header %s %w", HeaderContentType, err))
+	} else if ok {
 		ct, err := cloudevents.DecodeValue(v)
 		if err != nil || ct == "" {
 			errs = append(errs, fmt.Errorf("header %s: %q is not a content type", HeaderContentType, v))
 		}
 		m.ContentType = ct
-	}
-	if v, ok := lookup(header, HeaderReplayID); ok {
-		id, err := uuid.Parse(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("header %s: %w", HeaderReplayID, err))
-		}
-		m.ReplayID = id
 	}
 	if len(errs) > 0 {
 		return outbox.Message{}, fmt.Errorf("outboxnats: not an outbox event: %w", errors.Join(errs...))
@@ -378,14 +316,22 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 	return m, nil
 }
 
-func lookup(h nats.Header, key string) (string, bool) {
-	if vs, ok := h[key]; ok && len(vs) > 0 {
-		return vs[0], true
-	}
+// lookup returns the value of a header that may appear once at most, its
+// name matched case-insensitively.
+func lookup(h nats.Header, key string) (string, bool, error) {
+	var v string
+	n := 0
 	for k, vs := range h {
-		if len(vs) > 0 && strings.EqualFold(k, key) {
-			return vs[0], true
+		if len(vs) > 0 && (k == key || strings.EqualFold(k, key)) {
+			v = vs[0]
+			n += len(vs)
 		}
 	}
-	return "", false
+	switch n {
+	case 0:
+		return "", false, nil
+	case 1:
+		return v, true, nil
+	}
+	return "", true, errors.New("appears more than once")
 }

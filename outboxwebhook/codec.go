@@ -3,7 +3,6 @@ package outboxwebhook
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"net/textproto"
 	"sort"
@@ -59,10 +58,14 @@ const (
 	HeaderIdempotencyKey = "idempotency-key"
 
 	// SpecVersion is the CloudEvents version of the requests.
-	SpecVersion = "1.0"
+	SpecVersion = cloudevents.SpecVersion
 	// ContentType is the content type of a payload whose message has none.
 	ContentType = outbox.ContentTypeJSON
 )
+
+// binding names the attributes in Decode's errors ("header ce-id") and
+// percent-decodes the string attributes.
+var binding = cloudevents.Binding{Kind: "header", Prefix: "ce-", Unescape: cloudevents.DecodeValue}
 
 // reserved reports whether a header name belongs to the adapter (ce-
 // attributes, content-type, the Standard Webhooks headers and
@@ -152,83 +155,25 @@ func encodeHeader(h http.Header, msg *outbox.Message, source string) error {
 // when a required ce- header is missing, repeated or malformed. Decode does
 // not verify the signature: [Verify] or a [Receiver] does.
 func Decode(header http.Header, body []byte) (outbox.Message, error) {
-	var errs []error
-	get := func(key string) (string, bool) {
-		vs := header.Values(key)
-		switch {
-		case len(vs) == 0:
-			errs = append(errs, fmt.Errorf("missing header %s", key))
-			return "", false
-		case len(vs) > 1:
-			errs = append(errs, fmt.Errorf("header %s appears more than once", key))
-			return "", false
+	// one returns the value of a header that may appear once at most.
+	one := func(key string) (string, bool, error) {
+		switch vs := header.Values(key); len(vs) {
+		case 0:
+			return "", false, nil
+		case 1:
+			return vs[0], true, nil
 		}
-		return vs[0], true
+		return "", true, errors.New("appears more than once")
 	}
+	m, errs := cloudevents.DecodeAttributes(func(name string) (string, bool, error) {
+		return one(binding.Prefix + name)
+	}, binding)
 	optional := func(key string) (string, bool) {
-		if len(header.Values(key)) == 0 {
-			return "", false
-		}
-		return get(key)
-	}
-	text := func(key string, empty bool) string {
-		v, ok := get(key)
-		if !ok {
-			return ""
-		}
-		s, err := cloudevents.DecodeValue(v)
+		v, ok, err := one(key)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("header %s: %w", key, err))
-		} else if s == "" && !empty {
-			errs = append(errs, fmt.Errorf("header %s is empty", key))
+			errs = append(errs, fmt.Errorf("header %s %w", key, err))
 		}
-		return s
-	}
-	parse := func(key string, f func(string) error) {
-		if v, ok := get(key); ok {
-			if err := f(v); err != nil {
-				errs = append(errs, fmt.Errorf("header %s: %w", key, err))
-			}
-		}
-	}
-	var m outbox.Message
-	parse(HeaderSpecVersion, func(v string) error {
-		if v != SpecVersion {
-			return fmt.Errorf("unsupported CloudEvents version %q", v)
-		}
-		return nil
-	})
-	parse(HeaderID, func(v string) (err error) {
-		m.ID, err = cloudevents.ParseID(v)
-		return err
-	})
-	m.Type = text(HeaderType, false)
-	m.AggregateType = text(HeaderAggregateType, false)
-	m.AggregateID = text(HeaderSubject, true) // an empty aggregate id is allowed
-	text(HeaderSource, false)                 // required by CloudEvents; not part of the Message
-	parse(HeaderSequence, func(v string) (err error) {
-		m.Sequence, err = cloudevents.ParsePositive(v)
-		return err
-	})
-	parse(HeaderSchemaVersion, func(v string) error {
-		n, err := cloudevents.ParsePositive(v)
-		if err == nil && n > math.MaxInt32 {
-			err = fmt.Errorf("%q is out of range", v)
-		}
-		m.SchemaVersion = int(n)
-		return err
-	})
-	parse(HeaderTime, func(v string) error {
-		t, err := time.Parse(time.RFC3339Nano, v)
-		m.OccurredAt = t.UTC()
-		return err
-	})
-	if v, ok := optional(HeaderSkippedFrom); ok {
-		n, err := cloudevents.ParsePositive(v)
-		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
-			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
-		}
-		m.SkippedFrom = n
+		return v, ok && err == nil
 	}
 	m.ContentType = ContentType
 	if v, ok := optional(HeaderContentType); ok {
@@ -236,16 +181,6 @@ func Decode(header http.Header, body []byte) (outbox.Message, error) {
 			errs = append(errs, fmt.Errorf("header %s: %q is not a content type", HeaderContentType, v))
 		}
 		m.ContentType = v
-	}
-	if v, ok := optional(HeaderReplayID); ok {
-		id, err := cloudevents.ParseID(v)
-		if err == nil && id == uuid.Nil {
-			err = errors.New("the nil UUID is not a replay id")
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("header %s: %w", HeaderReplayID, err))
-		}
-		m.ReplayID = id
 	}
 	if v, ok := optional(HeaderHeaderNames); ok {
 		hs, err := decodeUserHeaders(header, v)
