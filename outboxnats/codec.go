@@ -287,11 +287,12 @@ func headerSize(h nats.Header) int {
 // repeated or malformed, by the rules every outbox codec shares (see
 // outboxkafka.Decode). Header names are matched case-insensitively.
 func Decode(header nats.Header, data []byte) (outbox.Message, error) {
+	lower := lowerCase(header)
 	m, errs := cloudevents.DecodeAttributes(func(name string) (string, bool, error) {
-		return lookup(header, binding.Prefix+name)
+		return lookup(header, binding.Prefix+name, lower)
 	}, binding)
 	m.ContentType = ContentType
-	if v, ok, err := lookup(header, HeaderContentType); err != nil {
+	if v, ok, err := lookup(header, HeaderContentType, lower); err != nil {
 		errs = append(errs, fmt.Errorf("header %s %w", HeaderContentType, err))
 	} else if ok {
 		ct, err := cloudevents.DecodeValue(v)
@@ -317,14 +318,23 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 }
 
 // lookup returns the value of a header that may appear once at most, its
-// name matched case-insensitively.
-func lookup(h nats.Header, key string) (string, bool, error) {
+// name (lower-case) matched case-insensitively. lower (see lowerCase)
+// says that the attribute names in h are lower-case, as encode writes them:
+// then key has one spelling and is looked up directly rather than compared
+// with every name.
+func lookup(h nats.Header, key string, lower bool) (string, bool, error) {
 	var v string
 	n := 0
-	for k, vs := range h {
-		if len(vs) > 0 && (k == key || strings.EqualFold(k, key)) {
-			v = vs[0]
-			n += len(vs)
+	if lower {
+		if vs := h[key]; len(vs) > 0 {
+			v, n = vs[0], len(vs)
+		}
+	} else {
+		for k, vs := range h {
+			if len(vs) > 0 && strings.EqualFold(k, key) {
+				v = vs[0]
+				n += len(vs)
+			}
 		}
 	}
 	switch n {
@@ -334,4 +344,20 @@ func lookup(h nats.Header, key string) (string, bool, error) {
 		return v, true, nil
 	}
 	return "", true, errors.New("appears more than once")
+}
+
+// lowerCase reports whether the names of the ce- headers and content-type
+// in h are lower-case (other names, such as Nats-Msg-Id, do not matter).
+func lowerCase(h nats.Header) bool {
+	for k := range h {
+		if !(len(k) >= 3 && strings.EqualFold(k[:3], "ce-")) && !strings.EqualFold(k, HeaderContentType) {
+			continue
+		}
+		for i := 0; i < len(k); i++ {
+			if 'A' <= k[i] && k[i] <= 'Z' {
+				return false
+			}
+		}
+	}
+	return true
 }
