@@ -3,7 +3,6 @@ package outboxamqp
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -38,7 +37,7 @@ const (
 	PropReplayID = "cloudEvents:replayid"
 
 	// SpecVersion is the CloudEvents version of the messages.
-	SpecVersion = "1.0"
+	SpecVersion = cloudevents.SpecVersion
 	// ContentType is the content type of a payload whose message has none.
 	ContentType = outbox.ContentTypeJSON
 )
@@ -56,6 +55,10 @@ func reserved(key string) bool {
 	k := strings.ToLower(key)
 	return strings.HasPrefix(k, "cloudevents:") || strings.HasPrefix(k, "cloudevents_") || key == "CC" || key == "BCC"
 }
+
+// binding names the attributes in Decode's errors: "property
+// cloudEvents:id".
+var binding = cloudevents.Binding{Kind: "property", Prefix: "cloudEvents:"}
 
 // attribute holds the names of the properties Decode reads.
 var attribute = map[string]bool{
@@ -141,6 +144,7 @@ func size(p *amqp.Publishing, key string) int {
 func Decode(d amqp.Delivery) (outbox.Message, error) {
 	var errs []error
 	attrs := make(map[string]string, 12)
+	unreadable := make(map[string]error)
 	for k, v := range d.Headers {
 		if !attribute[k] {
 			continue // other cloudEvents: names are not the outbox's: ignored
@@ -152,7 +156,7 @@ func Decode(d amqp.Delivery) (outbox.Message, error) {
 		case []byte:
 			s = string(v)
 		default:
-			errs = append(errs, fmt.Errorf("property %s is a %T, not a string", k, v))
+			unreadable[k] = fmt.Errorf("is a %T, not a string", v)
 			continue
 		}
 		if !utf8.ValidString(s) {
@@ -160,76 +164,14 @@ func Decode(d amqp.Delivery) (outbox.Message, error) {
 		}
 		attrs[k] = s
 	}
-	get := func(key string) (string, bool) {
-		v, ok := attrs[key]
-		if !ok {
-			errs = append(errs, fmt.Errorf("missing property %s", key))
+	m, aerrs := cloudevents.DecodeAttributes(func(name string) (string, bool, error) {
+		if err := unreadable[binding.Prefix+name]; err != nil {
+			return "", true, err
 		}
-		return v, ok
-	}
-	text := func(key string) string {
-		v, ok := get(key)
-		if ok && v == "" {
-			errs = append(errs, fmt.Errorf("property %s is empty", key))
-		}
-		return v
-	}
-	parse := func(key string, f func(string) error) {
-		if v, ok := get(key); ok {
-			if err := f(v); err != nil {
-				errs = append(errs, fmt.Errorf("property %s: %w", key, err))
-			}
-		}
-	}
-	var m outbox.Message
-	parse(PropSpecVersion, func(v string) error {
-		if v != SpecVersion {
-			return fmt.Errorf("unsupported CloudEvents version %q", v)
-		}
-		return nil
-	})
-	parse(PropID, func(v string) (err error) {
-		m.ID, err = cloudevents.ParseID(v)
-		return err
-	})
-	m.Type = text(PropType)
-	m.AggregateType = text(PropAggregateType)
-	m.AggregateID, _ = get(PropSubject) // an empty aggregate id is allowed
-	_, _ = get(PropSource)              // required by CloudEvents; not part of the Message
-	parse(PropSequence, func(v string) (err error) {
-		m.Sequence, err = cloudevents.ParsePositive(v)
-		return err
-	})
-	parse(PropSchemaVersion, func(v string) error {
-		n, err := cloudevents.ParsePositive(v)
-		if err == nil && n > math.MaxInt32 {
-			err = fmt.Errorf("%q is out of range", v)
-		}
-		m.SchemaVersion = int(n)
-		return err
-	})
-	parse(PropTime, func(v string) error {
-		t, err := time.Parse(time.RFC3339Nano, v)
-		m.OccurredAt = t.UTC()
-		return err
-	})
-	if v, ok := attrs[PropSkippedFrom]; ok {
-		n, err := cloudevents.ParsePositive(v)
-		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
-			errs = append(errs, fmt.Errorf("property %s: %q is not a sequence below %d", PropSkippedFrom, v, m.Sequence))
-		}
-		m.SkippedFrom = n
-	}
-	if v, ok := attrs[PropReplayID]; ok {
-		id, err := cloudevents.ParseID(v)
-		if err == nil && id == uuid.Nil {
-			err = errors.New("the nil UUID is not a replay id")
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("property %s: %w", PropReplayID, err))
-		}
-		m.ReplayID = id
-	}
+		v, ok := attrs[binding.Prefix+name]
+		return v, ok, nil
+	}, binding)
+	errs = append(errs, aerrs...)
 	m.ContentType = ContentType
 	if d.ContentType != "" {
 		m.ContentType = d.ContentType

@@ -3,7 +3,6 @@ package outboxkafka
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -38,10 +37,13 @@ const (
 	HeaderReplayID = "ce_replayid"
 
 	// SpecVersion is the CloudEvents version of the records.
-	SpecVersion = "1.0"
+	SpecVersion = cloudevents.SpecVersion
 	// ContentType is the content type of a payload whose message has none.
 	ContentType = outbox.ContentTypeJSON
 )
+
+// binding names the attributes in Decode's errors: "header ce_id".
+var binding = cloudevents.Binding{Kind: "header", Prefix: "ce_"}
 
 // reserved reports whether a header name belongs to the adapter (ce_
 // attributes, the content type): a message's own headers never override
@@ -134,82 +136,17 @@ func Decode(record *kgo.Record) (outbox.Message, error) {
 		}
 		attrs[rh.Key] = string(rh.Value)
 	}
-	get := func(key string) (string, bool) {
-		v, ok := attrs[key]
-		if !ok {
-			errs = append(errs, fmt.Errorf("missing header %s", key))
-		}
-		return v, ok
-	}
-	text := func(key string) string {
-		v, ok := get(key)
-		if ok && v == "" {
-			errs = append(errs, fmt.Errorf("header %s is empty", key))
-		}
-		return v
-	}
-	parse := func(key string, f func(string) error) {
-		if v, ok := get(key); ok {
-			if err := f(v); err != nil {
-				errs = append(errs, fmt.Errorf("header %s: %w", key, err))
-			}
-		}
-	}
-	var m outbox.Message
-	parse(HeaderSpecVersion, func(v string) error {
-		if v != SpecVersion {
-			return fmt.Errorf("unsupported CloudEvents version %q", v)
-		}
-		return nil
-	})
-	parse(HeaderID, func(v string) (err error) {
-		m.ID, err = cloudevents.ParseID(v)
-		return err
-	})
-	m.Type = text(HeaderType)
-	m.AggregateType = text(HeaderAggregateType)
-	m.AggregateID, _ = get(HeaderSubject) // an empty aggregate id is allowed
-	_, _ = get(HeaderSource)              // required by CloudEvents; not part of the Message
-	parse(HeaderSequence, func(v string) (err error) {
-		m.Sequence, err = cloudevents.ParsePositive(v)
-		return err
-	})
-	parse(HeaderSchemaVersion, func(v string) error {
-		n, err := cloudevents.ParsePositive(v)
-		if err == nil && n > math.MaxInt32 {
-			err = fmt.Errorf("%q is out of range", v)
-		}
-		m.SchemaVersion = int(n)
-		return err
-	})
-	parse(HeaderTime, func(v string) error {
-		t, err := time.Parse(time.RFC3339Nano, v)
-		m.OccurredAt = t.UTC()
-		return err
-	})
-	if v, ok := attrs[HeaderSkippedFrom]; ok {
-		n, err := cloudevents.ParsePositive(v)
-		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
-			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
-		}
-		m.SkippedFrom = n
-	}
+	m, aerrs := cloudevents.DecodeAttributes(func(name string) (string, bool, error) {
+		v, ok := attrs[binding.Prefix+name]
+		return v, ok, nil
+	}, binding)
+	errs = append(errs, aerrs...)
 	m.ContentType = ContentType
 	if v, ok := attrs[HeaderContentType]; ok {
 		if v == "" {
 			errs = append(errs, fmt.Errorf("header %s is empty", HeaderContentType))
 		}
 		m.ContentType = v
-	}
-	if v, ok := attrs[HeaderReplayID]; ok {
-		id, err := cloudevents.ParseID(v)
-		if err == nil && id == uuid.Nil {
-			err = errors.New("the nil UUID is not a replay id")
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("header %s: %w", HeaderReplayID, err))
-		}
-		m.ReplayID = id
 	}
 	if len(errs) > 0 {
 		return outbox.Message{}, fmt.Errorf("outboxkafka: not an outbox event: %w", errors.Join(errs...))

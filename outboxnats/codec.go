@@ -3,7 +3,6 @@ package outboxnats
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -39,7 +38,7 @@ const (
 	HeaderReplayID = "ce-replayid"
 
 	// SpecVersion is the CloudEvents version of the messages.
-	SpecVersion = "1.0"
+	SpecVersion = cloudevents.SpecVersion
 	// ContentType is the content type of a payload whose message has none
 	// (outbox.ContentTypeJSON). A message's own content type (the CloudEvents
 	// datacontenttype, which the binary mode carries as content-type) is sent
@@ -161,8 +160,6 @@ func parseToken(tok string) (string, error) {
 
 func isUpperHex(c byte) bool { return '0' <= c && c <= '9' || 'A' <= c && c <= 'F' }
 
-func isHex(c byte) bool { return isUpperHex(c) || 'a' <= c && c <= 'f' }
-
 func unhex(c byte) byte {
 	switch {
 	case '0' <= c && c <= '9':
@@ -174,54 +171,9 @@ func unhex(c byte) byte {
 	}
 }
 
-// encodeValue percent-encodes a string attribute for a header value the way
-// the CloudEvents HTTP binding does (and the NATS one follows): space, '"',
-// '%' and every byte outside printable ASCII become %XX, so that any UTF-8
-// string survives the header line exactly (NATS trims header values and
-// turns CR/LF into spaces otherwise).
-func encodeValue(s string) string {
-	n := 0
-	for i := 0; i < len(s); i++ {
-		if needsEncoding(s[i]) {
-			n++
-		}
-	}
-	if n == 0 {
-		return s
-	}
-	b := make([]byte, 0, len(s)+2*n)
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if needsEncoding(c) {
-			b = append(b, '%', hexDigits[c>>4], hexDigits[c&0xF])
-		} else {
-			b = append(b, c)
-		}
-	}
-	return string(b)
-}
-
-func needsEncoding(c byte) bool { return c <= ' ' || c >= 0x7F || c == '"' || c == '%' }
-
-func decodeValue(s string) (string, error) {
-	if !strings.Contains(s, "%") {
-		return s, nil
-	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '%' {
-			b = append(b, c)
-			continue
-		}
-		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
-			return "", fmt.Errorf("invalid percent-encoding in %q", s)
-		}
-		b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
-		i += 2
-	}
-	return string(b), nil
-}
+// binding names the attributes in Decode's errors ("header ce-id") and
+// percent-decodes the string attributes.
+var binding = cloudevents.Binding{Kind: "header", Prefix: "ce-", Unescape: cloudevents.DecodeValue}
 
 // reserved reports whether a header name belongs to the adapter (ce-
 // attributes, the content type) or to JetStream (Nats-*): a message's own
@@ -276,19 +228,19 @@ func encode(msg *outbox.Message, prefix, source string) (*nats.Msg, error) {
 	}
 	h.Set(HeaderSpecVersion, SpecVersion)
 	h.Set(HeaderID, id)
-	h.Set(HeaderType, encodeValue(msg.Type))
-	h.Set(HeaderSource, encodeValue(source))
-	h.Set(HeaderSubject, encodeValue(msg.AggregateID))
+	h.Set(HeaderType, cloudevents.EncodeValue(msg.Type))
+	h.Set(HeaderSource, cloudevents.EncodeValue(source))
+	h.Set(HeaderSubject, cloudevents.EncodeValue(msg.AggregateID))
 	h.Set(HeaderTime, msg.OccurredAt.UTC().Format(time.RFC3339Nano))
-	h.Set(HeaderAggregateType, encodeValue(msg.AggregateType))
+	h.Set(HeaderAggregateType, cloudevents.EncodeValue(msg.AggregateType))
 	h.Set(HeaderSequence, outbox.SequenceHeader(msg.Sequence))
 	h.Set(HeaderSchemaVersion, strconv.Itoa(msg.SchemaVersion))
-	h.Set(HeaderPartitionKey, encodeValue(msg.AggregateID))
+	h.Set(HeaderPartitionKey, cloudevents.EncodeValue(msg.AggregateID))
 	ct := msg.ContentType
 	if ct == "" {
 		ct = ContentType
 	}
-	h.Set(HeaderContentType, encodeValue(ct))
+	h.Set(HeaderContentType, cloudevents.EncodeValue(ct))
 	if msg.SkippedFrom > 0 {
 		h.Set(HeaderSkippedFrom, strconv.FormatInt(msg.SkippedFrom, 10))
 	}
@@ -331,87 +283,23 @@ func headerSize(h nats.Header) int {
 // SkippedFrom, ReplayID, Payload (data itself, not a copy), Headers (every
 // header that is not a ce- attribute, content-type or a Nats- header, such
 // as traceparent; nil when there is none) and OccurredAt (UTC). Attempt is
-// left zero. It returns an error when a required ce- header is missing or
-// malformed. Header names are matched case-insensitively.
+// left zero. It returns an error when a required ce- header is missing,
+// repeated or malformed, by the rules every outbox codec shares (see
+// outboxkafka.Decode). Header names are matched case-insensitively.
 func Decode(header nats.Header, data []byte) (outbox.Message, error) {
-	var errs []error
-	// get returns a required header's value; the bool is false when it is
-	// missing or empty (already reported).
-	get := func(key string) (string, bool) {
-		v, ok := lookup(header, key)
-		if !ok {
-			errs = append(errs, fmt.Errorf("missing header %s", key))
-			return "", false
-		}
-		return v, true
-	}
-	text := func(key string) string {
-		v, _ := get(key)
-		s, err := decodeValue(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("header %s: %w", key, err))
-		}
-		return s
-	}
-	parse := func(key string, f func(string) error) {
-		if v, ok := get(key); ok {
-			if err := f(v); err != nil {
-				errs = append(errs, fmt.Errorf("header %s: %w", key, err))
-			}
-		}
-	}
-	var m outbox.Message
-	parse(HeaderSpecVersion, func(v string) error {
-		if v != SpecVersion {
-			return fmt.Errorf("unsupported CloudEvents version %q", v)
-		}
-		return nil
-	})
-	parse(HeaderID, func(v string) (err error) {
-		m.ID, err = cloudevents.ParseID(v)
-		return err
-	})
-	m.Type = text(HeaderType)
-	m.AggregateType = text(HeaderAggregateType)
-	m.AggregateID = text(HeaderSubject)
-	parse(HeaderSequence, func(v string) (err error) {
-		m.Sequence, err = cloudevents.ParsePositive(v)
-		return err
-	})
-	parse(HeaderSchemaVersion, func(v string) error {
-		n, err := cloudevents.ParsePositive(v)
-		if err == nil && n > math.MaxInt32 {
-			err = fmt.Errorf("%q is out of range", v)
-		}
-		m.SchemaVersion = int(n)
-		return err
-	})
-	parse(HeaderTime, func(v string) error {
-		t, err := time.Parse(time.RFC3339Nano, v)
-		m.OccurredAt = t.UTC()
-		return err
-	})
-	if v, ok := lookup(header, HeaderSkippedFrom); ok {
-		n, err := cloudevents.ParsePositive(v)
-		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
-			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
-		}
-		m.SkippedFrom = n
-	}
+	lower := lowerCase(header)
+	m, errs := cloudevents.DecodeAttributes(func(name string) (string, bool, error) {
+		return lookup(header, binding.Prefix+name, lower)
+	}, binding)
 	m.ContentType = ContentType
-	if v, ok := lookup(header, HeaderContentType); ok {
-		ct, err := decodeValue(v)
+	if v, ok, err := lookup(header, HeaderContentType, lower); err != nil {
+		errs = append(errs, fmt.Errorf("header %s %w", HeaderContentType, err))
+	} else if ok {
+		ct, err := cloudevents.DecodeValue(v)
 		if err != nil || ct == "" {
 			errs = append(errs, fmt.Errorf("header %s: %q is not a content type", HeaderContentType, v))
 		}
 		m.ContentType = ct
-	}
-	if v, ok := lookup(header, HeaderReplayID); ok {
-		id, err := uuid.Parse(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("header %s: %w", HeaderReplayID, err))
-		}
-		m.ReplayID = id
 	}
 	if len(errs) > 0 {
 		return outbox.Message{}, fmt.Errorf("outboxnats: not an outbox event: %w", errors.Join(errs...))
@@ -429,14 +317,47 @@ func Decode(header nats.Header, data []byte) (outbox.Message, error) {
 	return m, nil
 }
 
-func lookup(h nats.Header, key string) (string, bool) {
-	if vs, ok := h[key]; ok && len(vs) > 0 {
-		return vs[0], true
-	}
-	for k, vs := range h {
-		if len(vs) > 0 && strings.EqualFold(k, key) {
-			return vs[0], true
+// lookup returns the value of a header that may appear once at most, its
+// name (lower-case) matched case-insensitively. lower (see lowerCase)
+// says that the attribute names in h are lower-case, as encode writes them:
+// then key has one spelling and is looked up directly rather than compared
+// with every name.
+func lookup(h nats.Header, key string, lower bool) (string, bool, error) {
+	var v string
+	n := 0
+	if lower {
+		if vs := h[key]; len(vs) > 0 {
+			v, n = vs[0], len(vs)
+		}
+	} else {
+		for k, vs := range h {
+			if len(vs) > 0 && strings.EqualFold(k, key) {
+				v = vs[0]
+				n += len(vs)
+			}
 		}
 	}
-	return "", false
+	switch n {
+	case 0:
+		return "", false, nil
+	case 1:
+		return v, true, nil
+	}
+	return "", true, errors.New("appears more than once")
+}
+
+// lowerCase reports whether the names of the ce- headers and content-type
+// in h are lower-case (other names, such as Nats-Msg-Id, do not matter).
+func lowerCase(h nats.Header) bool {
+	for k := range h {
+		if !(len(k) >= 3 && strings.EqualFold(k[:3], "ce-")) && !strings.EqualFold(k, HeaderContentType) {
+			continue
+		}
+		for i := 0; i < len(k); i++ {
+			if 'A' <= k[i] && k[i] <= 'Z' {
+				return false
+			}
+		}
+	}
+	return true
 }

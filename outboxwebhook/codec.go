@@ -3,7 +3,6 @@ package outboxwebhook
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"net/textproto"
 	"sort"
@@ -59,10 +58,14 @@ const (
 	HeaderIdempotencyKey = "idempotency-key"
 
 	// SpecVersion is the CloudEvents version of the requests.
-	SpecVersion = "1.0"
+	SpecVersion = cloudevents.SpecVersion
 	// ContentType is the content type of a payload whose message has none.
 	ContentType = outbox.ContentTypeJSON
 )
+
+// binding names the attributes in Decode's errors ("header ce-id") and
+// percent-decodes the string attributes.
+var binding = cloudevents.Binding{Kind: "header", Prefix: "ce-", Unescape: cloudevents.DecodeValue}
 
 // reserved reports whether a header name belongs to the adapter (ce-
 // attributes, content-type, the Standard Webhooks headers and
@@ -100,14 +103,14 @@ func encodeHeader(h http.Header, msg *outbox.Message, source string) error {
 	set := func(k, v string) { h[textproto.CanonicalMIMEHeaderKey(k)] = []string{v} }
 	set(HeaderSpecVersion, SpecVersion)
 	set(HeaderID, msg.ID.String())
-	set(HeaderType, encodeValue(msg.Type))
-	set(HeaderSource, encodeValue(source))
-	set(HeaderSubject, encodeValue(msg.AggregateID))
+	set(HeaderType, cloudevents.EncodeValue(msg.Type))
+	set(HeaderSource, cloudevents.EncodeValue(source))
+	set(HeaderSubject, cloudevents.EncodeValue(msg.AggregateID))
 	set(HeaderTime, msg.OccurredAt.UTC().Format(time.RFC3339Nano))
-	set(HeaderAggregateType, encodeValue(msg.AggregateType))
+	set(HeaderAggregateType, cloudevents.EncodeValue(msg.AggregateType))
 	set(HeaderSequence, outbox.SequenceHeader(msg.Sequence))
 	set(HeaderSchemaVersion, strconv.Itoa(msg.SchemaVersion))
-	set(HeaderPartitionKey, encodeValue(msg.AggregateID))
+	set(HeaderPartitionKey, cloudevents.EncodeValue(msg.AggregateID))
 	set(HeaderContentType, ct)
 	if msg.SkippedFrom > 0 {
 		set(HeaderSkippedFrom, strconv.FormatInt(msg.SkippedFrom, 10))
@@ -152,83 +155,25 @@ func encodeHeader(h http.Header, msg *outbox.Message, source string) error {
 // when a required ce- header is missing, repeated or malformed. Decode does
 // not verify the signature: [Verify] or a [Receiver] does.
 func Decode(header http.Header, body []byte) (outbox.Message, error) {
-	var errs []error
-	get := func(key string) (string, bool) {
-		vs := header.Values(key)
-		switch {
-		case len(vs) == 0:
-			errs = append(errs, fmt.Errorf("missing header %s", key))
-			return "", false
-		case len(vs) > 1:
-			errs = append(errs, fmt.Errorf("header %s appears more than once", key))
-			return "", false
+	// one returns the value of a header that may appear once at most.
+	one := func(key string) (string, bool, error) {
+		switch vs := header.Values(key); len(vs) {
+		case 0:
+			return "", false, nil
+		case 1:
+			return vs[0], true, nil
 		}
-		return vs[0], true
+		return "", true, errors.New("appears more than once")
 	}
+	m, errs := cloudevents.DecodeAttributes(func(name string) (string, bool, error) {
+		return one(binding.Prefix + name)
+	}, binding)
 	optional := func(key string) (string, bool) {
-		if len(header.Values(key)) == 0 {
-			return "", false
-		}
-		return get(key)
-	}
-	text := func(key string, empty bool) string {
-		v, ok := get(key)
-		if !ok {
-			return ""
-		}
-		s, err := decodeValue(v)
+		v, ok, err := one(key)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("header %s: %w", key, err))
-		} else if s == "" && !empty {
-			errs = append(errs, fmt.Errorf("header %s is empty", key))
+			errs = append(errs, fmt.Errorf("header %s %w", key, err))
 		}
-		return s
-	}
-	parse := func(key string, f func(string) error) {
-		if v, ok := get(key); ok {
-			if err := f(v); err != nil {
-				errs = append(errs, fmt.Errorf("header %s: %w", key, err))
-			}
-		}
-	}
-	var m outbox.Message
-	parse(HeaderSpecVersion, func(v string) error {
-		if v != SpecVersion {
-			return fmt.Errorf("unsupported CloudEvents version %q", v)
-		}
-		return nil
-	})
-	parse(HeaderID, func(v string) (err error) {
-		m.ID, err = cloudevents.ParseID(v)
-		return err
-	})
-	m.Type = text(HeaderType, false)
-	m.AggregateType = text(HeaderAggregateType, false)
-	m.AggregateID = text(HeaderSubject, true) // an empty aggregate id is allowed
-	text(HeaderSource, false)                 // required by CloudEvents; not part of the Message
-	parse(HeaderSequence, func(v string) (err error) {
-		m.Sequence, err = cloudevents.ParsePositive(v)
-		return err
-	})
-	parse(HeaderSchemaVersion, func(v string) error {
-		n, err := cloudevents.ParsePositive(v)
-		if err == nil && n > math.MaxInt32 {
-			err = fmt.Errorf("%q is out of range", v)
-		}
-		m.SchemaVersion = int(n)
-		return err
-	})
-	parse(HeaderTime, func(v string) error {
-		t, err := time.Parse(time.RFC3339Nano, v)
-		m.OccurredAt = t.UTC()
-		return err
-	})
-	if v, ok := optional(HeaderSkippedFrom); ok {
-		n, err := cloudevents.ParsePositive(v)
-		if err != nil || (m.Sequence > 0 && n >= m.Sequence) {
-			errs = append(errs, fmt.Errorf("header %s: %q is not a sequence below %d", HeaderSkippedFrom, v, m.Sequence))
-		}
-		m.SkippedFrom = n
+		return v, ok && err == nil
 	}
 	m.ContentType = ContentType
 	if v, ok := optional(HeaderContentType); ok {
@@ -236,16 +181,6 @@ func Decode(header http.Header, body []byte) (outbox.Message, error) {
 			errs = append(errs, fmt.Errorf("header %s: %q is not a content type", HeaderContentType, v))
 		}
 		m.ContentType = v
-	}
-	if v, ok := optional(HeaderReplayID); ok {
-		id, err := cloudevents.ParseID(v)
-		if err == nil && id == uuid.Nil {
-			err = errors.New("the nil UUID is not a replay id")
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("header %s: %w", HeaderReplayID, err))
-		}
-		m.ReplayID = id
 	}
 	if v, ok := optional(HeaderHeaderNames); ok {
 		hs, err := decodeUserHeaders(header, v)
@@ -323,75 +258,4 @@ func validValue(v string) bool {
 		}
 	}
 	return true
-}
-
-const hexDigits = "0123456789ABCDEF"
-
-// encodeValue percent-encodes a string attribute as the CloudEvents HTTP
-// binding does: space, '"', '%' and every byte outside printable ASCII
-// become %XX, so that any UTF-8 string survives the header line exactly.
-func encodeValue(s string) string {
-	n := 0
-	for i := 0; i < len(s); i++ {
-		if needsEncoding(s[i]) {
-			n++
-		}
-	}
-	if n == 0 {
-		return s
-	}
-	b := make([]byte, 0, len(s)+2*n)
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if needsEncoding(c) {
-			b = append(b, '%', hexDigits[c>>4], hexDigits[c&0xF])
-		} else {
-			b = append(b, c)
-		}
-	}
-	return string(b)
-}
-
-func needsEncoding(c byte) bool { return c <= ' ' || c >= 0x7F || c == '"' || c == '%' }
-
-// decodeValue reverses encodeValue; the result must be UTF-8.
-func decodeValue(s string) (string, error) {
-	if !strings.Contains(s, "%") {
-		if !utf8.ValidString(s) {
-			return "", fmt.Errorf("%q is not UTF-8", s)
-		}
-		return s, nil
-	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '%' {
-			b = append(b, c)
-			continue
-		}
-		if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
-			return "", fmt.Errorf("invalid percent-encoding in %q", s)
-		}
-		b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
-		i += 2
-	}
-	if !utf8.Valid(b) {
-		return "", fmt.Errorf("%q does not decode to UTF-8", s)
-	}
-	return string(b), nil
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c <= '9':
-		return c - '0'
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10
-	default:
-		return c - 'A' + 10
-	}
 }

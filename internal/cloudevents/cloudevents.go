@@ -1,7 +1,13 @@
 // Package cloudevents holds what every destination's CloudEvents binding of
-// an outbox.Message (outboxnats, outboxkafka) shares in decoding: the
-// parsing of the attribute values, so that a value one binding refuses is
-// refused by all.
+// an outbox.Message (outboxnats, outboxkafka, outboxamqp, outboxwebhook)
+// shares in decoding, so that a message one binding refuses is refused by
+// all: DecodeAttributes, which reads the attributes from a binding's
+// lookup and applies the one set of rules (required attributes, ParseID,
+// ParsePositive, ...), naming the attributes in errors as the binding
+// spells them; and the percent-encoding of string attributes of the HTTP
+// binding (EncodeValue, DecodeValue), which the NATS binding follows. What
+// differs between bindings stays in their codecs: where the attributes
+// are, the content type, the payload and the message's own headers.
 package cloudevents
 
 import (

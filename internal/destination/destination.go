@@ -132,29 +132,61 @@ func openNATS(ctx context.Context, o Options, retry func(ctx context.Context, er
 		nc.Close()
 		return nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
-	for {
-		var p *outboxnats.Publisher
-		if nc.IsConnected() {
-			p, err = outboxnats.NewPublisher(ctx, js, cfg)
-			if err == nil {
-				return p, func() { _ = nc.Drain() }, nil
-			}
-		} else {
+	var p *outboxnats.Publisher
+	err = untilReachable(ctx, retry, func() (err error) {
+		if !nc.IsConnected() {
 			// NewPublisher would wait for its stream look-up to time out.
 			err = fmt.Errorf("NATS at %s: connection is %s", outboxnats.Redact(server), strings.ToLower(nc.Status().String()))
 			if last := nc.LastError(); last != nil {
 				err = fmt.Errorf("%w: %w", err, last)
 			}
-			err = outbox.Unavailable(err)
+			return outbox.Unavailable(err)
+		}
+		p, err = outboxnats.NewPublisher(ctx, js, cfg)
+		return err
+	})
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return p, func() { _ = nc.Drain() }, nil
+}
+
+// untilReachable calls try until it succeeds. Each failure marked
+// outbox.Unavailable goes to retry, with OpenWait's contract: retry pauses
+// and returns nil to try again, or returns the error to give up with. Any
+// other error, an Unavailable one when retry is nil or ctx has ended, and
+// retry's error are returned.
+func untilReachable(ctx context.Context, retry func(ctx context.Context, err error) error, try func() error) error {
+	for {
+		err := try()
+		if err == nil {
+			return nil
 		}
 		if retry != nil && outbox.IsUnavailable(err) && ctx.Err() == nil {
 			err = retry(ctx, err)
 		}
 		if err != nil {
-			nc.Close()
-			return nil, nil, err
+			return err
 		}
 	}
+}
+
+// probingPublisher is a publisher whose destination Probe checks.
+type probingPublisher interface {
+	outbox.Publisher
+	outbox.Prober
+	Close()
+}
+
+// probed waits, as OpenWait does, until p's Probe succeeds, and returns p
+// and its Close; p is closed when it gives up.
+func probed(ctx context.Context, p probingPublisher, retry func(ctx context.Context, err error) error) (outbox.Publisher, func(), error) {
+	if err := untilReachable(ctx, retry, func() error { return p.Probe(ctx) }); err != nil {
+		p.Close()
+		return nil, nil, err
+	}
+	return p, p.Close, nil
 }
 
 // Redact returns a destination URL with any password or token replaced by
@@ -195,19 +227,7 @@ func openKafka(ctx context.Context, o Options, retry func(ctx context.Context, e
 	if err != nil {
 		return nil, nil, err
 	}
-	for {
-		err := p.Probe(ctx)
-		if err == nil {
-			return p, p.Close, nil
-		}
-		if retry != nil && outbox.IsUnavailable(err) && ctx.Err() == nil {
-			err = retry(ctx, err)
-		}
-		if err != nil {
-			p.Close()
-			return nil, nil, err
-		}
-	}
+	return probed(ctx, p, retry)
 }
 
 func envDuration(key string, def time.Duration) time.Duration {

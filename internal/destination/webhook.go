@@ -23,17 +23,5 @@ func openWebhook(ctx context.Context, o Options, retry func(ctx context.Context,
 	if err != nil {
 		return nil, nil, err
 	}
-	for {
-		err := p.Probe(ctx)
-		if err == nil {
-			return p, p.Close, nil
-		}
-		if retry != nil && outbox.IsUnavailable(err) && ctx.Err() == nil {
-			err = retry(ctx, err)
-		}
-		if err != nil {
-			p.Close()
-			return nil, nil, err
-		}
-	}
+	return probed(ctx, p, retry)
 }
