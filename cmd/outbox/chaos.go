@@ -20,8 +20,9 @@ relays ("outbox relay", this binary) and --consumers inventory consumers ("order
 inventory", sharing one durable consumer or consumer group), on a fresh schema of
 DATABASE_URL and the --destination: "nats" (the default: a NATS server of its own,
 nats-server or an embedded one), "kafka" (franz-go's in-process Kafka-protocol
-cluster, kfake, in this process on a free port; the processes speak the Kafka protocol to it as to any
-Kafka), "amqp" (a RabbitMQ node of its own on free ports, rabbitmq-server),
+cluster, kfake, in this process on a free port, persisted to the run's directory
+so that it can be restarted; the processes speak the Kafka protocol to it as to
+any Kafka), "amqp" (a RabbitMQ node of its own on free ports, rabbitmq-server),
 "webhook" (the relays POST each event to the one inventory consumer, which serves
 the webhook on a free port, signed with a secret of the run's own passed in
 OUTBOX_WEBHOOK_SECRET; no broker in between), or the URL of an external broker
@@ -33,8 +34,8 @@ relay starts), or http://host:port/path for the consumer to serve. For
 with the same Idempotency-Key) and injects faults at the seed's times: SIGKILLs,
 restarts with a failpoint armed (OUTBOX_FAILPOINTS), relays paused past their
 lease, broker restarts. Broker restarts need a broker the run can restart without
-losing data, its own NATS server or RabbitMQ node: on kfake (its consumer
-groups do not survive its restart) and on external brokers they are left out, and on a webhook they do not apply (its endpoint is the
+losing data, its own NATS server, kfake cluster or RabbitMQ node: on
+external brokers they are left out, and on a webhook they do not apply (its endpoint is the
 consumer, killed and restarted like any process); the run says so. A webhook runs
 one consumer process whatever --consumers says, as it has one endpoint. Then it lets everything recover and checks I1-I5
 and request idempotency on PostgreSQL and the destination. It prints one line per
@@ -75,7 +76,7 @@ func runChaos(ctx context.Context, args []string) error {
 	if *printSchedule {
 		sys := chaos.NewSystem(chaos.SystemConfig{Relays: cfg.Relays, Consumers: cfg.Consumers})
 		s := chaos.NewSchedule(chaos.ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: sys.Names(), Every: cfg.Every, Lease: cfg.Lease,
-			NoBroker: cfg.Destination != "nats" && cfg.Destination != "amqp"})
+			NoBroker: cfg.Destination != "nats" && cfg.Destination != "kafka" && cfg.Destination != "amqp"})
 		fmt.Printf("seed %d, %s: schedule %s, %d faults\n%s", cfg.Seed, cfg.Duration, s.Digest(), len(s), s)
 		return nil
 	}

@@ -97,7 +97,7 @@ func TestDemoEmbeddedNATS(t *testing.T) {
 // suppress redeliveries, and every invariant holds.
 func TestDemoKafka(t *testing.T) {
 	report, schema, _ := runDemoTest(t, "--orders", "60", "--destination", "kafka", "--lost-acks", "0.2")
-	if !regexp.MustCompile(`destination: in-process Kafka \(franz-go kfake\) at 127\.0\.0\.1:\d+, topic demo_[a-z0-9]+\.order`).MatchString(report) {
+	if !regexp.MustCompile(`destination: in-process Kafka \(franz-go kfake, persisted to disk\) at 127\.0\.0\.1:\d+, topic demo_[a-z0-9]+\.order`).MatchString(report) {
 		t.Error("the report does not say it ran on an in-process kfake cluster and name the topic")
 	}
 	if m := regexp.MustCompile(`(?m)^duplicates suppressed\s+(\d+)`).FindStringSubmatch(report); m == nil || m[1] == "0" {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -29,15 +31,24 @@ func init() {
 // developed. Nothing else here depends on kfake: the processes and the
 // harness's clients speak the Kafka protocol to whatever listens.
 //
-// kfake keeps its data in memory, so it is not restartable: a run on it has
-// no broker faults.
+// The in-process cluster persists to the run's directory (kfake.DataDir,
+// with SyncWrites, so an acknowledged record is on disk), which makes it
+// restartable on its port: a run on it has broker faults like a run on
+// NATS. Without a directory it is in memory and not restartable. An
+// external cluster is not restarted by the harness.
 type kafkaDestination struct {
-	fake    *kfake.Cluster // nil on an external cluster
-	url     string         // with the topic template
-	brokers []string
-	topic   string
-	cl      *kgo.Client
-	adm     *kadm.Client
+	mu       sync.Mutex
+	fake     *kfake.Cluster // nil on an external cluster, or while stopped
+	fakeOpts []kfake.Opt    // to start it again, on the same port and data
+	runs     int            // starts of the in-process cluster
+	// persisted: the in-process cluster keeps its data in cfg.Dir, so it
+	// can be restarted (without a Dir it is in memory, not restartable).
+	persisted bool
+	url       string // with the topic template
+	brokers   []string
+	topic     string
+	cl        *kgo.Client
+	adm       *kadm.Client
 }
 
 func openKafka(ctx context.Context, cfg DestinationConfig, rawURL string) (Destination, error) {
@@ -47,9 +58,15 @@ func openKafka(ctx context.Context, cfg DestinationConfig, rawURL string) (Desti
 		if err != nil {
 			return nil, err
 		}
-		if d.fake, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.GroupMinSessionTimeout(time.Second)); err != nil {
+		d.fakeOpts = []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port), kfake.GroupMinSessionTimeout(time.Second)}
+		if cfg.Dir != "" {
+			d.fakeOpts = append(d.fakeOpts, kfake.DataDir(filepath.Join(cfg.Dir, "kafka")), kfake.SyncWrites())
+			d.persisted = true
+		}
+		if d.fake, err = kfake.NewCluster(d.fakeOpts...); err != nil {
 			return nil, fmt.Errorf("start kfake on port %d: %w", port, err)
 		}
+		d.runs = 1
 		rawURL = "kafka://127.0.0.1:" + strconv.Itoa(port)
 	}
 	pcfg, err := outboxkafka.ParseURL(rawURL)
@@ -88,8 +105,11 @@ func openKafka(ctx context.Context, cfg DestinationConfig, rawURL string) (Desti
 }
 
 func (d *kafkaDestination) closeFake() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.fake != nil {
 		d.fake.Close()
+		d.fake = nil
 	}
 }
 
@@ -97,8 +117,11 @@ func (d *kafkaDestination) Name() string { return "kafka" }
 
 func (d *kafkaDestination) Describe() string {
 	where := "Kafka at " + strings.Join(d.brokers, ",")
-	if d.fake != nil {
-		where = "in-process Kafka (franz-go kfake) at " + strings.Join(d.brokers, ",")
+	switch {
+	case d.persisted:
+		where = "in-process Kafka (franz-go kfake, persisted to disk) at " + strings.Join(d.brokers, ",")
+	case d.fakeOpts != nil:
+		where = "in-process Kafka (franz-go kfake, in memory) at " + strings.Join(d.brokers, ",")
 	}
 	return where + ", topic " + d.topic
 }
@@ -113,13 +136,41 @@ func (d *kafkaDestination) Args(role string) []string {
 	return nil
 }
 
-func (d *kafkaDestination) Restartable() bool { return false }
+func (d *kafkaDestination) Restartable() bool { return d.persisted }
 
-func (d *kafkaDestination) Stop() error { return errNotRestartable(d) }
+// Stop shuts the in-process cluster down (its data stays on disk).
+func (d *kafkaDestination) Stop() error {
+	if !d.persisted {
+		return errNotRestartable(d)
+	}
+	d.closeFake()
+	return nil
+}
 
-func (d *kafkaDestination) Start(context.Context) error { return nil }
+// Start starts the in-process cluster again on its port, with its data.
+func (d *kafkaDestination) Start(context.Context) error {
+	if !d.persisted {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fake != nil {
+		return nil
+	}
+	c, err := kfake.NewCluster(d.fakeOpts...)
+	if err != nil {
+		return fmt.Errorf("start kfake again: %w", err)
+	}
+	d.fake = c
+	d.runs++
+	return nil
+}
 
-func (d *kafkaDestination) Restarts() int { return 0 }
+func (d *kafkaDestination) Restarts() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return max(d.runs-1, 0)
+}
 
 // Messages reads every record of the topic, partition by partition in
 // offset order, from the start offsets to the end offsets listed first.
@@ -242,7 +293,7 @@ func (d *kafkaDestination) Progress(ctx context.Context, group string) (Consumer
 // an own kfake cluster.
 func (d *kafkaDestination) Close(keep bool) error {
 	var err error
-	if d.fake == nil && !keep && d.adm != nil {
+	if d.fakeOpts == nil && !keep && d.adm != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		resp, derr := d.adm.DeleteTopic(ctx, d.topic)
 		if derr == nil {

@@ -16,7 +16,8 @@
 //     file per kind: NATS (an own Broker, a nats-server process or an
 //     embedded one that can be stopped and started again on the same port
 //     and storage, or an external server) and Kafka (franz-go's in-process
-//     kfake cluster, not restartable, or an external cluster). It gives the
+//     kfake cluster, persisted to disk and restartable on its port, or an
+//     external cluster). It gives the
 //     processes their destination flags, reads every event back for Check
 //     and reports the consumers' progress.
 //   - System runs the order system's members ("api", "relay-N",

@@ -33,8 +33,8 @@ type Config struct {
 	Bins Binaries
 	// Destination is where the relays publish: "nats" (a NATS server of
 	// the run's own, restarted by broker faults), "kafka" (franz-go's
-	// in-process Kafka cluster, kfake, which cannot be restarted: no broker
-	// faults), "amqp" (a RabbitMQ node of the run's own, restarted by broker
+	// in-process Kafka cluster, kfake, persisted to the run's directory and
+	// restarted by broker faults), "amqp" (a RabbitMQ node of the run's own, restarted by broker
 	// faults), "webhook" (the relays POST to the one consumer, which is the
 	// endpoint: no broker faults), or the URL of an external broker (never
 	// restarted) or of the consumer's webhook.
