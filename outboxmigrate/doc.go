@@ -10,4 +10,8 @@
 // Teams that run their own migration tool can take the files as they are
 // (with that tool's search_path pointing at the schema), or print the SQL
 // for one schema with [SQL] or `outbox migrate --print`.
+//
+// [Grants] returns the GRANT statements that give the application (writer),
+// the relay and the operator's commands each their own least-privilege role
+// on a schema (`outbox migrate --print-grants`).
 package outboxmigrate
