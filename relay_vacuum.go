@@ -22,24 +22,36 @@ func (r *Relay) vacuumLoop(ctx context.Context) {
 	h := fnv.New64a()
 	h.Write([]byte("outbox vacuum " + r.schema.Name()))
 	lock := int64(h.Sum64())
-	warned := false
+	warned, cannot := false, false
 	for {
 		sleep(ctx, r.cfg.VacuumInterval)
 		if ctx.Err() != nil {
 			return
 		}
-		var off bool
+		// VACUUM by a role that does not own the table (before
+		// PostgreSQL 17's MAINTAIN privilege) skips it with a warning
+		// that the client never sees: check first.
+		var off, may bool
 		if err := r.pool.QueryRow(ctx, `SELECT NOT current_setting('autovacuum')::bool
 	OR NOT coalesce((SELECT option_value::bool FROM pg_options_to_table(c.reloptions)
-		WHERE option_name = 'autovacuum_enabled'), true)
-FROM pg_class c WHERE c.oid = $1::regclass`, events).Scan(&off); err != nil {
+		WHERE option_name = 'autovacuum_enabled'), true),
+	pg_has_role(c.relowner, 'USAGE')
+FROM pg_class c WHERE c.oid = $1::regclass`, events).Scan(&off, &may); err != nil {
 			if ctx.Err() == nil {
 				r.log.Warn("vacuum: cannot read the autovacuum setting", slog.Any("error", err))
 			}
 			continue
 		}
 		if !off {
-			warned = false
+			warned, cannot = false, false
+			continue
+		}
+		if !may {
+			if !cannot {
+				r.log.Warn("autovacuum is off for the outbox tables and the relay's role does not own them, so it cannot vacuum them: turn autovacuum on (see docs/operations.md) or vacuum them as their owner",
+					slog.String("table", events))
+				cannot = true
+			}
 			continue
 		}
 		if !warned {

@@ -1,11 +1,18 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgoutbox/outbox/internal/outboxtest"
+	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
 // TestRelayVacuumsWhereAutovacuumIsOff: with autovacuum off for
@@ -36,4 +43,78 @@ WHERE schemaname = $1 AND relname IN ('outbox_events', 'outbox_aggregates') AND 
 		return err == nil && n == 2
 	})
 	outboxtest.Eventually(t, 30*time.Second, "all published", func() bool { return unpublished(t, pool, schema) == 0 })
+}
+
+// TestRelayThatCannotVacuumSaysSo: with autovacuum off and a relay whose
+// role has the relay's grants but does not own the tables, VACUUM would
+// skip them with a warning only the server log sees; the relay says once
+// that it cannot vacuum and does not claim it did.
+func TestRelayThatCannotVacuumSaysSo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+schema+".outbox_events SET (autovacuum_enabled = false)"); err != nil {
+		t.Fatal(err)
+	}
+	roles := outboxmigrate.Roles{Writer: outboxtest.UniqueName(t, "w"), Relay: outboxtest.UniqueName(t, "r"), Operator: outboxtest.UniqueName(t, "o")}
+	for _, r := range []string{roles.Writer, roles.Relay, roles.Operator} {
+		if _, err := pool.Exec(ctx, "CREATE ROLE "+r+" LOGIN"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+r)
+			_, _ = pool.Exec(context.Background(), "DROP ROLE "+r)
+		})
+	}
+	role := roles.Relay
+	script, err := outboxmigrate.Grants(schema, roles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, script); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(outboxtest.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	relayDB, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(relayDB.Close)
+
+	var logs syncBuffer
+	rc := quietConfig(schema, newNATS(t, outboxtest.NATSURL(), 0).pub)
+	rc.VacuumInterval = 20 * time.Millisecond
+	rc.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	_, stop := startRelay(t, relayDB, rc)
+	outboxtest.Eventually(t, 30*time.Second, "the relay says it cannot vacuum", func() bool {
+		return strings.Contains(logs.String(), "cannot vacuum them")
+	})
+	time.Sleep(100 * time.Millisecond) // five more intervals: nothing more to say
+	stop()
+	out := logs.String()
+	if n := strings.Count(out, "cannot vacuum them"); n != 1 || strings.Contains(out, "vacuumed the outbox tables") {
+		t.Fatalf("relay log (want the warning once, no vacuum claimed):\n%s", out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the relay's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
