@@ -7,7 +7,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/pgoutbox/outbox/internal/urlopt"
 )
 
 // PasswordEnv names the environment variable ParseURL takes the password
@@ -61,14 +62,11 @@ func ParseURL(raw string) (Config, error) {
 		case "source":
 			cfg.Source = v
 		case "confirm_timeout":
-			cfg.ConfirmTimeout, err = positiveDuration(v)
+			cfg.ConfirmTimeout, err = urlopt.Duration(v)
 		case "dial_timeout":
-			cfg.DialTimeout, err = positiveDuration(v)
+			cfg.DialTimeout, err = urlopt.Duration(v)
 		case "max_message_bytes":
-			cfg.MaxMessageBytes, err = strconv.Atoi(v)
-			if err == nil && cfg.MaxMessageBytes < 1 {
-				err = errors.New("not a positive number")
-			}
+			cfg.MaxMessageBytes, err = urlopt.Int(v)
 		case "declare":
 			var declare bool
 			declare, err = strconv.ParseBool(v)
@@ -93,12 +91,4 @@ func ParseURL(raw string) (Config, error) {
 		return Config{}, fmt.Errorf("outboxamqp: destination %s: %s", shown, strings.TrimPrefix(err.Error(), "outboxamqp: "))
 	}
 	return cfg, nil
-}
-
-func positiveDuration(v string) (time.Duration, error) {
-	d, err := time.ParseDuration(v)
-	if err == nil && d <= 0 {
-		err = errors.New("not a positive duration")
-	}
-	return d, err
 }

@@ -8,7 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/pgoutbox/outbox/internal/urlopt"
 )
 
 // DefaultPort is the broker port of a URL host without one.
@@ -119,14 +120,11 @@ func parseURL(raw string) (Config, error) {
 		case "source":
 			cfg.Source = v
 		case "delivery_timeout":
-			cfg.DeliveryTimeout, err = positiveDuration(v)
+			cfg.DeliveryTimeout, err = urlopt.Duration(v)
 		case "dial_timeout":
-			cfg.DialTimeout, err = positiveDuration(v)
+			cfg.DialTimeout, err = urlopt.Duration(v)
 		case "max_record_bytes":
-			cfg.MaxRecordBytes, err = strconv.Atoi(v)
-			if err == nil && cfg.MaxRecordBytes < 1 {
-				err = errors.New("not a positive number")
-			}
+			cfg.MaxRecordBytes, err = urlopt.Int(v)
 		case "sasl":
 			cfg.SASLMechanism, err = saslMechanism(v)
 		case "tls":
@@ -181,12 +179,4 @@ func saslMechanism(v string) (string, error) {
 		}
 	}
 	return "", errors.New("unknown SASL mechanism (known: plain, scram-sha-256, scram-sha-512)")
-}
-
-func positiveDuration(v string) (time.Duration, error) {
-	d, err := time.ParseDuration(v)
-	if err == nil && d <= 0 {
-		err = errors.New("not a positive duration")
-	}
-	return d, err
 }

@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
-	"time"
+
+	"github.com/pgoutbox/outbox/internal/urlopt"
 )
 
 // ParseURL splits a destination URL into the NATS server URL to connect to
@@ -58,14 +58,11 @@ func ParseURL(raw string) (server string, cfg Config, err error) {
 		case "source":
 			cfg.Source = v
 		case "duplicate_window":
-			cfg.DuplicateWindow, err = positiveDuration(v)
+			cfg.DuplicateWindow, err = urlopt.Duration(v)
 		case "ack_timeout":
-			cfg.AckTimeout, err = positiveDuration(v)
+			cfg.AckTimeout, err = urlopt.Duration(v)
 		case "max_pending":
-			cfg.MaxPending, err = strconv.Atoi(v)
-			if err == nil && cfg.MaxPending < 1 {
-				err = errors.New("not a positive number")
-			}
+			cfg.MaxPending, err = urlopt.Int(v)
 		default:
 			err = errors.New("unknown parameter (known: stream, subject_prefix, source, duplicate_window, ack_timeout, max_pending)")
 		}
@@ -92,12 +89,4 @@ func Redact(raw string) string {
 		return scheme + "://xxxxx" + rest[at:] // a token
 	}
 	return scheme + "://" + user + ":xxxxx" + rest[at:]
-}
-
-func positiveDuration(v string) (time.Duration, error) {
-	d, err := time.ParseDuration(v)
-	if err == nil && d <= 0 {
-		err = errors.New("not a positive duration")
-	}
-	return d, err
 }

@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strconv"
 	"strings"
-	"time"
+
+	"github.com/pgoutbox/outbox/internal/urlopt"
 )
 
 // OptionPrefix starts the query parameters ParseURL takes as options; the
@@ -76,20 +76,11 @@ func setOption(cfg *Config, name, v string) error {
 	case "source":
 		cfg.Source = v
 	case "timeout":
-		cfg.Timeout, err = time.ParseDuration(v)
-		if err == nil && cfg.Timeout <= 0 {
-			err = errors.New("not a positive duration")
-		}
+		cfg.Timeout, err = urlopt.Duration(v)
 	case "concurrency":
-		cfg.Concurrency, err = strconv.Atoi(v)
-		if err == nil && cfg.Concurrency < 1 {
-			err = errors.New("not a positive number")
-		}
+		cfg.Concurrency, err = urlopt.Int(v)
 	case "max_response_bytes":
-		cfg.MaxResponseBytes, err = strconv.ParseInt(v, 10, 64)
-		if err == nil && cfg.MaxResponseBytes < 1 {
-			err = errors.New("not a positive number")
-		}
+		cfg.MaxResponseBytes, err = urlopt.Int64(v)
 	case "ca_file":
 		cfg.CAFile = v
 	case "cert_file":
