@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/internal/outboxtest"
+	"github.com/pgoutbox/outbox/internal/pgcluster"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
@@ -100,10 +101,10 @@ func TestBrokerRestartAndOutage(t *testing.T) {
 // every invariant holds.
 func TestPostgresRestartUnderRelay(t *testing.T) {
 	t.Parallel()
-	pg := startPGCluster(t)
+	pg := outboxtest.PrivateCluster(t, pgcluster.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, pg.URL())
+	pool, err := pgxpool.New(ctx, pg.URL(""))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,20 +113,24 @@ func TestPostgresRestartUnderRelay(t *testing.T) {
 	if _, err := outboxmigrate.Migrate(ctx, pool, schema); err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, envOptions{pool: pool, databaseURL: pg.URL(), schema: schema})
+	e := newEnv(t, envOptions{pool: pool, databaseURL: pg.URL(""), schema: schema})
 	e.startAll(nil)
 	d := e.driver()
 	stop := background(e, d, 2, 20)
 	e.waitApplied(10)
 
-	pg.crash()
+	if err := pg.Crash(); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("PostgreSQL stopped (immediate)")
 	// Down for a while: the relay backs off several times, the API fails
 	// requests (the driver retries them with their keys).
 	outboxtest.Eventually(t, 60*time.Second, "the relay backed off while PostgreSQL was down", func() bool {
 		return e.sys.Process("relay-1").CountLines("relay batch failed") >= 4
 	})
-	pg.start()
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("PostgreSQL started again")
 	committed := d.Ledger.Committed()
 	outboxtest.Eventually(t, 90*time.Second, "orders after the restart", func() bool { return d.Ledger.Committed() >= committed+10 })

@@ -1,0 +1,254 @@
+// Package pgcluster starts a private PostgreSQL cluster: its own data
+// directory, a free port on 127.0.0.1, settings of the caller's choosing
+// (wal_level=logical, ssl=on, a tiny max_slot_wal_keep_size). Tests that
+// must crash, restart or reconfigure PostgreSQL use it, never the shared
+// server; so does `outbox demo --mode cdc`.
+//
+// It needs PostgreSQL's server binaries (initdb, pg_ctl). They are looked
+// for in PG_BINDIR, then in /usr/lib/postgresql/<version>/bin, newest first.
+// When the caller is root the tools run as the postgres user, because
+// initdb and postgres refuse to run as root.
+package pgcluster
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Config says how to set the cluster up.
+type Config struct {
+	// Settings are extra server settings, passed as -c name=value at every
+	// start (for example "wal_level": "logical").
+	Settings map[string]string
+	// Prepare, when set, runs after initdb and before the first start, with
+	// the data directory: a test writes certificates or pg_hba.conf there.
+	// Files it writes are handed to the cluster's owner afterwards.
+	Prepare func(dataDir string) error
+}
+
+// Cluster is a private PostgreSQL cluster. Close stops it and removes its
+// directory.
+type Cluster struct {
+	dir, data string
+	port      int
+	settings  map[string]string
+	owner     *user.User // the postgres user when running as root
+
+	mu      sync.Mutex
+	running bool
+}
+
+// Available reports whether the server binaries are present, and if not,
+// what is missing.
+func Available() error {
+	_, err := binDir()
+	return err
+}
+
+func binDir() (string, error) {
+	if d := os.Getenv("PG_BINDIR"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err != nil {
+			return "", fmt.Errorf("pgcluster: PG_BINDIR=%s has no initdb", d)
+		}
+		return d, nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	return "", errors.New("pgcluster: PostgreSQL's server binaries (initdb, pg_ctl) were not found; install the postgresql package or set PG_BINDIR")
+}
+
+func version(binDir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return n
+}
+
+// Start creates a cluster in a new temporary directory and starts it.
+func Start(cfg Config) (*Cluster, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "outbox-pg-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{dir: dir, data: filepath.Join(dir, "data"), settings: cfg.Settings}
+	fail := func(err error) (*Cluster, error) {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if os.Geteuid() == 0 {
+		if c.owner, err = user.Lookup("postgres"); err != nil {
+			return fail(fmt.Errorf("pgcluster: running as root needs the postgres user to own the cluster: %w", err))
+		}
+		if err := c.chown(dir); err != nil {
+			return fail(err)
+		}
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fail(err)
+	}
+	if err := c.run("initdb", "-D", c.data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
+		return fail(err)
+	}
+	if cfg.Prepare != nil {
+		if err := cfg.Prepare(c.data); err != nil {
+			return fail(fmt.Errorf("pgcluster: prepare: %w", err))
+		}
+		if err := c.chownTree(c.data); err != nil {
+			return fail(err)
+		}
+	}
+	if c.port, err = freePort(); err != nil {
+		return fail(err)
+	}
+	if err := c.Start(); err != nil {
+		return fail(err)
+	}
+	return c, nil
+}
+
+// Port is the TCP port the cluster listens on (127.0.0.1).
+func (c *Cluster) Port() int { return c.port }
+
+// DataDir is the cluster's data directory.
+func (c *Cluster) DataDir() string { return c.data }
+
+// URL is a connection URL for database db (postgres when empty) as the
+// postgres superuser, without TLS.
+func (c *Cluster) URL(db string) string {
+	if db == "" {
+		db = "postgres"
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, db)
+}
+
+// Start starts the stopped cluster (after Crash or Stop) and waits until
+// it accepts connections.
+func (c *Cluster) Start() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running {
+		return nil
+	}
+	opts := []string{
+		fmt.Sprintf("-p %d", c.port),
+		"-c listen_addresses=127.0.0.1",
+		"-c unix_socket_directories=" + c.dir,
+		"-c max_connections=60",
+		"-c shared_buffers=32MB",
+	}
+	keys := make([]string, 0, len(c.settings))
+	for k := range c.settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		opts = append(opts, fmt.Sprintf("-c %s=%s", k, c.settings[k]))
+	}
+	if err := c.run("pg_ctl", "-D", c.data, "-o", strings.Join(opts, " "), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "start"); err != nil {
+		return err
+	}
+	c.running = true
+	return nil
+}
+
+// Crash stops the cluster the hard way (immediate shutdown: no
+// checkpoint, crash recovery at the next start), dropping every
+// connection.
+func (c *Cluster) Crash() error { return c.stop("immediate") }
+
+// Stop shuts the cluster down cleanly (fast mode: sessions are ended, a
+// checkpoint is written).
+func (c *Cluster) Stop() error { return c.stop("fast") }
+
+func (c *Cluster) stop(mode string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.running {
+		return nil
+	}
+	if err := c.run("pg_ctl", "-D", c.data, "-m", mode, "-w", "stop"); err != nil {
+		return err
+	}
+	c.running = false
+	return nil
+}
+
+// Log is the server's log so far, for a failing test to show.
+func (c *Cluster) Log() string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, "log"))
+	return string(b)
+}
+
+// Close stops the cluster (immediately) and removes its directory.
+func (c *Cluster) Close() error {
+	err := c.Crash()
+	if rmErr := os.RemoveAll(c.dir); err == nil {
+		err = rmErr
+	}
+	return err
+}
+
+// run runs a PostgreSQL tool, as the postgres user when the caller is root.
+func (c *Cluster) run(tool string, args ...string) error {
+	bin, err := binDir()
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(bin, tool)
+	var cmd *exec.Cmd
+	if c.owner != nil {
+		cmd = exec.Command("runuser", append([]string{"-u", c.owner.Username, "--", path}, args...)...)
+	} else {
+		cmd = exec.Command(path, args...)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pgcluster: %s %s: %v\n%s", tool, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func (c *Cluster) chown(path string) error {
+	if c.owner == nil {
+		return nil
+	}
+	uid, _ := strconv.Atoi(c.owner.Uid)
+	gid, _ := strconv.Atoi(c.owner.Gid)
+	return os.Chown(path, uid, gid)
+}
+
+func (c *Cluster) chownTree(root string) error {
+	if c.owner == nil {
+		return nil
+	}
+	return filepath.Walk(root, func(path string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return c.chown(path)
+	})
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
