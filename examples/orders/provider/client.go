@@ -205,6 +205,11 @@ func (c *Client) do(ctx context.Context, base, method, path, key string, in, out
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+		// net/http silently resends a request that carries an
+		// Idempotency-Key when a reused connection breaks. Every retry must
+		// be the caller's decision (and visible to it), so make the request
+		// not replayable.
+		req.GetBody = nil
 	}
 	if key != "" {
 		req.Header.Set(HeaderIdempotencyKey, key)
