@@ -101,6 +101,7 @@ separate address (off unless set). Stops on SIGINT/SIGTERM.`)
 		return err
 	}
 	servers := []*http.Server{{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}}
+	servers[0].RegisterOnShutdown(svc.StopHanging)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

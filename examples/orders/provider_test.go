@@ -20,7 +20,8 @@ var providerListening = regexp.MustCompile(`provider listening.* addr=(\S+) cont
 // error and the process dies by SIGKILL; restarted on the same schema, the
 // ledger still has the charge and a retry with the same key returns it
 // instead of charging again. The restarted provider's faults are then set
-// through its control listener, and it stops cleanly on SIGTERM.
+// through its control listener, and it stops cleanly on SIGTERM even with a
+// request hanging in an injected timeout.
 func TestProviderCrash(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -74,7 +75,25 @@ func TestProviderCrash(t *testing.T) {
 	if err != nil || st.Injected[provider.FaultDropResponse] != 1 {
 		t.Fatalf("fault status: %+v, %v", st, err)
 	}
+
+	// A request hanging in an injected timeout does not hold up a clean
+	// shutdown: its connection is closed without a response.
+	if _, err := client.SetFaults(ctx, provider.Faults{Rules: []provider.Rule{{Fault: provider.FaultTimeoutAfterCommit, Next: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	hung := make(chan error, 1)
+	go func() {
+		_, err := client.Charge(ctx, "evt-3", provider.ChargeRequest{Reference: "order-3", Amount: 100, Currency: "eur"})
+		hung <- err
+	}()
+	outboxtest.Eventually(t, 30*time.Second, "the hanging charge committed", func() bool {
+		l, err := client.Ledger(ctx, "order-3")
+		return err == nil && len(l.Entries) == 1
+	})
 	second.stop()
+	if err := <-hung; !errors.Is(err, provider.ErrAmbiguous) {
+		t.Fatalf("the hanging charge: %v, want an ambiguous error", err)
+	}
 	if !hasLine(second.lines(), "provider stopped") {
 		t.Fatal("the provider did not log its clean stop")
 	}

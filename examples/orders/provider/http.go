@@ -231,6 +231,7 @@ func (s *Service) handleWrite(w http.ResponseWriter, r *http.Request, endpoint s
 		select {
 		case <-r.Context().Done():
 		case <-t.C:
+		case <-s.stopHanging:
 		}
 		t.Stop()
 		drop(w)

@@ -160,6 +160,7 @@ func TestConcurrentSameKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, provider.ModeIdempotent, provider.Rule{Fault: provider.FaultLatency, Latency: provider.Duration(time.Hour), Next: 1})
 	firstCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	done := make(chan error, 1)
 	go func() {
 		_, err := b.client.Charge(firstCtx, "key-1", eur("order-1", 100))
@@ -240,6 +241,11 @@ func TestRefunds(t *testing.T) {
 	again, err := b.client.Refund(ctx, "refund-1", provider.RefundRequest{Charge: c.ID, Amount: 300})
 	if err != nil || !again.Replayed || again.ID != r1.ID {
 		t.Fatalf("repeated refund: %+v, %v", again, err)
+	}
+	over, err := b.client.Refund(ctx, "refund-over", provider.RefundRequest{Charge: c.ID, Amount: 701})
+	wantErr(t, err, provider.ErrDeclined)
+	if over.Status != provider.RefundFailed || over.FailureCode != provider.FailureExceedsRefundable {
+		t.Fatalf("refund of more than is left: %+v", over)
 	}
 	r2, err := b.client.Refund(ctx, "refund-2", provider.RefundRequest{Reference: "order-1"})
 	if err != nil || r2.Amount != 700 {

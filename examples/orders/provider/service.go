@@ -68,6 +68,9 @@ type Service struct {
 
 	mu       sync.Mutex
 	inFlight map[string]bool // Idempotency-Keys being executed (idempotent mode)
+
+	stopHanging     chan struct{}
+	stopHangingOnce sync.Once
 }
 
 type queries struct {
@@ -115,7 +118,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	const refundCols = `r.refund_id, r.charge_id, c.reference, r.amount, c.currency, r.status, coalesce(r.failure_code, ''), coalesce(r.idempotency_key, ''), r.created_at`
 	const ledgerCols = `entry_id, kind, object_id, charge_id, reference, amount, currency, coalesce(idempotency_key, ''), created_at`
 	return &Service{
-		pool: pool, cfg: cfg, log: cfg.Logger, faults: faults, inFlight: map[string]bool{},
+		pool: pool, cfg: cfg, log: cfg.Logger, faults: faults, inFlight: map[string]bool{}, stopHanging: make(chan struct{}),
 		q: queries{
 			lockKey:   `SELECT pg_try_advisory_xact_lock(hashtextextended('provider.key.' || $1, 0))`,
 			selectKey: `SELECT endpoint, request_hash, status_code, response FROM ` + keys + ` WHERE idempotency_key = $1`,
@@ -146,6 +149,13 @@ VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), $8)`,
 func (s *Service) Migrate(ctx context.Context) error {
 	_, err := ordersdb.Migrate(ctx, s.pool, s.cfg.Schema, ordersdb.Provider)
 	return err
+}
+
+// StopHanging ends the waits of injected timeouts (their connections are
+// closed without a response), so a server shutdown does not wait for them.
+// Register it with http.Server.RegisterOnShutdown.
+func (s *Service) StopHanging() {
+	s.stopHangingOnce.Do(func() { close(s.stopHanging) })
 }
 
 // Mode returns the provider's mode.
