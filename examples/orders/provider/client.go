@@ -24,7 +24,8 @@ var (
 	// ErrDeclined: a 402; the charge was declined, or the refund failed,
 	// and that outcome is recorded (a retry with the same key replays it).
 	ErrDeclined = errors.New("declined")
-	// ErrInvalid: a 400; the request was refused and nothing written.
+	// ErrInvalid: a 400, or another refusal (409 for a refund by a
+	// reference with several captured charges); nothing was written.
 	ErrInvalid = errors.New("invalid request")
 	// ErrKeyReused: a 422; the Idempotency-Key was used for a different request.
 	ErrKeyReused = errors.New("idempotency key reused")
