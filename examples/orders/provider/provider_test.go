@@ -11,12 +11,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgoutbox/outbox/examples/orders/provider"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
 // bundle is one provider running in-process on its own schema.
 type bundle struct {
+	pool    *pgxpool.Pool
+	schema  string
 	svc     *provider.Service
 	client  *provider.Client
 	api     *httptest.Server
@@ -26,7 +30,7 @@ type bundle struct {
 func setup(t *testing.T, mode provider.Mode, rules ...provider.Rule) *bundle {
 	t.Helper()
 	pool, schema := outboxtest.Schema(t)
-	b := &bundle{}
+	b := &bundle{pool: pool, schema: schema}
 	svc, err := provider.New(pool, provider.Config{Schema: schema, Mode: mode, DeclineAbove: 10_000,
 		Faults: provider.Faults{Seed: 1, Rules: rules},
 		// In-process, a crash cannot kill the test: count it, and the
@@ -182,6 +186,36 @@ func TestConcurrentSameKey(t *testing.T) {
 		t.Fatalf("retry after the abandoned request: %+v, %v", c, err)
 	}
 	b.wantCharges(t, "order-1", 1)
+}
+
+// TestKeyLockedByAnotherProcess: another provider process on the same
+// schema (played by a transaction holding the key's advisory lock) makes a
+// request with that key a 409 that changes nothing; a provider on another
+// schema does not.
+func TestKeyLockedByAnotherProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t, provider.ModeIdempotent)
+	other := setup(t, provider.ModeIdempotent)
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('provider.key.' || $2 || '.' || $1, 0))`, "key-1", b.schema); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.client.Charge(ctx, "key-1", eur("order-1", 100))
+	wantErr(t, err, provider.ErrInProgress, provider.ErrAmbiguous)
+	b.wantCharges(t, "order-1", 0)
+	if _, err := other.client.Charge(ctx, "key-1", eur("order-1", 100)); err != nil {
+		t.Fatalf("the same key on another schema: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := b.client.Charge(ctx, "key-1", eur("order-1", 100)); err != nil || c.Replayed {
+		t.Fatalf("after the lock is gone: %+v, %v", c, err)
+	}
 }
 
 // TestValidation: bad requests get 400 problem+json and write nothing.
@@ -404,13 +438,20 @@ func TestQueryableMode(t *testing.T) {
 	}
 	_, err = b.client.LookupByKey(ctx, "key-1")
 	wantErr(t, err, provider.ErrLookupUnsupported)
+	r, err := b.client.Refund(ctx, "", provider.RefundRequest{Charge: found[0].ID, Amount: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := b.client.LookupRefundsByReference(ctx, "order-1"); err != nil || len(rs) != 1 || rs[0].ID != r.ID {
+		t.Fatalf("refunds by reference: %+v, %v", rs, err)
+	}
 	// The key is not honoured: a blind retry is a second charge.
 	retry, err := b.client.Charge(ctx, "key-1", eur("order-1", 100))
 	if err != nil || retry.Replayed || retry.ID == found[0].ID {
 		t.Fatalf("repeat in queryable mode: %+v, %v", retry, err)
 	}
-	if l := b.wantCharges(t, "order-1", 2); l.Duplicates != 1 {
-		t.Fatalf("duplicates: %d, want 1", l.Duplicates)
+	if l := b.wantCharges(t, "order-1", 2); l.Duplicates != 1 || l.Totals[0].Net != 160 {
+		t.Fatalf("ledger: %+v", l)
 	}
 }
 

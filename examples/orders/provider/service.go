@@ -120,7 +120,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	return &Service{
 		pool: pool, cfg: cfg, log: cfg.Logger, faults: faults, inFlight: map[string]bool{}, stopHanging: make(chan struct{}),
 		q: queries{
-			lockKey:   `SELECT pg_try_advisory_xact_lock(hashtextextended('provider.key.' || $1, 0))`,
+			// Advisory locks are per database: the schema keeps providers on
+			// other schemas out of the key's lock.
+			lockKey:   `SELECT pg_try_advisory_xact_lock(hashtextextended('provider.key.' || $2 || '.' || $1, 0))`,
 			selectKey: `SELECT endpoint, request_hash, status_code, response FROM ` + keys + ` WHERE idempotency_key = $1`,
 			insertKey: `INSERT INTO ` + keys + ` (idempotency_key, endpoint, request_hash, status_code, response, object_id) VALUES ($1, $2, $3, $4, $5, $6)`,
 			insertCharge: `INSERT INTO ` + charges + ` (charge_id, reference, amount, currency, status, failure_code, idempotency_key)
@@ -291,7 +293,7 @@ func (s *Service) execute(ctx context.Context, endpoint, key string, req any, h 
 			// locked for the transaction, and a holder makes this request
 			// a conflict too.
 			var locked bool
-			if err := tx.QueryRow(ctx, s.q.lockKey, key).Scan(&locked); err != nil {
+			if err := tx.QueryRow(ctx, s.q.lockKey, key, s.cfg.Schema).Scan(&locked); err != nil {
 				return fmt.Errorf("lock idempotency key: %w", err)
 			}
 			if !locked {
