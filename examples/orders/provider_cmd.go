@@ -69,7 +69,8 @@ separate address (off unless set). Stops on SIGINT/SIGTERM.`)
 	listen := fs.String("listen", cli.Env("PROVIDER_LISTEN", "127.0.0.1:8090"), "address to serve the provider API on (env PROVIDER_LISTEN)")
 	control := fs.String("control-listen", cli.Env("PROVIDER_CONTROL_LISTEN", ""), "address to serve /control/faults on; empty: no control API (env PROVIDER_CONTROL_LISTEN)")
 	mode := fs.String("mode", cli.Env("PROVIDER_MODE", string(provider.ModeIdempotent)), "idempotent, queryable or neither (env PROVIDER_MODE)")
-	declineAbove := fs.Int64("decline-above", provider.DeclineAboveDefault, "decline charges of a larger amount (minor units) with 402")
+	declineAbove := fs.Int64("decline-above", int64(envUint("PROVIDER_DECLINE_ABOVE", provider.DeclineAboveDefault)),
+		"decline charges of a larger amount (minor units) with 402 (env PROVIDER_DECLINE_ABOVE)")
 	var faults faultFlags
 	if v := cli.Env("PROVIDER_FAULTS", ""); v != "" {
 		if err := faults.Set(v); err != nil {
@@ -77,7 +78,7 @@ separate address (off unless set). Stops on SIGINT/SIGTERM.`)
 		}
 	}
 	fs.Var(&faults, "fault", "inject a fault, KIND[:key=value,...] (repeatable; env PROVIDER_FAULTS, ';'-separated)")
-	seed := fs.Uint64("fault-seed", envUint("PROVIDER_FAULT_SEED"), "seed of the fault draws; 0 picks one and logs it (env PROVIDER_FAULT_SEED)")
+	seed := fs.Uint64("fault-seed", envUint("PROVIDER_FAULT_SEED", 0), "seed of the fault draws; 0 picks one and logs it (env PROVIDER_FAULT_SEED)")
 	shutdown := fs.Duration("shutdown-timeout", 10*time.Second, "how long to finish in-flight requests on shutdown")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -141,8 +142,13 @@ separate address (off unless set). Stops on SIGINT/SIGTERM.`)
 	return err
 }
 
-func envUint(key string) uint64 {
-	v, _ := strconv.ParseUint(cli.Env(key, "0"), 10, 64)
+// envUint reads a number from the environment variable key; def when it
+// is unset or not a number.
+func envUint(key string, def uint64) uint64 {
+	v, err := strconv.ParseUint(cli.Env(key, strconv.FormatUint(def, 10)), 10, 64)
+	if err != nil {
+		return def
+	}
 	return v
 }
 

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
+	"os/exec"
+	"strings"
 	"regexp"
 	"syscall"
 	"testing"
@@ -96,5 +99,28 @@ func TestProviderCrash(t *testing.T) {
 	}
 	if !hasLine(second.lines(), "provider stopped") {
 		t.Fatal("the provider did not log its clean stop")
+	}
+}
+
+// TestProviderUsageErrors: a bad mode or fault is one line and a non-zero
+// exit, before anything connects.
+func TestProviderUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"provider", "--mode", "sometimes"}, 1, "unknown provider mode"},
+		{[]string{"provider", "--fault", "meteor"}, 2, "unknown fault"},
+		{[]string{"provider", "--fault", "crash:p=2"}, 2, "not in [0, 1]"},
+	} {
+		cmd := exec.Command(ordersBinary(t), c.args...)
+		cmd.Env = append(os.Environ(), "PROVIDER_FAULTS=", "PROVIDER_MODE=")
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != c.code || !strings.Contains(string(out), c.msg) {
+			t.Errorf("orders %v: %v, output %q; want exit %d and %q", c.args, err, out, c.code, c.msg)
+		}
 	}
 }
