@@ -217,12 +217,16 @@ func (s *Service) handleWrite(w http.ResponseWriter, r *http.Request, endpoint s
 		h.beforeCommit = func() error { return errInjected }
 	}
 	out, err := run(r.Context(), key, h)
-	if err != nil {
-		s.answer(w, r, nil, err)
-		return
-	}
+	// A fault drawn for the request applies whatever the request's own
+	// outcome (a refusal's answer can be lost too), so its counters say
+	// what callers saw.
 	switch d.fault {
-	case FaultErrorAfterCommit:
+	case "":
+		if err != nil {
+			s.answer(w, r, nil, err)
+			return
+		}
+	case FaultErrorBeforeCommit, FaultErrorAfterCommit:
 		s.writeProblem(w, r, Problem{Type: ProblemTypeBase + "internal", Title: "Internal error", Status: http.StatusInternalServerError,
 			Detail: "the request failed; it may or may not have been executed"})
 		return
