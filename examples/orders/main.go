@@ -3,6 +3,7 @@
 //
 //	orders api         the order HTTP API (writes orders and their events)
 //	orders inventory   the inventory consumer (reserves stock from the events)
+//	orders provider    the fake payment provider (its own schema and ledger)
 //
 // Events travel from the API's outbox table to NATS JetStream through a
 // relay: run "outbox relay", or pass --relay to "orders api". Every part
@@ -17,5 +18,6 @@ func main() {
 	cli.Main("orders", "orders: the example order system of the transactional outbox", []cli.Command{
 		{Name: "api", Summary: "serve the order HTTP API", Run: runAPI},
 		{Name: "inventory", Summary: "reserve and release stock for order events", Run: runInventory},
+		{Name: "provider", Summary: "run the fake payment provider (charges, refunds, ledger, faults)", Run: runProvider},
 	})
 }

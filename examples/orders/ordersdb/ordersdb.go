@@ -1,7 +1,9 @@
 // Package ordersdb holds the example order system's own database
 // migrations: the business tables of the order API (products, orders,
-// order_items, order_idempotency_keys) and of the inventory consumer
-// (inventory_stock, inventory_reservations).
+// order_items, order_idempotency_keys), of the inventory consumer
+// (inventory_stock, inventory_reservations) and of the fake payment provider
+// (provider_charges, provider_refunds, provider_idempotency_keys,
+// provider_ledger).
 //
 // Each part of the system applies its own set at start, beside
 // outboxmigrate.Migrate for the outbox and inbox tables. The tables may share
@@ -42,6 +44,8 @@ const (
 	Orders Set = "orders"
 	// Inventory are the inventory consumer's tables.
 	Inventory Set = "inventory"
+	// Provider are the fake payment provider's tables (its own schema).
+	Provider Set = "provider"
 )
 
 // Migration is one versioned migration file of a set.
