@@ -50,27 +50,26 @@ func newPublishTracer(tp trace.TracerProvider, pub Publisher) *publishTracer {
 	return pt
 }
 
-var producerKind = trace.WithSpanKind(trace.SpanKindProducer)
+// producerOpts are the options of every producer span (a package variable:
+// no allocation per span).
+var producerOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
 
 // start starts the span of publishing msg and points msg's trace context at
 // it (a copy of its headers: the claimed event's map is left alone). The
 // span is a child of the trace context stored with the event, or a root
-// when there is none. When the tracer made no span of its own (a global
-// provider still a no-op), msg is unchanged; spans[i] is then a no-op span.
-func (pt *publishTracer) start(msg *Message) trace.Span {
-	parent := tracing.FromHeaders(msg.Headers)
-	ctx := context.Background()
-	if parent.IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
-	}
-	dest := ""
-	if pt.dest != nil {
-		dest = pt.dest.MessagingDestination(msg)
-	}
-	// The destination name may hold the aggregate id (a NATS subject):
-	// the span is named after the aggregate type, which stays few.
-	_, span := pt.tracer.Start(ctx, "send "+msg.AggregateType, producerKind)
+// when there is none. noop reports that the tracer made no span of its own
+// (the global provider, still a no-op): msg is then unchanged.
+func (pt *publishTracer) start(msg *Message) (span trace.Span, noop bool) {
+	ctx, parent := tracing.ContextFromHeaders(context.Background(), msg.Headers)
+	_, span = pt.tracer.Start(ctx, "send", producerOpts...)
 	if span.IsRecording() {
+		// The destination name may hold the aggregate id (a NATS subject):
+		// the span is named after the aggregate type, which stays few.
+		span.SetName("send " + msg.AggregateType)
+		dest := ""
+		if pt.dest != nil {
+			dest = pt.dest.MessagingDestination(msg)
+		}
 		attrs := tracing.MessageAttributes(msg.ID.String(), msg.AggregateType, msg.AggregateID, msg.Type, msg.Sequence)
 		attrs = append(attrs, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("send"),
 			tracing.AttemptKey.Int(msg.Attempt))
@@ -82,20 +81,32 @@ func (pt *publishTracer) start(msg *Message) trace.Span {
 		}
 		span.SetAttributes(attrs...)
 	}
-	if sc := span.SpanContext(); sc.IsValid() && !sc.Equal(parent) {
-		msg.Headers = tracing.WithSpanContext(msg.Headers, sc)
+	sc := span.SpanContext()
+	if sc.Equal(parent) {
+		// An SDK gives every span, sampled or not, a span id of its own.
+		return span, true
 	}
-	return span
+	msg.Headers = tracing.WithSpanContext(msg.Headers, sc)
+	return span, false
 }
 
 // startAll starts the spans of msgs (see start); nil when tracing is off.
+// When the first message shows the tracer to be a no-op (the global
+// provider before the application set one), the others are left alone: a
+// relay whose application does not trace pays for one span start per
+// Publish call, not per event.
 func (pt *publishTracer) startAll(msgs []Message) []trace.Span {
-	if pt == nil {
+	if pt == nil || len(msgs) == 0 {
+		return nil
+	}
+	first, noop := pt.start(&msgs[0])
+	if noop {
 		return nil
 	}
 	spans := make([]trace.Span, len(msgs))
-	for i := range msgs {
-		spans[i] = pt.start(&msgs[i])
+	spans[0] = first
+	for i := 1; i < len(msgs); i++ {
+		spans[i], _ = pt.start(&msgs[i])
 	}
 	return spans
 }

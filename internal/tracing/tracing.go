@@ -107,11 +107,22 @@ func Has(headers map[string]string, key string) bool {
 // FromHeaders returns the span context the headers carry: invalid when they
 // carry none, or a malformed one.
 func FromHeaders(headers map[string]string) trace.SpanContext {
+	_, sc := ContextFromHeaders(context.Background(), headers)
+	return sc
+}
+
+// ContextFromHeaders returns ctx with the remote span context the headers
+// carry, and that span context; ctx itself and an invalid span context when
+// they carry none, or a malformed one.
+func ContextFromHeaders(ctx context.Context, headers map[string]string) (context.Context, trace.SpanContext) {
 	if len(headers) == 0 {
-		return trace.SpanContext{}
+		return ctx, trace.SpanContext{}
 	}
-	ctx := propagation.TraceContext{}.Extract(context.Background(), Carrier(headers))
-	return trace.SpanContextFromContext(ctx)
+	out := propagation.TraceContext{}.Extract(ctx, Carrier(headers))
+	if out == ctx {
+		return ctx, trace.SpanContext{}
+	}
+	return out, trace.SpanContextFromContext(out)
 }
 
 // Encode returns the traceparent and tracestate of sc (tracestate empty when
