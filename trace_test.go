@@ -330,3 +330,58 @@ func TestRelayWithoutTracerProvider(t *testing.T) {
 		t.Errorf("OpenTelemetry globals changed: %s, then %s", before, after)
 	}
 }
+
+// pipeliner is a Publisher that declares ordered pipelining and records the
+// traceparent of every message it accepts.
+type pipeliner struct {
+	got chan string
+}
+
+func (p pipeliner) OrderedPipelining() bool { return true }
+
+func (p pipeliner) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	for _, m := range msgs {
+		p.got <- m.Headers["traceparent"]
+	}
+	return nil
+}
+
+// TestRelayProducerSpanPipelined: a destination that takes a lane's events
+// in one call (Kafka) gets a span per event too, each message carrying its
+// own span's context.
+func TestRelayProducerSpanPipelined(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	tp, rec := recorder(t)
+	w := newWriter(t, schema)
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := w.InsertTx(trace.ContextWithSpanContext(ctx, spanContext(t)), tx,
+			orderEvent("o-1", "A"), orderEvent("o-1", "B"), orderEvent("o-1", "C"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := pipeliner{got: make(chan string, 10)}
+	cfg := quietConfig(schema, pub)
+	cfg.TracerProvider = tp
+	_, stop := startRelay(t, pool, cfg)
+	outboxtest.Eventually(t, 10*time.Second, "events published", func() bool { return unpublished(t, pool, schema) == 0 })
+	stop()
+	spans := map[string]bool{}
+	for _, s := range rec.Ended() {
+		if s.Parent().SpanID() != spanContext(t).SpanID() {
+			t.Errorf("span %s: parent %s, want the writer's", s.Name(), s.Parent().SpanID())
+		}
+		spans[fmt.Sprintf("00-%s-%s-01", s.SpanContext().TraceID(), s.SpanContext().SpanID())] = true
+	}
+	if len(spans) != 3 {
+		t.Fatalf("%d spans, want 3", len(spans))
+	}
+	for range 3 {
+		if tp := <-pub.got; !spans[tp] {
+			t.Errorf("a message went out with traceparent %q, not one of the spans'", tp)
+		}
+	}
+}
