@@ -62,6 +62,19 @@
 // probe. Package outboxprom turns these into Prometheus metrics, so this
 // package depends on no metrics library.
 //
+// # Tracing
+//
+// The writer copies the W3C trace context of the ctx given to
+// [Writer.InsertTx] into each event's headers ("traceparent",
+// "tracestate"), unless [WriterConfig].DisableTraceContext is set or the
+// event has a traceparent of its own. The relay publishes each event in an
+// OpenTelemetry PRODUCER span, a child of that context, from
+// [RelayConfig].TracerProvider (the global provider when nil, a no-op
+// unless the application set one), and sends the span's context on as the
+// message's traceparent; package inbox and the webhook Receiver continue
+// the trace in a CONSUMER span. Nothing global is set. See
+// docs/operations.md, "Tracing".
+//
 // # Schema
 //
 // Package outboxmigrate creates the tables in a configurable schema ("outbox"

@@ -5,6 +5,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
@@ -31,4 +32,13 @@ func SweepLanes(ctx context.Context, pool *pgxpool.Pool, schema string) (laneSwe
 		return laneSweep{}, err
 	}
 	return sweepLanes(ctx, pool, s)
+}
+
+// testSpanContext is a valid sampled span context, for benchmarks.
+func testSpanContext() trace.SpanContext {
+	return trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+		SpanID:     trace.SpanID{1, 2, 3, 4, 5, 6, 7, 8},
+		TraceFlags: trace.FlagsSampled,
+	})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgoutbox/outbox/internal/failpoint"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults for RelayConfig.
@@ -134,6 +135,14 @@ type RelayConfig struct {
 	// (BENCHMARKS.md, soak). Where autovacuum is on it does nothing. Defaults
 	// to VacuumIntervalDefault; negative turns it off.
 	VacuumInterval time.Duration
+	// TracerProvider receives a PRODUCER span per event published (see
+	// docs/operations.md, "Tracing"): a child of the trace context the
+	// writer stored with the event, whose own context replaces the
+	// message's traceparent so that the consumer continues from the
+	// publish. Nil means otel.GetTracerProvider() (read, never set), a no-op
+	// unless the application configured one; the relay then costs next to
+	// nothing per event. Defaults to nil.
+	TracerProvider trace.TracerProvider
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -263,7 +272,8 @@ type Relay struct {
 	// pipelined: cfg.Publisher declares ordered pipelining (and
 	// DisablePipelining is not set): a batch goes out in one call.
 	pipelined bool
-	ahead     *ahead // the next batch, claimed while this one is published
+	ahead     *ahead         // the next batch, claimed while this one is published
+	tracer    *publishTracer // nil: tracing off (a no-op provider)
 	running   atomic.Bool
 	health    atomic.Pointer[error] // nil: the last batch went well
 }
@@ -299,6 +309,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if op, ok := cfg.Publisher.(OrderedPipeliner); ok && !cfg.DisablePipelining {
 		r.pipelined = op.OrderedPipelining()
 	}
+	r.tracer = newPublishTracer(cfg.TracerProvider, cfg.Publisher)
 	r.setHealth(errNotStarted)
 	return r, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Micro-benchmarks of the relay's and the writer's hot paths. Those that
@@ -136,7 +137,7 @@ func BenchmarkPrepare(b *testing.B) {
 	b.Run("one", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := w.prepareOne(&ev); err != nil {
+			if _, err := w.prepareOne(&ev, traceContext{}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -145,7 +146,17 @@ func BenchmarkPrepare(b *testing.B) {
 		b.ReportAllocs()
 		evs := []Event{ev}
 		for b.Loop() {
-			if _, _, err := w.prepare(evs); err != nil {
+			if _, _, err := w.prepare(evs, traceContext{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("one-traced", func(b *testing.B) {
+		// The caller's context carries a span: the event gets a traceparent.
+		tc := w.traceContext(trace.ContextWithSpanContext(context.Background(), testSpanContext()))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := w.prepareOne(&ev, tc); err != nil {
 				b.Fatal(err)
 			}
 		}

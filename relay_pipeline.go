@@ -32,9 +32,11 @@ func (r *Relay) publishPipelined(ctx context.Context, b batch) (outcome, error) 
 	if err := failpoint.Hit("relay/before-publish"); err != nil {
 		return o, nil
 	}
+	spans := r.tracer.startAll(msgs)
 	pubStart := time.Now()
 	errs := r.cfg.Publisher.Publish(ctx, msgs)
 	ackLatency, ackedAt := time.Since(pubStart), time.Now()
+	endAll(spans, errs)
 	if errs != nil && len(errs) != len(msgs) {
 		return o, fmt.Errorf("publisher returned %d results for %d messages", len(errs), len(msgs))
 	}

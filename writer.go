@@ -24,6 +24,14 @@ type WriterConfig struct {
 	// MaxPayloadBytes is the largest payload accepted. Defaults to
 	// MaxPayloadBytesDefault (1 MiB).
 	MaxPayloadBytes int
+	// DisableTraceContext stops the writer from copying the W3C trace
+	// context of the caller's context.Context into the events' headers.
+	// By default, when ctx carries a valid OpenTelemetry span context, each
+	// event gets its "traceparent" (and "tracestate", when there is one)
+	// header, unless the event sets that header itself, so the relay's
+	// publish and the consumer continue the caller's trace. The writer never
+	// starts a span and needs no tracer provider. Defaults to false.
+	DisableTraceContext bool
 }
 
 // Writer records events in the caller's transaction. It is safe for
@@ -34,6 +42,7 @@ type Writer struct {
 	insertSQL  string // any number of events, one jsonb parameter
 	insertOne  string // exactly one event, typed parameters
 	channel    string
+	noTrace    bool
 }
 
 // NewWriter validates cfg and returns a Writer.
@@ -54,6 +63,7 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 		insertSQL:  insertEventsSQL(s),
 		insertOne:  insertOneSQL(s),
 		channel:    NotifyChannel(s.Name()),
+		noTrace:    cfg.DisableTraceContext,
 	}, nil
 }
 
@@ -137,7 +147,7 @@ type one struct {
 
 // prepareOne validates a single event and returns insertOneSQL's
 // parameters. Nothing is sent to the database when the event is invalid.
-func (w *Writer) prepareOne(ev *Event) (one, error) {
+func (w *Writer) prepareOne(ev *Event, tc traceContext) (one, error) {
 	if err := ev.validate(0, w.maxPayload); err != nil {
 		return one{}, err
 	}
@@ -153,8 +163,8 @@ func (w *Writer) prepareOne(ev *Event) (one, error) {
 		version = 1
 	}
 	headers := "{}"
-	if len(ev.Headers) > 0 {
-		b, err := json.Marshal(ev.Headers)
+	if h := tc.headers(ev.Headers); len(h) > 0 {
+		b, err := json.Marshal(h)
 		if err != nil {
 			return one{}, fmt.Errorf("outbox: encode headers: %w", err)
 		}
@@ -190,7 +200,7 @@ type eventRow struct {
 
 // prepare validates events and encodes them as the statement's argument.
 // Nothing is sent to the database when any event is invalid.
-func (w *Writer) prepare(events []Event) (string, []uuid.UUID, error) {
+func (w *Writer) prepare(events []Event, tc traceContext) (string, []uuid.UUID, error) {
 	if len(events) == 0 {
 		return "", nil, fmt.Errorf("%w: no events given", ErrInvalidEvent)
 	}
@@ -220,7 +230,7 @@ func (w *Writer) prepare(events []Event) (string, []uuid.UUID, error) {
 		}
 		rows[i] = eventRow{
 			Ord: i, EventID: id, AggregateType: ev.AggregateType, AggregateID: ev.AggregateID,
-			EventType: ev.Type, SchemaVersion: version, Payload: ev.Payload, Headers: ev.Headers,
+			EventType: ev.Type, SchemaVersion: version, Payload: ev.Payload, Headers: tc.headers(ev.Headers),
 		}
 		if ct, ok := contentType(ev.ContentType).(string); ok {
 			rows[i].ContentType = ct
@@ -284,7 +294,7 @@ func collect(r rows, ids []uuid.UUID) ([]Recorded, error) {
 // make every transaction touch aggregates in the same order.
 func (w *Writer) InsertTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]Recorded, error) {
 	if len(events) == 1 {
-		p, err := w.prepareOne(&events[0])
+		p, err := w.prepareOne(&events[0], w.traceContext(ctx))
 		if err != nil {
 			return nil, err
 		}
@@ -295,7 +305,7 @@ func (w *Writer) InsertTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]Re
 		rec.OccurredAt = rec.OccurredAt.UTC()
 		return []Recorded{rec}, nil
 	}
-	arg, ids, err := w.prepare(events)
+	arg, ids, err := w.prepare(events, w.traceContext(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -316,7 +326,7 @@ func (w *Writer) InsertTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]Re
 // its own transaction. The same rule applies: one call per transaction.
 func (w *Writer) InsertSQLTx(ctx context.Context, tx *sql.Tx, events ...Event) ([]Recorded, error) {
 	if len(events) == 1 {
-		p, err := w.prepareOne(&events[0])
+		p, err := w.prepareOne(&events[0], w.traceContext(ctx))
 		if err != nil {
 			return nil, err
 		}
@@ -327,7 +337,7 @@ func (w *Writer) InsertSQLTx(ctx context.Context, tx *sql.Tx, events ...Event) (
 		rec.OccurredAt = rec.OccurredAt.UTC()
 		return []Recorded{rec}, nil
 	}
-	arg, ids, err := w.prepare(events)
+	arg, ids, err := w.prepare(events, w.traceContext(ctx))
 	if err != nil {
 		return nil, err
 	}

@@ -60,6 +60,16 @@
 //
 // Config.Observer is told the outcome of every delivery; package outboxprom
 // exports inbox_processed_total, inbox_duplicates_total and friends.
+//
+// # Tracing
+//
+// With an OpenTelemetry tracer provider (Config.TracerProvider, or the
+// global one the application set), Handle and HandleMessage run in a
+// CONSUMER span that continues the trace of the message's traceparent
+// header, which the relay set to its publish span; the effect's ctx carries
+// it. When ctx already holds a span of the same trace (a webhook
+// Receiver's), the inbox span is its child; a span of another trace is
+// linked.
 package inbox
 
 import (
@@ -73,6 +83,8 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/tracing"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Outcome says what Handle did with a delivery.
@@ -136,6 +148,14 @@ type Config struct {
 	// StartAtFirstSeen, e.g. "consumer deployed 2026-12-01, history not
 	// needed". Defaults to StartReasonDefault.
 	StartReason string
+	// TracerProvider receives a CONSUMER span per Handle or HandleMessage
+	// call, covering the transaction and the effect: it continues the
+	// trace of the message's traceparent header (the relay's publish span),
+	// and the effect's ctx carries it, so business code can add child spans.
+	// Its outbox.inbox.outcome attribute is the Outcome ("applied",
+	// "duplicate", "early"). Nil means otel.GetTracerProvider() (read, never
+	// set), a no-op unless the application configured one. Defaults to nil.
+	TracerProvider trace.TracerProvider
 }
 
 // StartReasonDefault is the reason recorded for an aggregate started at its
@@ -174,6 +194,7 @@ type Inbox struct {
 	observer    Observer
 	firstSeen   bool
 	startReason string
+	tracer      trace.Tracer // nil: tracing off
 	lockMark    string
 	insert      string
 	advance     string
@@ -211,6 +232,7 @@ WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3`
 		observer:    cfg.Observer,
 		firstSeen:   cfg.StartAtFirstSeen,
 		startReason: cfg.StartReason,
+		tracer:      tracing.Tracer(cfg.TracerProvider),
 		lockMark:    lockMarkSQL(marks),
 		insert: `INSERT INTO ` + s.Table("processed_events") + ` (consumer_name, event_id) VALUES ($1, $2)
 ON CONFLICT DO NOTHING RETURNING true`,
@@ -262,7 +284,9 @@ func (in *Inbox) Consumer() string { return in.consumer }
 // broker redeliver). See the package documentation for the outcomes.
 func (in *Inbox) Handle(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgx.Tx) error) (Outcome, error) {
 	start := time.Now()
+	ctx, span := in.startSpan(ctx, msg)
 	outcome, err := in.handle(ctx, msg, apply)
+	endSpan(span, outcome, err)
 	in.observe(msg, start, outcome, err)
 	return outcome, err
 }
@@ -274,12 +298,15 @@ func (in *Inbox) Handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 // returned without touching the database (the broker should redeliver).
 func (in *Inbox) HandleMessage(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgx.Tx, msg outbox.Message) error) (Outcome, error) {
 	start := time.Now()
+	ctx, span := in.startSpan(ctx, msg)
 	upgraded, err := in.up.Upcast(msg)
 	if err != nil {
+		endSpan(span, 0, err)
 		in.observe(msg, start, 0, err)
 		return 0, err
 	}
 	outcome, err := in.handle(ctx, upgraded, func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, upgraded) })
+	endSpan(span, outcome, err)
 	in.observe(msg, start, outcome, err)
 	return outcome, err
 }

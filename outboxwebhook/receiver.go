@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/tracing"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // MaxBodyBytesDefault is the largest request body a Receiver reads: the
@@ -28,6 +30,12 @@ type ReceiverOptions struct {
 	// Now is the clock the timestamp is checked against. Defaults to
 	// time.Now.
 	Now func() time.Time
+	// TracerProvider receives a CONSUMER span per event handled, which
+	// continues the trace of the request's traceparent header (the relay's
+	// publish span) and covers the handle function, whose ctx carries it.
+	// Nil means otel.GetTracerProvider() (read, never set), a no-op unless
+	// the application configured one. Defaults to nil.
+	TracerProvider trace.TracerProvider
 }
 
 // Receiver is an http.Handler that accepts the requests of a Publisher:
@@ -37,6 +45,7 @@ type Receiver struct {
 	v      verifier
 	max    int64
 	handle func(ctx context.Context, msg outbox.Message) error
+	tracer trace.Tracer // nil: tracing off
 }
 
 // NewReceiver returns a Receiver that, for each POST:
@@ -47,7 +56,9 @@ type Receiver struct {
 //     (any match will do, so secrets rotate by listing old and new) and the
 //     timestamp against opts.Tolerance: 401 otherwise;
 //  3. decodes the message with Decode: 400 when it is not an outbox event;
-//  4. calls handle with the request's context and answers 204 when it
+//  4. calls handle with the request's context (carrying a CONSUMER span
+//     that continues the message's trace, see opts.TracerProvider) and
+//     answers 204 when it
 //     returns nil, 422 when its error is marked outbox.Permanent (the relay
 //     quarantines the event), and 500 otherwise (the relay retries later),
 //     with a Retry-After header (whole seconds, at least 1) when the error
@@ -82,7 +93,8 @@ func NewReceiver(secrets []string, handle func(ctx context.Context, msg outbox.M
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Receiver{v: verifier{keys: keys, tolerance: opts.Tolerance, now: opts.Now}, max: opts.MaxBodyBytes, handle: handle}, nil
+	return &Receiver{v: verifier{keys: keys, tolerance: opts.Tolerance, now: opts.Now}, max: opts.MaxBodyBytes, handle: handle,
+		tracer: tracing.Tracer(opts.TracerProvider)}, nil
 }
 
 // ServeHTTP implements http.Handler.
@@ -110,7 +122,10 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if err := rc.handle(r.Context(), msg); err != nil {
+	ctx, span := rc.startSpan(r.Context(), &msg)
+	err = rc.handle(ctx, msg)
+	endSpan(span, err)
+	if err != nil {
 		code := http.StatusInternalServerError
 		if outbox.IsPermanent(err) {
 			code = http.StatusUnprocessableEntity

@@ -10,11 +10,12 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
+	"github.com/pgoutbox/outbox/internal/otelexport"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
 func runRelay(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nWaits for the database and the destination at start (retrying with backoff; /readyz answers 503 meanwhile).\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.")
+	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nWaits for the database and the destination at start (retrying with backoff; /readyz answers 503 meanwhile).\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.\nOTEL_TRACES_EXPORTER=console prints a span per event published as a JSON line on stdout (see docs/operations.md, Tracing).")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
@@ -51,6 +52,12 @@ func runRelay(ctx context.Context, args []string) error {
 	common.RuntimeParams = outbox.RelaySessionParams(*syncCommit)
 	cfg.Schema = common.Schema
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	tp, stopTraces, err := otelexport.FromEnv(ctx, "outbox-relay", os.Stdout)
+	if err != nil {
+		return err
+	}
+	defer otelexport.Stop(ctx, stopTraces)
+	cfg.TracerProvider = tp
 	pool, err := common.NewPool()
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/outbox/examples/orders/ordersapi"
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
+	"github.com/pgoutbox/outbox/internal/otelexport"
 )
 
 func logger() *slog.Logger { return slog.New(slog.NewTextHandler(os.Stderr, nil)) }
@@ -29,7 +30,7 @@ func appSchemaFlag(fs *flag.FlagSet) *string {
 }
 
 func runAPI(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("orders", "api", "api [flags]\n\nServes POST /orders, GET /orders/{id} and POST /orders/{id}/cancel. Each command\nwrites its rows and its event in one transaction. With --relay, a relay publishing\nthe events to --destination runs in the same process. Stops on SIGINT/SIGTERM.")
+	fs := cli.NewFlagSet("orders", "api", "api [flags]\n\nServes POST /orders, GET /orders/{id} and POST /orders/{id}/cancel. Each command\nwrites its rows and its event in one transaction. With --relay, a relay publishing\nthe events to --destination runs in the same process. Stops on SIGINT/SIGTERM.\nOTEL_TRACES_EXPORTER=console prints the spans (request, publish) as JSON lines on stdout.")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
@@ -47,7 +48,12 @@ func runAPI(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	svc, err := ordersapi.New(pool, ordersapi.Config{Schema: common.Schema, AppSchema: *appSchema, Logger: log})
+	tp, stopTraces, err := otelexport.FromEnv(ctx, "orders-api", os.Stdout)
+	if err != nil {
+		return err
+	}
+	defer otelexport.Stop(ctx, stopTraces)
+	svc, err := ordersapi.New(pool, ordersapi.Config{Schema: common.Schema, AppSchema: *appSchema, Logger: log, TracerProvider: tp})
 	if err != nil {
 		return err
 	}
@@ -61,7 +67,7 @@ func runAPI(ctx context.Context, args []string) error {
 			return err
 		}
 		defer closePub()
-		relay, err = outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Schema: common.Schema, Logger: log})
+		relay, err = outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Schema: common.Schema, Logger: log, TracerProvider: tp})
 		if err != nil {
 			return err
 		}
@@ -94,7 +100,7 @@ func runAPI(ctx context.Context, args []string) error {
 }
 
 func runInventory(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("orders", "inventory", "inventory [flags]\n\nConsumes the order events from the destination (--destination): from NATS JetStream\nwith a durable pull consumer, from Kafka as a consumer group (the --durable name),\ncommitting offsets only after the inbox transaction committed, or from RabbitMQ\n(amqp://) through the queue \"<exchange>.<durable>\", which it declares and binds,\nacking only after the inbox transaction committed; or, for an http:// webhook URL,\nserves that URL (its host:port and path) and answers the relay's POSTs (secret in\nOUTBOX_WEBHOOK_SECRET): 204 once the inbox transaction committed. It reserves or\nreleases stock, each event applied once and in order per order through the inbox.\nStops on SIGINT/SIGTERM after finishing the messages it holds.")
+	fs := cli.NewFlagSet("orders", "inventory", "inventory [flags]\n\nConsumes the order events from the destination (--destination): from NATS JetStream\nwith a durable pull consumer, from Kafka as a consumer group (the --durable name),\ncommitting offsets only after the inbox transaction committed, or from RabbitMQ\n(amqp://) through the queue \"<exchange>.<durable>\", which it declares and binds,\nacking only after the inbox transaction committed; or, for an http:// webhook URL,\nserves that URL (its host:port and path) and answers the relay's POSTs (secret in\nOUTBOX_WEBHOOK_SECRET): 204 once the inbox transaction committed. It reserves or\nreleases stock, each event applied once and in order per order through the inbox.\nStops on SIGINT/SIGTERM after finishing the messages it holds.\nOTEL_TRACES_EXPORTER=console prints the spans (inbox, stock change) as JSON lines on stdout.")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
@@ -124,6 +130,12 @@ func runInventory(ctx context.Context, args []string) error {
 	cfg.Schema, cfg.AppSchema = common.Schema, *appSchema
 	cfg.Stream, cfg.SubjectPrefix = dest.NATSStream, dest.NATSSubjectPrefix
 	cfg.Logger = log
+	tp, stopTraces, err := otelexport.FromEnv(ctx, "orders-inventory", os.Stdout)
+	if err != nil {
+		return err
+	}
+	defer otelexport.Stop(ctx, stopTraces)
+	cfg.TracerProvider = tp
 	cons, err := inventory.New(pool, cfg)
 	if err != nil {
 		return err

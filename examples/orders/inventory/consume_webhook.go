@@ -54,7 +54,7 @@ func (c *Consumer) WebhookHandler(secrets []string) (http.Handler, error) {
 			return outbox.RetryAfter(fmt.Errorf("%w: not applied yet (an earlier event of order %s is missing, or it failed); try again later",
 				errNotApplied, msg.AggregateID), d)
 		}
-	}, outboxwebhook.ReceiverOptions{})
+	}, outboxwebhook.ReceiverOptions{TracerProvider: c.cfg.TracerProvider})
 }
 
 // RunWebhook serves the relay's POSTs to destinationURL: it listens on the

@@ -28,6 +28,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
@@ -99,6 +100,12 @@ type Config struct {
 	RetryDelay time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// TracerProvider receives the inbox's CONSUMER span of each delivery
+	// (and the webhook receiver's), continuing the trace of the order
+	// request, and a "reserve stock" or "release stock" span inside it. Nil
+	// means otel.GetTracerProvider(), a no-op unless the application set
+	// one.
+	TracerProvider trace.TracerProvider
 }
 
 func (c Config) withDefaults() Config {
@@ -169,6 +176,7 @@ type Consumer struct {
 	inbox *inbox.Inbox
 	log   *slog.Logger
 	q     queries
+	trace trace.Tracer
 
 	delivered, applied, duplicates, early, errs, rejected, anomalies atomic.Int64
 }
@@ -188,13 +196,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	in, err := inbox.New(pool, inbox.Config{Consumer: cfg.InboxConsumer, Schema: cfg.Schema})
+	in, err := inbox.New(pool, inbox.Config{Consumer: cfg.InboxConsumer, Schema: cfg.Schema, TracerProvider: cfg.TracerProvider})
 	if err != nil {
 		return nil, err
 	}
 	stock, res := app.Table("inventory_stock"), app.Table("inventory_reservations")
 	return &Consumer{
-		pool: pool, cfg: cfg, inbox: in, log: cfg.Logger,
+		pool: pool, cfg: cfg, inbox: in, log: cfg.Logger, trace: tracer(cfg.TracerProvider),
 		q: queries{
 			reserve: `INSERT INTO ` + res + ` (order_id, sku, quantity, status, event_id)
 SELECT $1, sku, quantity, 'reserved', $4 FROM unnest($2::text[], $3::int[]) AS i(sku, quantity)`,
@@ -252,8 +260,11 @@ func (c *Consumer) Handle(ctx context.Context, msg outbox.Message) (inbox.Outcom
 	return out, err
 }
 
-// apply is the business effect of one event, inside the inbox transaction.
-func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg outbox.Message) error {
+// apply is the business effect of one event, inside the inbox transaction
+// (and the inbox's span, which ctx carries).
+func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg outbox.Message) (err error) {
+	ctx, span := c.startEffect(ctx, msg)
+	defer func() { endEffect(span, err) }()
 	switch msg.Type {
 	case orderevents.OrderCreated:
 		var p orderevents.OrderCreatedPayload

@@ -43,6 +43,10 @@ const (
 //	GET  /orders/{id}          read an order
 //	POST /orders/{id}/cancel   cancel an order (200; 409 when already cancelled)
 //	GET  /healthz              200 when the database answers
+//
+// Each request runs in an OpenTelemetry SERVER span (Config.TracerProvider)
+// that continues an incoming traceparent header; the events it writes carry
+// the span's trace context to the relay and the consumers.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", s.handleCreate)
@@ -57,7 +61,7 @@ func (s *Service) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	return mux
+	return traced(s.cfg.TracerProvider, mux)
 }
 
 func (s *Service) handleCreate(w http.ResponseWriter, r *http.Request) {

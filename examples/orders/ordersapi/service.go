@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
@@ -126,6 +127,9 @@ type Config struct {
 	AppSchema string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// TracerProvider receives the SERVER span of each request. Nil means
+	// otel.GetTracerProvider(), a no-op unless the application set one.
+	TracerProvider trace.TracerProvider
 }
 
 // Stats are the service's running totals.
