@@ -33,6 +33,7 @@ type Options struct {
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://[user@]host:port[,host:port][?topic=outbox.{aggregate_type}&sasl=scram-sha-512&tls=true&ca_file=...] (SASL password in env OUTBOX_KAFKA_PASSWORD), amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET) (env OUTBOX_DESTINATION; secrets are never printed)")
+	cli.RedactDefault(fs, "destination", Redact)
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
