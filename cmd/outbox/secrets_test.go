@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -133,18 +134,11 @@ func TestCommandsNeverShowDatabaseSecrets(t *testing.T) {
 func TestRelayWaitingForTheDatabaseShowsNoSecret(t *testing.T) {
 	t.Parallel()
 	dsn := fmt.Sprintf("postgres://app:%s@127.0.0.1:%d/shop?sslmode=disable&sslpassword=%s", dbPassword, freePort(t), sslPassword)
-	cmd := exec.Command(outboxBinary(t), "relay", "--metrics-addr", "127.0.0.1:0")
-	cmd.Env = secretEnv(dsn)
-	var out lockedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	relay := startProcess(t, secretEnv(dsn), "relay", "--metrics-addr", "127.0.0.1:0")
 	outboxtest.Eventually(t, 30*time.Second, "the relay logs its second wait for the database", func() bool {
-		return strings.Count(out.String(), "waiting for the database") >= 2
+		return strings.Count(relay.out.String(), "waiting for the database") >= 2
 	})
-	assertNoSecret(t, "the relay's log", out.String())
+	assertNoSecret(t, "the relay's log", relay.out.String())
 }
 
 // TestWrongDatabasePasswordIsNotShown runs the CLI against a private
@@ -195,6 +189,49 @@ func TestWrongDatabasePasswordIsNotShown(t *testing.T) {
 			t.Errorf("%s with the right password: %v\n%s", args, err, out)
 		}
 		assertNoSecret(t, strings.Join(args, " "), out)
+	}
+}
+
+// process is a run of the outbox binary in the background, killed when
+// the test ends.
+type process struct {
+	cmd  *exec.Cmd
+	out  lockedBuffer
+	done chan error
+}
+
+// startProcess starts the outbox binary with env and args.
+func startProcess(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(outboxBinary(t), args...), done: make(chan error, 1)}
+	p.cmd.Env = env
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("outbox %s:\n%s", strings.Join(args, " "), p.out.String())
+		}
+	})
+	return p
+}
+
+// stop ends the process with SIGTERM and waits for it to exit cleanly.
+func (p *process) stop(t *testing.T) {
+	t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if err != nil {
+			t.Errorf("outbox did not stop cleanly on SIGTERM: %v\n%s", err, p.out.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("outbox did not stop within 30s of SIGTERM")
 	}
 }
 
