@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/tlsfiles"
 )
 
 // Defaults for Config.
@@ -108,6 +108,11 @@ func (c Config) String() string {
 // GoString is String: %#v does not print the password either.
 func (c Config) GoString() string { return "outboxkafka.Config" + c.String() }
 
+// tlsFiles are the CA and client certificate files.
+func (c Config) tlsFiles() tlsfiles.Files {
+	return tlsfiles.Files{CA: c.CAFile, Cert: c.CertFile, Key: c.KeyFile}
+}
+
 // usesTLS reports whether the brokers are dialed with TLS.
 func (c Config) usesTLS() bool {
 	return c.TLS || c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" || c.TLSConfig != nil
@@ -158,27 +163,9 @@ func (c Config) tlsConfig() (*tls.Config, error) {
 	if !c.usesTLS() {
 		return nil, nil
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if c.TLSConfig != nil {
-		tc = c.TLSConfig.Clone()
-	}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("outboxkafka: CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("outboxkafka: CA file %s: no PEM certificate in it", c.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("outboxkafka: client certificate %s, key %s: %w", c.CertFile, c.KeyFile, err)
-		}
-		tc.Certificates = append(tc.Certificates, cert)
+	tc, err := c.tlsFiles().Config(c.TLSConfig)
+	if err != nil {
+		return nil, fmt.Errorf("outboxkafka: %w", err)
 	}
 	return tc, nil
 }
