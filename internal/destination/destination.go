@@ -50,13 +50,28 @@ func (o *Options) NATSConfig() outboxnats.Config {
 	return outboxnats.Config{Stream: o.NATSStream, SubjectPrefix: o.NATSSubjectPrefix, Source: o.Source, DuplicateWindow: o.DuplicateWindow}
 }
 
-// ConnectNATS connects to a NATS server and keeps reconnecting forever, so a
-// broker restart is an outage, not the end of the process.
+// ConnectNATS connects to the NATS server of a destination URL (nats:// or
+// tls://, with its TLS files: ca_file, cert_file, key_file) and keeps
+// reconnecting forever, so a broker restart is an outage, not the end of
+// the process.
 func ConnectNATS(rawURL, name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(rawURL, nats.Name(name), nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))
+	server, cfg, err := outboxnats.ParseURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS %s: %w", outboxnats.Redact(rawURL), err)
+		return nil, err
+	}
+	return connectNATS(server, cfg, name)
+}
+
+func connectNATS(server string, cfg outboxnats.Config, name string) (*nats.Conn, error) {
+	opts, err := cfg.ConnectOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, nats.Name(name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))
+	nc, err := nats.Connect(server, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", outboxnats.Redact(server), err)
 	}
 	return nc, nil
 }
@@ -124,7 +139,7 @@ func openNATS(ctx context.Context, o Options, retry func(ctx context.Context, er
 	cfg.AckTimeout, cfg.MaxPending = fromURL.AckTimeout, fromURL.MaxPending
 	// The connection is made (and remade) in the background: a server
 	// that is not up yet is waited for, not an error.
-	nc, err := ConnectNATS(server, "outbox-relay")
+	nc, err := connectNATS(server, fromURL, "outbox-relay")
 	if err != nil {
 		return nil, nil, err
 	}
