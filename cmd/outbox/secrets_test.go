@@ -115,6 +115,17 @@ func TestCommandsNeverShowDatabaseSecrets(t *testing.T) {
 		}
 	}
 	env := secretEnv(fmt.Sprintf("postgres://app:%s@127.0.0.1:%d/shop?sslpassword=%s", dbPassword, port, sslPassword))
+	// The demo describes its destination, then fails on it or on the
+	// database.
+	for _, dest := range []string{
+		"nats://relay:%s@127.0.0.1:%d", "amqp://relay:%s@127.0.0.1:%d/", "kafka://relay:%s@127.0.0.1:%d?sasl=plain", "http://127.0.0.1:%[2]d/hook?token=%[1]s",
+	} {
+		out, err := runWithEnv(t, env, "demo", "--destination", fmt.Sprintf(dest, destinationPass, port))
+		if err == nil {
+			t.Errorf("demo on %s succeeded without a database:\n%s", dest, out)
+		}
+		assertNoSecret(t, "demo on "+dest, out)
+	}
 	for _, args := range [][]string{
 		{"relay", "--help"}, {"status", "--help"}, {"migrate", "--help"}, {"replay", "--help"},
 		{"demo", "--help"}, {"chaos", "--help"}, {"inbox", "status", "--help"}, {"quarantine", "list", "--help"},
