@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/outboxkafka"
 	"github.com/pgoutbox/outbox/outboxnats"
 )
@@ -217,12 +218,8 @@ func Redact(raw string) string {
 			u.User, u.RawQuery, u.Fragment = nil, "", ""
 			return u.String()
 		}
-		return u.Redacted()
 	}
-	if scheme, _, ok := strings.Cut(raw, "://"); ok {
-		return scheme + "://(unparsable URL, not shown)"
-	}
-	return "(unparsable URL, not shown)"
+	return redact.URL(raw)
 }
 
 // openKafka opens a Kafka publisher (outboxkafka) and waits, as OpenWait
