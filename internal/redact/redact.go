@@ -39,9 +39,9 @@ func IsSecretKey(k string) bool { return secretKeys[strings.ToLower(k)] }
 
 // URL returns raw with the password of its user part and the values of
 // query parameters that hold secrets (password, sslpassword, token, key,
-// ...) replaced by Mask. A user name alone stays (a NATS URL's user alone
-// is a token: outboxnats.Redact knows). A URL that does not parse is not
-// shown: the result is its scheme and a note.
+// ...) replaced by Mask. A user name alone stays, except in a nats:// or
+// tls:// URL, where it is a token. A URL that does not parse is not shown:
+// the result is its scheme and a note.
 func URL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || u.Opaque != "" {
@@ -50,6 +50,8 @@ func URL(raw string) string {
 	if u.User != nil {
 		if _, ok := u.User.Password(); ok {
 			u.User = url.UserPassword(u.User.Username(), Mask)
+		} else if u.Scheme == "nats" || u.Scheme == "tls" {
+			u.User = url.User(Mask)
 		}
 	}
 	if u.RawQuery != "" {
