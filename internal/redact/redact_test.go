@@ -57,6 +57,7 @@ func TestURL(t *testing.T) {
 		"https://hooks.example.com/in?Api_Key=s3cret":       "https://hooks.example.com/in?Api_Key=xxxxx",
 		"kafka://relay@k:9092?sasl=plain&ca_file=/ca.pem":   "kafka://relay@k:9092?sasl=plain&ca_file=/ca.pem",
 		"nats://relay:s3cret@n:4222?stream=S":               "nats://relay:xxxxx@n:4222?stream=S",
+		"tls://s3cret@n:4222":                               "tls://xxxxx@n:4222",
 		"http://h/p?%zz=s3cret":                             "http://h/p?(not shown)",
 		"amqp://relay:s3cret@mq:5672/%zz":                   "amqp://(unparsable URL, not shown)",
 		"not a url with s3cret in it: ::":                   "(unparsable URL, not shown)",
