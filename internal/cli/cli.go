@@ -113,6 +113,7 @@ func NewFlagSet(binary, name, usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet(binary+" "+name, flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: %s %s\n\n", binary, usage)
+		hideSecretDefaults(fs)
 		fs.PrintDefaults()
 	}
 	return fs

@@ -15,6 +15,14 @@ func RedactDefault(fs *flag.FlagSet, name string, hide func(string) string) {
 	}
 }
 
+// hideSecretDefaults redacts the defaults of the flags named database-url
+// and destination however they were registered: a backstop for a command
+// that registers them itself without RedactDefault.
+func hideSecretDefaults(fs *flag.FlagSet) {
+	RedactDefault(fs, "database-url", redact.Database)
+	RedactDefault(fs, "destination", redact.URL)
+}
+
 // DatabaseURLFlag adds --database-url (env DATABASE_URL, default
 // DatabaseURLDefault) to fs, its default shown in --help without password
 // or sslpassword.
