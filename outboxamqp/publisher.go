@@ -192,16 +192,34 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("outboxamqp: MaxMessageBytes %d is over RabbitMQ's limit of 512 MiB", cfg.MaxMessageBytes)
 	}
 	p := &Publisher{cfg: cfg, shown: shown}
-	files := cfg.tlsFiles()
-	switch {
-	case u.Scheme == "amqps":
-		if p.tls, err = files.Config(cfg.TLSConfig); err != nil {
-			return nil, fmt.Errorf("outboxamqp: %w", err)
-		}
-	case files.Set() || cfg.TLSConfig != nil:
-		return nil, fmt.Errorf("outboxamqp: broker URL %s: a CA or client certificate needs amqps:// (TLS)", shown)
+	if p.tls, err = cfg.TLSClientConfig(); err != nil {
+		return nil, err
 	}
 	return p, nil
+}
+
+// TLSClientConfig returns the TLS configuration an amqps:// connection
+// uses (TLSConfig with the CA and client certificate files added, reading
+// them), or nil for amqp://, where the files and TLSConfig are refused. A
+// consumer of the same broker passes it to amqp.DialConfig, so that the
+// URL the relay takes configures it too.
+func (c Config) TLSClientConfig() (*tls.Config, error) {
+	files := c.tlsFiles()
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return nil, errors.New("outboxamqp: broker URL: not valid")
+	}
+	if u.Scheme != "amqps" {
+		if files.Set() || c.TLSConfig != nil {
+			return nil, fmt.Errorf("outboxamqp: broker URL %s: a CA or client certificate needs amqps:// (TLS)", redact(c.URL))
+		}
+		return nil, nil
+	}
+	tc, err := files.Config(c.TLSConfig)
+	if err != nil {
+		return nil, fmt.Errorf("outboxamqp: %w", err)
+	}
+	return tc, nil
 }
 
 // tlsFiles are the CA and client certificate files.

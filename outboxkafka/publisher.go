@@ -233,10 +233,7 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 	if cfg.MaxRecordBytes > 1<<30 {
 		return nil, fmt.Errorf("outboxkafka: MaxRecordBytes %d is over 1 GiB", cfg.MaxRecordBytes)
 	}
-	if err := cfg.check(); err != nil {
-		return nil, err
-	}
-	tc, err := cfg.tlsConfig()
+	conn, err := cfg.ConnectOptions()
 	if err != nil {
 		return nil, err
 	}
@@ -244,20 +241,13 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 	// for its acknowledgements, so waiting for more records only adds
 	// latency (10 ms a call with franz-go's default). opts may set one.
 	all := append([]kgo.Opt{kgo.ProducerLinger(0)}, opts...)
+	all = append(all, conn...)
 	all = append(all,
-		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.DialTimeout(cfg.DialTimeout),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxRecordBytes+512)),
 	)
-	if o := cfg.saslOpt(); o != nil {
-		all = append(all, o)
-	}
-	if tc != nil {
-		all = append(all, kgo.DialTLSConfig(tc))
-	}
 	client, err := kgo.NewClient(all...)
 	if err != nil {
 		return nil, fmt.Errorf("outboxkafka: %w", err)
@@ -267,6 +257,33 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 		return nil, errors.New("outboxkafka: idempotent writes cannot be disabled")
 	}
 	return &Publisher{cfg: cfg, client: client}, nil
+}
+
+// ConnectOptions returns the kgo options that reach the cluster as c says:
+// the seed brokers, the dial timeout (DialTimeoutDefault when zero), SASL
+// and TLS, reading the CA and certificate files. A consumer of the same
+// cluster passes them to kgo.NewClient, so that the URL the relay takes
+// configures it too.
+func (c Config) ConnectOptions() ([]kgo.Opt, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	tc, err := c.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	dial := c.DialTimeout
+	if dial <= 0 {
+		dial = DialTimeoutDefault
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.DialTimeout(dial)}
+	if o := c.saslOpt(); o != nil {
+		opts = append(opts, o)
+	}
+	if tc != nil {
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	return opts, nil
 }
 
 // Client returns the publisher's Kafka client.
