@@ -15,7 +15,10 @@
 //
 //	amqp://user:password@host:5672/vhost?exchange=outbox&routing_key=outbox.{aggregate_type}&source=/shop&confirm_timeout=10s&dial_timeout=5s&max_message_bytes=16777216&declare=true
 //
-// amqps:// connects with TLS (port 5671 by default). User, host, port and
+// amqps:// connects with TLS (port 5671 by default), verified against the
+// system's roots or ca_file's (PEM), with a client certificate when
+// cert_file and key_file name one; the files are read by ParseURL (and
+// NewPublisher), and a failed handshake is unavailable. User, host, port and
 // virtual host follow amqp091's URI rules ("/" or no path is the vhost "/";
 // guest:guest when no user is named). Keep the password out of command
 // lines: name the user without one (amqp://relay@host/) and set

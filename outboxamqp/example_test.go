@@ -125,5 +125,5 @@ func ExampleParseURL() {
 	fmt.Println(cfg)
 	// Output:
 	// <nil>
-	// {URL:amqp://relay:xxxxx@mq.internal:5672/shop Exchange:events NoDeclare:false RoutingKey:shop.{aggregate_type} Source: ConfirmTimeout:0s DialTimeout:0s MaxMessageBytes:0}
+	// {URL:amqp://relay:xxxxx@mq.internal:5672/shop Exchange:events NoDeclare:false RoutingKey:shop.{aggregate_type} Source: ConfirmTimeout:0s DialTimeout:0s MaxMessageBytes:0 CAFile: CertFile: KeyFile: TLSConfig:false}
 }

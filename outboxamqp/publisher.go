@@ -2,6 +2,7 @@ package outboxamqp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/tlsfiles"
 )
 
 // Defaults for Config.
@@ -66,12 +68,24 @@ type Config struct {
 	// sent, alone. Keep it at or below the broker's max_message_size.
 	// Defaults to MaxMessageBytesDefault.
 	MaxMessageBytes int
+	// CAFile is a PEM file of the certificate authorities that sign the
+	// broker's certificate, instead of the system's roots. CertFile and
+	// KeyFile are PEM files of a client certificate and its key (both or
+	// neither), for a broker that requires one. They need an amqps:// URL,
+	// and are read by NewPublisher.
+	CAFile, CertFile, KeyFile string
+	// TLSConfig is the TLS configuration to start from for amqps:// (it is
+	// cloned, and CAFile, CertFile and KeyFile are added to the clone). Nil
+	// starts from the system's roots; the server name is the URL's host
+	// unless it sets one.
+	TLSConfig *tls.Config
 }
 
 // String describes the configuration with the URL's password redacted.
 func (c Config) String() string {
-	return fmt.Sprintf("{URL:%s Exchange:%s NoDeclare:%t RoutingKey:%s Source:%s ConfirmTimeout:%s DialTimeout:%s MaxMessageBytes:%d}",
-		redact(c.URL), c.Exchange, c.NoDeclare, c.RoutingKey, c.Source, c.ConfirmTimeout, c.DialTimeout, c.MaxMessageBytes)
+	return fmt.Sprintf("{URL:%s Exchange:%s NoDeclare:%t RoutingKey:%s Source:%s ConfirmTimeout:%s DialTimeout:%s MaxMessageBytes:%d CAFile:%s CertFile:%s KeyFile:%s TLSConfig:%t}",
+		redact(c.URL), c.Exchange, c.NoDeclare, c.RoutingKey, c.Source, c.ConfirmTimeout, c.DialTimeout, c.MaxMessageBytes,
+		c.CAFile, c.CertFile, c.KeyFile, c.TLSConfig != nil)
 }
 
 // GoString is String: %#v does not print the password either.
@@ -119,7 +133,8 @@ func (c Config) withDefaults() Config {
 // after the connection was lost.
 type Publisher struct {
 	cfg   Config
-	shown string // cfg.URL redacted
+	shown string      // cfg.URL redacted
+	tls   *tls.Config // for amqps://, cloned at each dial; nil for amqp://
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
@@ -176,7 +191,40 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	if cfg.MaxMessageBytes > 512<<20 {
 		return nil, fmt.Errorf("outboxamqp: MaxMessageBytes %d is over RabbitMQ's limit of 512 MiB", cfg.MaxMessageBytes)
 	}
-	return &Publisher{cfg: cfg, shown: shown}, nil
+	p := &Publisher{cfg: cfg, shown: shown}
+	if p.tls, err = cfg.TLSClientConfig(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// TLSClientConfig returns the TLS configuration an amqps:// connection
+// uses (TLSConfig with the CA and client certificate files added, reading
+// them), or nil for amqp://, where the files and TLSConfig are refused. A
+// consumer of the same broker passes it to amqp.DialConfig, so that the
+// URL the relay takes configures it too.
+func (c Config) TLSClientConfig() (*tls.Config, error) {
+	files := c.tlsFiles()
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return nil, errors.New("outboxamqp: broker URL: not valid")
+	}
+	if u.Scheme != "amqps" {
+		if files.Set() || c.TLSConfig != nil {
+			return nil, fmt.Errorf("outboxamqp: broker URL %s: a CA or client certificate needs amqps:// (TLS)", redact(c.URL))
+		}
+		return nil, nil
+	}
+	tc, err := files.Config(c.TLSConfig)
+	if err != nil {
+		return nil, fmt.Errorf("outboxamqp: %w", err)
+	}
+	return tc, nil
+}
+
+// tlsFiles are the CA and client certificate files.
+func (c Config) tlsFiles() tlsfiles.Files {
+	return tlsfiles.Files{CA: c.CAFile, Cert: c.CertFile, Key: c.KeyFile}
 }
 
 // redactIn replaces u's password in s, should s repeat it.
@@ -231,7 +279,12 @@ func (p *Publisher) connectLocked(ctx context.Context) error {
 	}
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("outbox relay")
+	var tc *tls.Config
+	if p.tls != nil {
+		tc = p.tls.Clone() // amqp091 sets its ServerName
+	}
 	conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
+		TLSClientConfig: tc,
 		Dial: func(network, addr string) (net.Conn, error) {
 			d := net.Dialer{Timeout: timeout}
 			c, err := d.DialContext(ctx, network, addr)

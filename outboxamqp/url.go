@@ -19,7 +19,10 @@ const PasswordEnv = "OUTBOX_AMQP_PASSWORD"
 //
 //	amqp://user:password@host:5672/vhost?exchange=outbox&routing_key=outbox.{aggregate_type}&source=/shop&confirm_timeout=10s&dial_timeout=5s&max_message_bytes=16777216&declare=true
 //
-// or amqps://... for TLS (port 5671 when left out). The user, host, port and
+// or amqps://...?ca_file=/etc/ca.pem&cert_file=/etc/relay.pem&key_file=/etc/relay.key
+// for TLS (port 5671 when left out), verified against the system's roots or
+// ca_file's, with a client certificate when cert_file and key_file name
+// one; the files are read and checked here. The user, host, port and
 // virtual host are amqp091's (a path "/" or none is the default vhost "/";
 // "/shop" is "shop"; guest:guest when no user is named). When the URL names
 // a user without a password, the password is taken from the environment
@@ -67,12 +70,18 @@ func ParseURL(raw string) (Config, error) {
 			cfg.DialTimeout, err = urlopt.Duration(v)
 		case "max_message_bytes":
 			cfg.MaxMessageBytes, err = urlopt.Int(v)
+		case "ca_file":
+			cfg.CAFile = v
+		case "cert_file":
+			cfg.CertFile = v
+		case "key_file":
+			cfg.KeyFile = v
 		case "declare":
 			var declare bool
 			declare, err = strconv.ParseBool(v)
 			cfg.NoDeclare = !declare
 		default:
-			err = errors.New("unknown parameter (known: exchange, routing_key, source, confirm_timeout, dial_timeout, max_message_bytes, declare)")
+			err = errors.New("unknown parameter (known: exchange, routing_key, source, confirm_timeout, dial_timeout, max_message_bytes, declare, ca_file, cert_file, key_file)")
 		}
 		if err != nil {
 			return Config{}, fmt.Errorf("outboxamqp: destination %s: %s=%q: %w", shown, k, v, err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/outbox"
@@ -289,5 +290,40 @@ func TestConfigStringHidesPassword(t *testing.T) {
 	}
 	if s := fmt.Sprintf("%v", &cfg); strings.Contains(s, rightPassword) {
 		t.Errorf("pointer: %s", s)
+	}
+}
+
+// TestConnectOptions: the options ConnectOptions derives from a URL with
+// SASL and mutual TLS reach such a cluster (a consumer's client pings it),
+// while a client with the brokers alone does not.
+func TestConnectOptions(t *testing.T) {
+	p := newPKI(t)
+	c := secureCluster(t, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{p.server}, ClientCAs: p.pool, ClientAuth: tls.RequireAndVerifyClientCert}),
+		kfake.EnableSASL(), kfake.Superuser(outboxkafka.SASLScramSHA512, "relay", rightPassword))
+	t.Setenv(outboxkafka.PasswordEnv, rightPassword)
+	cfg, err := outboxkafka.ParseURL(fmt.Sprintf("kafka://relay@%s?sasl=scram-sha-512&ca_file=%s&cert_file=%s&key_file=%s",
+		strings.Join(c.ListenAddrs(), ","), p.caFile, p.certFile, p.keyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := cfg.ConnectOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ping := func(opts ...kgo.Opt) error {
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(testCtx(t), 3*time.Second)
+		defer cancel()
+		return cl.Ping(ctx)
+	}
+	if err := ping(opts...); err != nil {
+		t.Fatalf("a client with ConnectOptions: %v", err)
+	}
+	if err := ping(kgo.SeedBrokers(c.ListenAddrs()...)); err == nil {
+		t.Fatal("a client with the brokers alone reached a SASL over mutual TLS cluster")
 	}
 }

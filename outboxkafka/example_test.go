@@ -109,11 +109,11 @@ func ExampleTopic() {
 
 // ExampleParseURL reads a destination URL that authenticates with SCRAM over
 // TLS; the password comes from OUTBOX_KAFKA_PASSWORD (set by the deployment,
-// here by the example) and is never printed.
+// here by the example) and is never printed. The CA file is read at once.
 func ExampleParseURL() {
 	os.Setenv(outboxkafka.PasswordEnv, "s3cret-from-the-vault")
 	defer os.Unsetenv(outboxkafka.PasswordEnv)
-	cfg, err := outboxkafka.ParseURL("kafka://relay@k1:9092,k2?sasl=scram-sha-512&tls=true&ca_file=/etc/kafka/ca.pem")
+	cfg, err := outboxkafka.ParseURL("kafka://relay@k1:9092,k2?sasl=scram-sha-512&tls=true&ca_file=testdata/example-ca.pem")
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -124,8 +124,8 @@ func ExampleParseURL() {
 	_, err = outboxkafka.ParseURL("kafka://relay@k1:9092")
 	fmt.Println(err)
 	// Output:
-	// [k1:9092 k2:9092] SCRAM-SHA-512 relay true /etc/kafka/ca.pem
+	// [k1:9092 k2:9092] SCRAM-SHA-512 relay true testdata/example-ca.pem
 	// true
-	// {Brokers:[k1:9092 k2:9092] Topic: Source: DeliveryTimeout:0s DialTimeout:0s MaxRecordBytes:0 SASLMechanism:SCRAM-SHA-512 User:relay Password:xxxxx TLS:true CAFile:/etc/kafka/ca.pem CertFile: KeyFile: TLSConfig:false}
+	// {Brokers:[k1:9092 k2:9092] Topic: Source: DeliveryTimeout:0s DialTimeout:0s MaxRecordBytes:0 SASLMechanism:SCRAM-SHA-512 User:relay Password:xxxxx TLS:true CAFile:testdata/example-ca.pem CertFile: KeyFile: TLSConfig:false}
 	// outboxkafka: destination kafka://relay@k1:9092: a user needs sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512
 }

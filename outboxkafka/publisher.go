@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/tlsfiles"
 )
 
 // Defaults for Config.
@@ -108,6 +108,11 @@ func (c Config) String() string {
 // GoString is String: %#v does not print the password either.
 func (c Config) GoString() string { return "outboxkafka.Config" + c.String() }
 
+// tlsFiles are the CA and client certificate files.
+func (c Config) tlsFiles() tlsfiles.Files {
+	return tlsfiles.Files{CA: c.CAFile, Cert: c.CertFile, Key: c.KeyFile}
+}
+
 // usesTLS reports whether the brokers are dialed with TLS.
 func (c Config) usesTLS() bool {
 	return c.TLS || c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" || c.TLSConfig != nil
@@ -158,27 +163,9 @@ func (c Config) tlsConfig() (*tls.Config, error) {
 	if !c.usesTLS() {
 		return nil, nil
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if c.TLSConfig != nil {
-		tc = c.TLSConfig.Clone()
-	}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("outboxkafka: CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("outboxkafka: CA file %s: no PEM certificate in it", c.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("outboxkafka: client certificate %s, key %s: %w", c.CertFile, c.KeyFile, err)
-		}
-		tc.Certificates = append(tc.Certificates, cert)
+	tc, err := c.tlsFiles().Config(c.TLSConfig)
+	if err != nil {
+		return nil, fmt.Errorf("outboxkafka: %w", err)
 	}
 	return tc, nil
 }
@@ -246,10 +233,7 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 	if cfg.MaxRecordBytes > 1<<30 {
 		return nil, fmt.Errorf("outboxkafka: MaxRecordBytes %d is over 1 GiB", cfg.MaxRecordBytes)
 	}
-	if err := cfg.check(); err != nil {
-		return nil, err
-	}
-	tc, err := cfg.tlsConfig()
+	conn, err := cfg.ConnectOptions()
 	if err != nil {
 		return nil, err
 	}
@@ -257,20 +241,13 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 	// for its acknowledgements, so waiting for more records only adds
 	// latency (10 ms a call with franz-go's default). opts may set one.
 	all := append([]kgo.Opt{kgo.ProducerLinger(0)}, opts...)
+	all = append(all, conn...)
 	all = append(all,
-		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.DialTimeout(cfg.DialTimeout),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxRecordBytes+512)),
 	)
-	if o := cfg.saslOpt(); o != nil {
-		all = append(all, o)
-	}
-	if tc != nil {
-		all = append(all, kgo.DialTLSConfig(tc))
-	}
 	client, err := kgo.NewClient(all...)
 	if err != nil {
 		return nil, fmt.Errorf("outboxkafka: %w", err)
@@ -280,6 +257,33 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 		return nil, errors.New("outboxkafka: idempotent writes cannot be disabled")
 	}
 	return &Publisher{cfg: cfg, client: client}, nil
+}
+
+// ConnectOptions returns the kgo options that reach the cluster as c says:
+// the seed brokers, the dial timeout (DialTimeoutDefault when zero), SASL
+// and TLS, reading the CA and certificate files. A consumer of the same
+// cluster passes them to kgo.NewClient, so that the URL the relay takes
+// configures it too.
+func (c Config) ConnectOptions() ([]kgo.Opt, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	tc, err := c.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	dial := c.DialTimeout
+	if dial <= 0 {
+		dial = DialTimeoutDefault
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.DialTimeout(dial)}
+	if o := c.saslOpt(); o != nil {
+		opts = append(opts, o)
+	}
+	if tc != nil {
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	return opts, nil
 }
 
 // Client returns the publisher's Kafka client.

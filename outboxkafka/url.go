@@ -32,8 +32,10 @@ const PasswordEnv = "OUTBOX_KAFKA_PASSWORD"
 // so that it need not appear in a command line, unless the URL has one
 // (user:password@, percent-encoded). tls=true dials the brokers with TLS,
 // verified against the system's roots or ca_file (PEM); cert_file and
-// key_file (PEM, both or neither) are the client's certificate. Unknown
-// parameters are refused. Errors never repeat the password.
+// key_file (PEM, both or neither) are the client's certificate; the files
+// are read and checked here, so that a bad one is an error at once (naming
+// the option and the file). Unknown parameters are refused. Errors never
+// repeat the password.
 func ParseURL(raw string) (Config, error) {
 	cfg, err := parseURL(raw)
 	if err != nil && suspect(raw) {
@@ -164,6 +166,10 @@ func parseURL(raw string) (Config, error) {
 		if cfg.Password == "" {
 			return Config{}, fmt.Errorf("outboxkafka: destination %s: no password for user %q: set %s", shown, cfg.User, PasswordEnv)
 		}
+	}
+	if err := cfg.tlsFiles().Check(); err != nil {
+		// Read now, so that a bad file stops the relay at start.
+		return Config{}, fmt.Errorf("outboxkafka: destination %s: %w", shown, err)
 	}
 	if err := cfg.check(); err != nil {
 		return Config{}, fmt.Errorf("outboxkafka: destination %s: %s", shown, strings.TrimPrefix(err.Error(), "outboxkafka: "))

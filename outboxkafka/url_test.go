@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgoutbox/outbox/internal/testcert"
 	"github.com/pgoutbox/outbox/outboxkafka"
 )
 
@@ -57,12 +58,14 @@ func TestParseURL(t *testing.T) {
 func TestParseURLCredentials(t *testing.T) {
 	const pw = "Pw-s3cret-e81"
 	t.Setenv(outboxkafka.PasswordEnv, pw)
-	cfg, err := outboxkafka.ParseURL("kafka://relay@k1,k2:9093?sasl=scram-sha-512&tls=true&ca_file=/etc/ca.pem&cert_file=/etc/c.pem&key_file=/etc/c.key")
+	ca := testcert.NewCA(t, "kafka")
+	client := ca.Client(t, "client", "relay")
+	cfg, err := outboxkafka.ParseURL("kafka://relay@k1,k2:9093?sasl=scram-sha-512&tls=true&ca_file=" + ca.CertFile + "&cert_file=" + client.CertFile + "&key_file=" + client.KeyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.User != "relay" || cfg.Password != pw || cfg.SASLMechanism != outboxkafka.SASLScramSHA512 || !cfg.TLS ||
-		cfg.CAFile != "/etc/ca.pem" || cfg.CertFile != "/etc/c.pem" || cfg.KeyFile != "/etc/c.key" ||
+		cfg.CAFile != ca.CertFile || cfg.CertFile != client.CertFile || cfg.KeyFile != client.KeyFile ||
 		!slices.Equal(cfg.Brokers, []string{"k1:9092", "k2:9093"}) {
 		t.Fatalf("ParseURL = %v", cfg)
 	}
@@ -72,27 +75,30 @@ func TestParseURLCredentials(t *testing.T) {
 		t.Fatalf("ParseURL with a password: %v, %v", cfg, err)
 	}
 	// A CA file alone implies TLS.
-	if cfg, err := outboxkafka.ParseURL("kafka://k1?ca_file=/etc/ca.pem"); err != nil || !cfg.TLS {
+	if cfg, err := outboxkafka.ParseURL("kafka://k1?ca_file=" + ca.CertFile); err != nil || !cfg.TLS {
 		t.Fatalf("ca_file alone: %v, %v", cfg, err)
 	}
 	if cfg, err := outboxkafka.ParseURL("kafka://relay@k1?sasl=scram-sha-256"); err != nil || cfg.SASLMechanism != outboxkafka.SASLScramSHA256 {
 		t.Fatalf("scram-sha-256: %v, %v", cfg, err)
 	}
 	for raw, want := range map[string]string{
-		"kafka://relay@k1":                                    "sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512",
-		"kafka://relay:" + pw + "@k1":                         "sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512",
-		"kafka://k1?sasl=plain":                               "needs a user",
-		"kafka://relay:" + pw + "@k1?sasl=gssapi":             "known: plain, scram-sha-256, scram-sha-512",
-		"kafka://relay:" + pw + "@k1?sasl=plain&tls=maybe":    "tls=",
-		"kafka://relay:" + pw + "@k1?tls=false&ca_file=/x":    "tls=false",
-		"kafka://relay:" + pw + "@k1?sasl=plain&cert_file=/x": "CertFile and KeyFile",
-		"kafka://relay:" + pw + "%zz@k1?sasl=plain":           "percent-encoding",
-		"kafka://relay:" + pw + "@k1:99999?sasl=plain":        "bad port",
-		"kafka://relay:" + pw + "@k1?sasl=plain&bogus=1":      "unknown parameter",
-		"kafka://:" + pw + "@k1?sasl=plain":                   "bad user",
-		"kafka://relay:pa/" + pw + "@k1?sasl=plain":           "not shown",
-		"kafka://relay:pa?" + pw + "@k1?sasl=plain":           "not shown",
-		"kafka://relay:pa#" + pw + "@k1?sasl=plain":           "not shown",
+		"kafka://relay@k1":                                                                                 "sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512",
+		"kafka://relay:" + pw + "@k1":                                                                      "sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512",
+		"kafka://k1?sasl=plain":                                                                            "needs a user",
+		"kafka://relay:" + pw + "@k1?sasl=gssapi":                                                          "known: plain, scram-sha-256, scram-sha-512",
+		"kafka://relay:" + pw + "@k1?sasl=plain&tls=maybe":                                                 "tls=",
+		"kafka://relay:" + pw + "@k1?tls=false&ca_file=/x":                                                 "tls=false",
+		"kafka://relay:" + pw + "@k1?sasl=plain&cert_file=/x":                                              "cert_file and key_file go together",
+		"kafka://relay:" + pw + "@k1?sasl=plain&ca_file=/no":                                               "ca_file /no: no such file or directory",
+		"kafka://relay:" + pw + "@k1?sasl=plain&ca_file=" + client.KeyFile:                                 "no PEM certificate",
+		"kafka://relay:" + pw + "@k1?sasl=plain&cert_file=" + client.CertFile + "&key_file=" + ca.CertFile: "key_file",
+		"kafka://relay:" + pw + "%zz@k1?sasl=plain":                                                        "percent-encoding",
+		"kafka://relay:" + pw + "@k1:99999?sasl=plain":                                                     "bad port",
+		"kafka://relay:" + pw + "@k1?sasl=plain&bogus=1":                                                   "unknown parameter",
+		"kafka://:" + pw + "@k1?sasl=plain":                                                                "bad user",
+		"kafka://relay:pa/" + pw + "@k1?sasl=plain":                                                        "not shown",
+		"kafka://relay:pa?" + pw + "@k1?sasl=plain":                                                        "not shown",
+		"kafka://relay:pa#" + pw + "@k1?sasl=plain":                                                        "not shown",
 	} {
 		_, err := outboxkafka.ParseURL(raw)
 		if err == nil {

@@ -18,6 +18,20 @@
 // Several systems (or test runs) share one server by using different stream
 // names and prefixes.
 //
+// # Destination URL and TLS
+//
+// [ParseURL] reads the URL "outbox relay --destination" takes,
+// nats://host:4222?stream=OUTBOX&subject_prefix=outbox&..., into the
+// server to connect to and a [Config]. tls:// connects with TLS; ca_file,
+// cert_file and key_file (PEM) name the CAs that sign the server's
+// certificate and a client certificate, are read by ParseURL, and become
+// nats.Connect options through [Config.ConnectOptions], since the
+// publisher uses the connection it is given:
+//
+//	server, cfg, err := outboxnats.ParseURL("tls://relay@nats:4222?ca_file=/etc/ca.pem&cert_file=/etc/relay.pem&key_file=/etc/relay.key")
+//	opts, err := cfg.ConnectOptions()
+//	nc, err := nats.Connect(server, opts...)
+//
 // # Message format
 //
 // Messages are CloudEvents 1.0 in binary content mode: the data is the

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/tlsfiles"
 )
 
 // Defaults for Config.
@@ -46,6 +47,30 @@ type Config struct {
 	// calls. Larger batches are sent as acknowledgements free room. Defaults
 	// to MaxPendingDefault.
 	MaxPending int
+	// CAFile, CertFile and KeyFile are PEM files for a TLS connection to
+	// the server: the certificate authorities that sign its certificate
+	// (instead of the system's roots), and a client certificate with its
+	// key (both or neither). The Publisher publishes on the caller's
+	// connection and does not read them: ParseURL sets them from the URL's
+	// ca_file, cert_file and key_file, and ConnectOptions turns them into
+	// options for nats.Connect.
+	CAFile, CertFile, KeyFile string
+}
+
+// ConnectOptions returns the nats.Connect options for c's TLS files: none
+// when no file is named, otherwise TLS (nats.Secure) verified against
+// CAFile's certificates, with CertFile and KeyFile as the client
+// certificate. It reads the files; errors name the option and the file.
+func (c Config) ConnectOptions() ([]nats.Option, error) {
+	files := tlsfiles.Files{CA: c.CAFile, Cert: c.CertFile, Key: c.KeyFile}
+	if !files.Set() {
+		return nil, nil
+	}
+	tc, err := files.Config(nil)
+	if err != nil {
+		return nil, fmt.Errorf("outboxnats: %w", err)
+	}
+	return []nats.Option{nats.Secure(tc)}, nil
 }
 
 func (c Config) withDefaults() Config {

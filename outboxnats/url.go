@@ -16,7 +16,9 @@ import (
 //
 // The scheme is nats or tls (TLS to the server); user and password, or a
 // token, in the URL are passed to the NATS client as they are, and errors
-// never repeat the password. The host part may list several servers,
+// never repeat the password. ca_file, cert_file and key_file (PEM) set the
+// TLS files (Config.ConnectOptions), imply TLS, and are read and checked
+// here. The host part may list several servers,
 // separated by commas. Every query parameter is optional and sets the
 // Config field of its name, with the same defaults; unknown parameters are
 // refused. The server URL returned has no query.
@@ -63,12 +65,22 @@ func ParseURL(raw string) (server string, cfg Config, err error) {
 			cfg.AckTimeout, err = urlopt.Duration(v)
 		case "max_pending":
 			cfg.MaxPending, err = urlopt.Int(v)
+		case "ca_file":
+			cfg.CAFile = v
+		case "cert_file":
+			cfg.CertFile = v
+		case "key_file":
+			cfg.KeyFile = v
 		default:
-			err = errors.New("unknown parameter (known: stream, subject_prefix, source, duplicate_window, ack_timeout, max_pending)")
+			err = errors.New("unknown parameter (known: stream, subject_prefix, source, duplicate_window, ack_timeout, max_pending, ca_file, cert_file, key_file)")
 		}
 		if err != nil {
 			return "", Config{}, fmt.Errorf("outboxnats: destination %s: %s=%q: %w", shown, k, v, err)
 		}
+	}
+	if _, err := cfg.ConnectOptions(); err != nil {
+		// Read now, so that a bad file stops the relay at start.
+		return "", Config{}, fmt.Errorf("outboxnats: destination %s: %s", shown, strings.TrimPrefix(err.Error(), "outboxnats: "))
 	}
 	return server, cfg, nil
 }

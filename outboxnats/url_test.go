@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgoutbox/outbox/internal/testcert"
 	"github.com/pgoutbox/outbox/outboxnats"
 )
 
@@ -50,6 +51,42 @@ func TestParseURLRefusesAndRedacts(t *testing.T) {
 	} {
 		if got := outboxnats.Redact(raw); got != want {
 			t.Errorf("Redact(%q) = %q, want %q", raw, got, want)
+		}
+	}
+}
+
+// TestParseURLTLSFiles: ca_file, cert_file and key_file set the TLS files,
+// are read at once (a bad one is an error naming the option and the file),
+// and make ConnectOptions return TLS; no error repeats the password.
+func TestParseURLTLSFiles(t *testing.T) {
+	t.Parallel()
+	ca := testcert.NewCA(t, "nats")
+	client := ca.Client(t, "client", "relay")
+	server, cfg, err := outboxnats.ParseURL("tls://relay:s3cret@h:4222?stream=S&ca_file=" + ca.CertFile + "&cert_file=" + client.CertFile + "&key_file=" + client.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if server != "tls://relay:s3cret@h:4222" || cfg.Stream != "S" || cfg.CAFile != ca.CertFile || cfg.CertFile != client.CertFile || cfg.KeyFile != client.KeyFile {
+		t.Fatalf("ParseURL = %s, %+v", server, cfg)
+	}
+	if opts, err := cfg.ConnectOptions(); err != nil || len(opts) != 1 {
+		t.Fatalf("ConnectOptions = %d options, %v; want TLS", len(opts), err)
+	}
+	if opts, err := (outboxnats.Config{}).ConnectOptions(); err != nil || len(opts) != 0 {
+		t.Fatalf("ConnectOptions without files = %d options, %v; want none", len(opts), err)
+	}
+	for raw, want := range map[string]string{
+		"nats://relay:s3cret@h?ca_file=/no":                                   "ca_file /no: no such file or directory",
+		"nats://relay:s3cret@h?key_file=" + client.KeyFile:                    "cert_file and key_file go together",
+		"nats://relay:s3cret@h?ca_file=" + client.KeyFile:                     "no PEM certificate",
+		"nats://relay:s3cret@h?cert_file=" + client.CertFile + "&key_file=/n": "key_file /n: no such file",
+	} {
+		_, _, err := outboxnats.ParseURL(raw)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseURL(%q) = %v, want an error saying %q", raw, err, want)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("ParseURL(%q): %v repeats the password", raw, err)
 		}
 	}
 }

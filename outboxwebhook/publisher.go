@@ -3,15 +3,12 @@ package outboxwebhook
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/tlsfiles"
 )
 
 // Defaults for Config.
@@ -159,6 +157,12 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	return &Publisher{cfg: cfg, url: u, shown: shown, keys: keys, client: client, now: time.Now}, nil
 }
 
+// tlsFiles are the CA and client certificate files, named as the URL's
+// options in errors.
+func (c Config) tlsFiles() tlsfiles.Files {
+	return tlsfiles.Files{CA: c.CAFile, Cert: c.CertFile, Key: c.KeyFile, Prefix: OptionPrefix}
+}
+
 // noRedirect makes a client return a redirect response as it is.
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
@@ -173,27 +177,9 @@ func newClient(cfg Config) (*http.Client, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = cfg.Concurrency
-	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if cfg.CAFile != "" {
-		pem, err := os.ReadFile(cfg.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("outboxwebhook: CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("outboxwebhook: CA file %s: no PEM certificate in it", cfg.CAFile)
-		}
-		tlsCfg.RootCAs = pool
-	}
-	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
-		return nil, errors.New("outboxwebhook: CertFile and KeyFile go together")
-	}
-	if cfg.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("outboxwebhook: client certificate: %w", err)
-		}
-		tlsCfg.Certificates = []tls.Certificate{cert}
+	tlsCfg, err := cfg.tlsFiles().Config(nil)
+	if err != nil {
+		return nil, fmt.Errorf("outboxwebhook: %w", err)
 	}
 	tr.TLSClientConfig = tlsCfg
 	return &http.Client{Transport: tr, CheckRedirect: noRedirect}, nil

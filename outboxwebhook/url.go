@@ -23,7 +23,8 @@ const OptionPrefix = "outbox_"
 // outbox_max_response_bytes, outbox_ca_file, outbox_cert_file and
 // outbox_key_file set the Config field of the same name; an unknown outbox_
 // parameter is refused. Every other parameter is the endpoint's own and is
-// kept exactly as written. Credentials in the URL and fragments are
+// kept exactly as written. The TLS files are read and checked here (an
+// unreadable one is an error naming its option). Credentials in the URL and fragments are
 // refused; the signing secrets never go in the URL (see EnvSecret). Errors
 // show the URL without its query, which may hold an endpoint's token.
 func ParseURL(raw string) (Config, error) {
@@ -63,6 +64,10 @@ func ParseURL(raw string) (Config, error) {
 		if err != nil {
 			return Config{}, fmt.Errorf("outboxwebhook: destination %s: %s: %w", shown, k, err)
 		}
+	}
+	if err := cfg.tlsFiles().Check(); err != nil {
+		// Read now, so that a bad file stops the relay at start.
+		return Config{}, fmt.Errorf("outboxwebhook: destination %s: %w", shown, err)
 	}
 	u.RawQuery = strings.Join(kept, "&")
 	u.ForceQuery = false

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgoutbox/outbox/internal/testcert"
 	"github.com/pgoutbox/outbox/outboxwebhook"
 )
 
@@ -13,12 +14,14 @@ import (
 // endpoint's own query stays as written; what cannot be honoured is refused.
 func TestParseURL(t *testing.T) {
 	t.Parallel()
-	cfg, err := outboxwebhook.ParseURL("https://hooks.example.com:8443/in/outbox?key=a%2Fb&outbox_source=/shop&outbox_timeout=5s&x=1&outbox_concurrency=4&outbox_max_response_bytes=2048&outbox_ca_file=/etc/ca.pem&outbox_cert_file=/c.pem&outbox_key_file=/k.pem")
+	ca := testcert.NewCA(t, "hook")
+	client := ca.Client(t, "client", "relay")
+	cfg, err := outboxwebhook.ParseURL("https://hooks.example.com:8443/in/outbox?key=a%2Fb&outbox_source=/shop&outbox_timeout=5s&x=1&outbox_concurrency=4&outbox_max_response_bytes=2048&outbox_ca_file=" + ca.CertFile + "&outbox_cert_file=" + client.CertFile + "&outbox_key_file=" + client.KeyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := outboxwebhook.Config{URL: "https://hooks.example.com:8443/in/outbox?key=a%2Fb&x=1", Source: "/shop", Timeout: 5 * time.Second,
-		Concurrency: 4, MaxResponseBytes: 2048, CAFile: "/etc/ca.pem", CertFile: "/c.pem", KeyFile: "/k.pem"}
+		Concurrency: 4, MaxResponseBytes: 2048, CAFile: ca.CertFile, CertFile: client.CertFile, KeyFile: client.KeyFile}
 	if fmt.Sprint(cfg) != fmt.Sprint(want) || cfg.URL != want.URL {
 		t.Fatalf("ParseURL = %v (URL %s), want %v (URL %s)", cfg, cfg.URL, want, want.URL)
 	}
@@ -26,15 +29,18 @@ func TestParseURL(t *testing.T) {
 		t.Fatalf("plain URL: %v, %v", cfg, err)
 	}
 	for raw, wantErr := range map[string]string{
-		"ftp://h/x":                               "scheme",
-		"https://user:hunter2@h/x":                "credentials",
-		"https://hunter2@h/x":                     "credentials",
-		"https:///x":                              "no host",
-		"https://h/x#frag":                        "fragment",
-		"https://h/x?outbox_timeout=-1s":          "not a positive duration",
-		"https://h/x?outbox_concurrency=0":        "not a positive number",
-		"https://h/x?outbox_secret=whsec_abc":     "unknown option",
-		"https://h/x?outbox_max_response_bytes=z": "invalid syntax",
+		"ftp://h/x":                                                   "scheme",
+		"https://user:hunter2@h/x":                                    "credentials",
+		"https://hunter2@h/x":                                         "credentials",
+		"https:///x":                                                  "no host",
+		"https://h/x#frag":                                            "fragment",
+		"https://h/x?outbox_timeout=-1s":                              "not a positive duration",
+		"https://h/x?outbox_concurrency=0":                            "not a positive number",
+		"https://h/x?outbox_secret=whsec_abc":                         "unknown option",
+		"https://h/x?outbox_max_response_bytes=z":                     "invalid syntax",
+		"https://h/x?key=hunter2&outbox_ca_file=/no":                  "outbox_ca_file /no: no such file or directory",
+		"https://h/x?key=hunter2&outbox_cert_file=" + client.CertFile: "outbox_cert_file and outbox_key_file go together",
+		"https://h/x?key=hunter2&outbox_cert_file=" + client.CertFile + "&outbox_key_file=" + ca.CertFile: "outbox_key_file",
 	} {
 		_, err := outboxwebhook.ParseURL(raw)
 		if err == nil || !strings.Contains(err.Error(), wantErr) {

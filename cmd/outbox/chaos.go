@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/outbox/internal/chaos"
 	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/internal/destination"
 )
 
 const chaosUsage = `chaos --duration D --seed S [flags]
@@ -45,11 +46,12 @@ the same schedule of faults (--print-schedule lists it).`
 func runChaos(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "chaos", chaosUsage)
 	var cfg chaos.Config
-	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", cli.DatabaseURLDefault), "PostgreSQL connection URL (env DATABASE_URL)")
+	cli.DatabaseURLFlag(fs, &cfg.DatabaseURL)
 	fs.DurationVar(&cfg.Duration, "duration", time.Minute, "how long to drive commands and inject faults")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule and the command mix (0: random, printed)")
 	ordersBin := fs.String("orders-bin", cli.Env("OUTBOX_CHAOS_ORDERS_BIN", ""), "the orders binary (env OUTBOX_CHAOS_ORDERS_BIN; default: 'orders' beside this binary, else built with the go tool from this module)")
 	fs.StringVar(&cfg.Destination, "destination", cli.Env("OUTBOX_CHAOS_DESTINATION", "nats"), "nats, kafka, amqp, webhook, or a URL: nats://host:port, kafka://host:port, amqp://user:password@host:port/, http://host:port/path (env OUTBOX_CHAOS_DESTINATION)")
+	cli.RedactDefault(fs, "destination", destination.Redact)
 	natsServer := fs.String("nats-server", cli.Env("OUTBOX_CHAOS_NATS_SERVER", ""), "nats-server executable to run as the broker, or 'embedded' (default: nats-server on PATH or /usr/sbin/nats-server, else embedded)")
 	fs.IntVar(&cfg.Relays, "relays", 2, "relay processes")
 	fs.IntVar(&cfg.Consumers, "consumers", 2, "inventory consumer processes")

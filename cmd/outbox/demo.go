@@ -72,8 +72,9 @@ the same checker as "outbox chaos". Each run uses a fresh schema and stream
 the end unless --keep.
 Exits non-zero if a check fails.`)
 	var f demoFlags
-	fs.StringVar(&f.databaseURL, "database-url", cli.Env("DATABASE_URL", cli.DatabaseURLDefault), "PostgreSQL connection URL (env DATABASE_URL)")
+	cli.DatabaseURLFlag(fs, &f.databaseURL)
 	fs.StringVar(&f.dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", "nats"), "nats (an embedded server), kafka (an in-process kfake cluster), amqp (the machine's RabbitMQ), webhook (the consumer's HTTP server on a free port), or a URL: nats://host:port, kafka://host:port, amqp://user:password@host:port/, http://host:port/path (env OUTBOX_DESTINATION)")
+	cli.RedactDefault(fs, "destination", destination.Redact)
 	fs.StringVar(&f.dest.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
 	fs.IntVar(&f.orders, "orders", 200, "commands to send: order creates, and cancellations, rollbacks and retries among them")
 	fs.IntVar(&f.concurrency, "concurrency", 8, "concurrent HTTP clients")

@@ -105,6 +105,7 @@ func runInventory(ctx context.Context, args []string) error {
 	var dest destination.Options
 	common.Register(fs)
 	fs.StringVar(&dest.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where the events are: "+inventory.Schemes+" (env OUTBOX_DESTINATION)")
+	cli.RedactDefault(fs, "destination", destination.Redact)
 	dest.RegisterNATS(fs)
 	appSchema := appSchemaFlag(fs)
 	var cfg inventory.Config

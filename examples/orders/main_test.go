@@ -241,3 +241,26 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretsNotShown: with a password in DATABASE_URL and in the
+// destination URL, neither --help (whose defaults come from the
+// environment) nor the error of a command whose database is not there
+// shows it.
+func TestSecretsNotShown(t *testing.T) {
+	t.Parallel()
+	const secret = "pw-S3CRET-orders"
+	env := append(os.Environ(),
+		"DATABASE_URL=postgres://app:"+secret+"@127.0.0.1:1/shop?sslmode=disable",
+		"OUTBOX_DESTINATION=nats://relay:"+secret+"@127.0.0.1:1")
+	for _, args := range [][]string{{"api", "--help"}, {"inventory", "--help"}, {"api"}, {"inventory"}} {
+		cmd := exec.Command(ordersBinary(t), args...)
+		cmd.Env = env
+		out, _ := cmd.CombinedOutput()
+		if strings.Contains(string(out), secret) {
+			t.Errorf("orders %v shows the password:\n%s", args, out)
+		}
+		if !strings.Contains(string(out), "127.0.0.1") && !strings.Contains(string(out), "database-url") {
+			t.Errorf("orders %v says neither which database nor how to set it:\n%s", args, out)
+		}
+	}
+}

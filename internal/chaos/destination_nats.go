@@ -56,7 +56,7 @@ func (d *natsDestination) connect(ctx context.Context, window time.Duration) err
 	d.nc, err = nats.Connect(d.url, nats.Name("outbox-chaos"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond), nats.Timeout(5*time.Second))
 	if err != nil {
-		return fmt.Errorf("connect to NATS %s: %w", d.url, err)
+		return fmt.Errorf("connect to NATS %s: %w", outboxnats.Redact(d.url), err)
 	}
 	if d.js, err = jetstream.New(d.nc); err != nil {
 		return err
@@ -68,11 +68,12 @@ func (d *natsDestination) connect(ctx context.Context, window time.Duration) err
 func (d *natsDestination) Name() string { return "nats" }
 
 func (d *natsDestination) Describe() string {
-	where := "NATS at " + d.url
+	shown := outboxnats.Redact(d.url)
+	where := "NATS at " + shown
 	if d.broker != nil {
-		where = "JetStream " + d.broker.Kind() + " at " + d.url
+		where = "JetStream " + d.broker.Kind() + " at " + shown
 		if d.broker.Kind() == "embedded" {
-			where = "embedded JetStream at " + d.url
+			where = "embedded JetStream at " + shown
 		}
 	}
 	return fmt.Sprintf("%s, stream %s, subjects %s.>", where, d.stream, d.prefix)

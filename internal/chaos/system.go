@@ -136,7 +136,9 @@ func (s *System) APIURL() string { return "http://127.0.0.1:" + strconv.Itoa(s.c
 // spec returns the member's command line.
 func (s *System) spec(m *member) ProcessSpec {
 	c := s.cfg
-	db := []string{"--database-url", c.DatabaseURL, "--schema", c.Schema}
+	// The database URL goes in the environment (Start), not on the
+	// command line, where ps would show its password to every user.
+	db := []string{"--schema", c.Schema}
 	dest := func(role string) []string {
 		return append([]string{"--destination", c.Destination.URL()}, c.Destination.Args(role)...)
 	}
@@ -195,6 +197,7 @@ func (s *System) Start(name, failpoints string, seed uint64) error {
 	m.byHarness, m.paused = false, false
 	spec := s.spec(m)
 	spec.Env = append(environ(failpoints, seed), DestinationEnv(s.cfg.Destination, m.role)...)
+	spec.Env = append(spec.Env, "DATABASE_URL="+s.cfg.DatabaseURL)
 	p, err := StartProcess(spec, s.cfg.Sink)
 	if err != nil {
 		return err

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox/internal/redact"
 )
 
 // DatabaseURLDefault is used when neither --database-url nor DATABASE_URL is set.
@@ -39,7 +41,7 @@ type Common struct {
 
 // Register adds the common flags to fs.
 func (c *Common) Register(fs *flag.FlagSet) {
-	fs.StringVar(&c.DatabaseURL, "database-url", Env("DATABASE_URL", DatabaseURLDefault), "PostgreSQL connection URL (env DATABASE_URL)")
+	DatabaseURLFlag(fs, &c.DatabaseURL)
 	fs.StringVar(&c.Schema, "schema", Env("OUTBOX_SCHEMA", "outbox"), "PostgreSQL schema of the outbox tables (env OUTBOX_SCHEMA)")
 }
 
@@ -62,7 +64,7 @@ func (c *Common) Ping(ctx context.Context, pool *pgxpool.Pool) error {
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		cfg := pool.Config().ConnConfig
-		return fmt.Errorf("connect to database %s:%d: %w", cfg.Host, cfg.Port, err)
+		return redact.Error(fmt.Errorf("connect to database %s:%d: %w", cfg.Host, cfg.Port, err), redact.DatabaseSecrets(c.DatabaseURL)...)
 	}
 	return nil
 }
@@ -72,7 +74,9 @@ func (c *Common) Ping(ctx context.Context, pool *pgxpool.Pool) error {
 func (c *Common) NewPool() (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(c.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("database url: %w", err)
+		// pgx shows the URL with its password masked; the rest of the
+		// message is checked too.
+		return nil, redact.Error(fmt.Errorf("database url: %w", err), redact.DatabaseSecrets(c.DatabaseURL)...)
 	}
 	// pgxpool pings a connection idle for over a second before handing it
 	// out. An idle relay polls once a second, so that would double its
@@ -86,7 +90,7 @@ func (c *Common) NewPool() (*pgxpool.Pool, error) {
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to database: %w", err)
+		return nil, redact.Error(fmt.Errorf("connect to database: %w", err), redact.DatabaseSecrets(c.DatabaseURL)...)
 	}
 	return pool, nil
 }
@@ -109,6 +113,7 @@ func NewFlagSet(binary, name, usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet(binary+" "+name, flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: %s %s\n\n", binary, usage)
+		hideSecretDefaults(fs)
 		fs.PrintDefaults()
 	}
 	return fs

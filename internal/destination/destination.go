@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/outboxkafka"
 	"github.com/pgoutbox/outbox/outboxnats"
 )
@@ -32,7 +33,8 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://[user@]host:port[,host:port][?topic=outbox.{aggregate_type}&sasl=scram-sha-512&tls=true&ca_file=...] (SASL password in env OUTBOX_KAFKA_PASSWORD), amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET) (env OUTBOX_DESTINATION; secrets are never printed)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port or tls://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://[user@]host:port[,host:port][?topic=outbox.{aggregate_type}&sasl=scram-sha-512&tls=true] (SASL password in env OUTBOX_KAFKA_PASSWORD), amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET). TLS: ca_file=ca.pem (instead of the system's roots), cert_file=client.pem&key_file=client.key (a client certificate) on nats/tls, kafka and amqps URLs, outbox_ca_file, outbox_cert_file, outbox_key_file on https ones; the files are read at start (env OUTBOX_DESTINATION; secrets are never printed)")
+	cli.RedactDefault(fs, "destination", Redact)
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
 	fs.StringVar(&o.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
@@ -49,13 +51,28 @@ func (o *Options) NATSConfig() outboxnats.Config {
 	return outboxnats.Config{Stream: o.NATSStream, SubjectPrefix: o.NATSSubjectPrefix, Source: o.Source, DuplicateWindow: o.DuplicateWindow}
 }
 
-// ConnectNATS connects to a NATS server and keeps reconnecting forever, so a
-// broker restart is an outage, not the end of the process.
+// ConnectNATS connects to the NATS server of a destination URL (nats:// or
+// tls://, with its TLS files: ca_file, cert_file, key_file) and keeps
+// reconnecting forever, so a broker restart is an outage, not the end of
+// the process.
 func ConnectNATS(rawURL, name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(rawURL, nats.Name(name), nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))
+	server, cfg, err := outboxnats.ParseURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS %s: %w", outboxnats.Redact(rawURL), err)
+		return nil, err
+	}
+	return connectNATS(server, cfg, name)
+}
+
+func connectNATS(server string, cfg outboxnats.Config, name string) (*nats.Conn, error) {
+	opts, err := cfg.ConnectOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, nats.Name(name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true), nats.Timeout(5*time.Second))
+	nc, err := nats.Connect(server, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", outboxnats.Redact(server), err)
 	}
 	return nc, nil
 }
@@ -123,7 +140,7 @@ func openNATS(ctx context.Context, o Options, retry func(ctx context.Context, er
 	cfg.AckTimeout, cfg.MaxPending = fromURL.AckTimeout, fromURL.MaxPending
 	// The connection is made (and remade) in the background: a server
 	// that is not up yet is waited for, not an error.
-	nc, err := ConnectNATS(server, "outbox-relay")
+	nc, err := connectNATS(server, fromURL, "outbox-relay")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -201,12 +218,8 @@ func Redact(raw string) string {
 			u.User, u.RawQuery, u.Fragment = nil, "", ""
 			return u.String()
 		}
-		return u.Redacted()
 	}
-	if scheme, _, ok := strings.Cut(raw, "://"); ok {
-		return scheme + "://(unparsable URL, not shown)"
-	}
-	return "(unparsable URL, not shown)"
+	return redact.URL(raw)
 }
 
 // openKafka opens a Kafka publisher (outboxkafka) and waits, as OpenWait

@@ -54,7 +54,12 @@ func (c *Consumer) Run(ctx context.Context, destinationURL string) error {
 		if err != nil {
 			return err
 		}
-		return c.RunKafka(ctx, cfg.Brokers, topic)
+		// SASL and TLS as the URL says, like the relay's.
+		opts, err := cfg.ConnectOptions()
+		if err != nil {
+			return err
+		}
+		return c.RunKafka(ctx, cfg.Brokers, topic, opts...)
 	case "amqp", "amqps":
 		cfg, err := outboxamqp.ParseURL(destinationURL)
 		if err != nil {
@@ -62,6 +67,12 @@ func (c *Consumer) Run(ctx context.Context, destinationURL string) error {
 		}
 		if cfg.Exchange == "" {
 			cfg.Exchange = outboxamqp.ExchangeDefault
+		}
+		if c.cfg.AMQPTLS == nil {
+			// The URL's ca_file, cert_file and key_file, like the relay's.
+			if c.cfg.AMQPTLS, err = cfg.TLSClientConfig(); err != nil {
+				return err
+			}
 		}
 		return c.RunAMQP(ctx, cfg.URL, cfg.Exchange, cfg.RoutingKey)
 	case "http", "https":

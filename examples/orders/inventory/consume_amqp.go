@@ -119,7 +119,7 @@ func (c *Consumer) amqpSession(ctx context.Context, amqpURL, exchange, queue, ke
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("orders-inventory")
 	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Heartbeat: heartbeat, Properties: props,
-		Dial: amqp.DefaultDial(5 * time.Second)})
+		Dial: amqp.DefaultDial(5 * time.Second), TLSClientConfig: c.cfg.AMQPTLS.Clone()})
 	if err != nil {
 		return fmt.Errorf("connect to %s: %s", redactURL(amqpURL), redactErr(err, amqpURL))
 	}

@@ -19,6 +19,7 @@ package inventory
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,6 +99,10 @@ type Config struct {
 	// RetryDelay is the first redelivery delay after a failure; it doubles
 	// with each delivery up to RetryDelayMax. Defaults to RetryDelayDefault.
 	RetryDelay time.Duration
+	// AMQPTLS is the TLS configuration of an amqps:// broker (RunAMQP);
+	// nil verifies against the system's roots. Run sets it from the
+	// destination URL's ca_file, cert_file and key_file.
+	AMQPTLS *tls.Config
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// TracerProvider receives the inbox's CONSUMER span of each delivery

@@ -1,0 +1,80 @@
+package redact_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/outbox/internal/redact"
+)
+
+func TestDatabase(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://app:s3cret@db:5432/shop?sslmode=verify-full&sslrootcert=/ca.pem":   "postgres://app:xxxxx@db:5432/shop?sslmode=verify-full&sslrootcert=/ca.pem",
+		"postgresql://app@db/shop?sslkey=/k.pem&sslpassword=s3cret&application_name=x": "postgresql://app@db/shop?sslkey=/k.pem&sslpassword=xxxxx&application_name=x",
+		"postgres://app@db/shop?password=s3cret":                                       "postgres://app@db/shop?password=xxxxx",
+		"postgres://app:p%40ss%2Fw0rd@db/shop":                                         "postgres://app:xxxxx@db/shop",
+		"host=db user=app password=s3cret dbname=shop":                                 "host=db user=app password=xxxxx dbname=shop",
+		"host=db password = 's3 cr\\'et' sslpassword=k3y sslmode=verify-full":          "host=db password = xxxxx sslpassword=xxxxx sslmode=verify-full",
+		"host=db user=app":                    "host=db user=app",
+		"postgres://app:s3cret@db:5432/shop%": "postgres://(unparsable URL, not shown)",
+	} {
+		if got := redact.Database(in); got != want {
+			t.Errorf("Database(%q)\n = %q\nwant %q", in, got, want)
+		}
+	}
+}
+
+// TestDatabaseSecretsMatchPgx checks that DatabaseSecrets finds the
+// password and sslpassword pgx itself reads from a connection string, so
+// that Secrets can take them out of any text.
+func TestDatabaseSecretsMatchPgx(t *testing.T) {
+	for _, s := range []string{
+		"postgres://app:p%40ss%2Fw0rd@db/shop?sslpassword=k%20ey&sslmode=disable",
+		"host=db password='s3 cr\\'et\\\\' sslpassword=k\\ ey sslmode=disable",
+		"host=db password=plain sslmode=disable",
+	} {
+		cfg, err := pgconn.ParseConfig(s)
+		if err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+		got := redact.DatabaseSecrets(s)
+		if len(got) == 0 || got[0] != cfg.Password {
+			t.Errorf("DatabaseSecrets(%q) = %q, want the password %q first", s, got, cfg.Password)
+		}
+		if !strings.Contains(redact.Secrets("pw="+cfg.Password+".", got...), redact.Mask) ||
+			strings.Contains(redact.Secrets("pw="+cfg.Password+".", got...), cfg.Password) {
+			t.Errorf("Secrets does not hide %q", cfg.Password)
+		}
+	}
+}
+
+func TestURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"amqps://relay:s3cret@mq:5671/shop?exchange=outbox": "amqps://relay:xxxxx@mq:5671/shop?exchange=outbox",
+		"https://hooks.example.com/in?token=s3cret&x=1":     "https://hooks.example.com/in?token=xxxxx&x=1",
+		"https://hooks.example.com/in?Api_Key=s3cret":       "https://hooks.example.com/in?Api_Key=xxxxx",
+		"kafka://relay@k:9092?sasl=plain&ca_file=/ca.pem":   "kafka://relay@k:9092?sasl=plain&ca_file=/ca.pem",
+		"nats://relay:s3cret@n:4222?stream=S":               "nats://relay:xxxxx@n:4222?stream=S",
+		"tls://s3cret@n:4222":                               "tls://xxxxx@n:4222",
+		"http://h/p?%zz=s3cret":                             "http://h/p?(not shown)",
+		"amqp://relay:s3cret@mq:5672/%zz":                   "amqp://(unparsable URL, not shown)",
+		"not a url with s3cret in it: ::":                   "(unparsable URL, not shown)",
+	} {
+		got := redact.URL(in)
+		if got != want {
+			t.Errorf("URL(%q)\n = %q\nwant %q", in, got, want)
+		}
+		if strings.Contains(got, "s3cret") {
+			t.Errorf("URL(%q) shows the secret", in)
+		}
+	}
+}
+
+func TestSecrets(t *testing.T) {
+	got := redact.Secrets("auth failed for p@ss/w0rd (p%40ss%2Fw0rd), key abc", "p@ss/w0rd", "abc", "")
+	if want := "auth failed for xxxxx (xxxxx), key abc"; got != want {
+		t.Errorf("Secrets = %q, want %q", got, want)
+	}
+}
