@@ -30,9 +30,9 @@ type chartLabel struct {
 }
 
 const (
-	chartWidth  = 720
-	chartHeight = 150
-	chartPlot   = 120 // the bars' area; the rest holds the time labels
+	chartWidth  = 1200
+	chartHeight = 160
+	chartPlot   = 136 // the bars' area; the rest holds the time labels
 )
 
 // newChart lays out one bar per minute of series (oldest first, as

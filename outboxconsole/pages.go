@@ -7,8 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
-	neturl "net/url"
 	"net/http"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -349,4 +349,3 @@ func fmtDetail(m map[string]any) string {
 	b, _ := json.Marshal(m)
 	return cut(string(b), 200)
 }
-
