@@ -70,8 +70,15 @@ func (a *Admin) Operations(ctx context.Context, f OperationFilter) ([]Operation,
 	case f.Limit == 0:
 		f.Limit = 100
 	}
-	rows, err := a.pool.Query(ctx, `SELECT operation_id, at, action, actor, event_id, coalesce(reason, ''), detail
-FROM `+a.t.operations+` WHERE $1 = 0 OR operation_id < $1 ORDER BY operation_id DESC LIMIT $2`, f.Before, f.Limit)
+	// Two statements rather than "$1 = 0 OR operation_id < $1": a cached
+	// generic plan of that would filter instead of seeking to the cursor.
+	q, args := `SELECT operation_id, at, action, actor, event_id, coalesce(reason, ''), detail
+FROM `+a.t.operations+` ORDER BY operation_id DESC LIMIT $1`, []any{f.Limit}
+	if f.Before > 0 {
+		q, args = `SELECT operation_id, at, action, actor, event_id, coalesce(reason, ''), detail
+FROM `+a.t.operations+` WHERE operation_id < $2 ORDER BY operation_id DESC LIMIT $1`, []any{f.Limit, f.Before}
+	}
+	rows, err := a.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: operations: %w", err)
 	}

@@ -233,10 +233,13 @@ func (a *Admin) Waiting(ctx context.Context, f WaitingFilter) (WaitingReport, er
 	if f.Limit == 0 {
 		f.Limit = 100
 	}
-	var after WaitingCursor
-	var afterSince *time.Time
-	if f.After != nil {
-		after, afterSince = *f.After, &f.After.Since
+	// The cursor's condition is only there on later pages, so that the plan
+	// seeks to it.
+	args := []any{f.Consumer, f.AggregateType, f.Limit}
+	after := ""
+	if c := f.After; c != nil {
+		after = "\n  AND (waiting_since, consumer_name, aggregate_type, aggregate_id) > ($4, $5, $6, $7)"
+		args = append(args, c.Since, c.Consumer, c.AggregateType, c.AggregateID)
 	}
 	rep := WaitingReport{Consumers: []ConsumerWaiting{}, Aggregates: []AggregateInfo{}}
 	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -259,10 +262,9 @@ GROUP BY consumer_name ORDER BY consumer_name`, f.Consumer, f.AggregateType)
 			return err
 		}
 		rows, err = tx.Query(ctx, `SELECT `+aggregateColumns+` FROM `+a.marks+`
-WHERE waiting_since IS NOT NULL AND ($1 = '' OR consumer_name = $1) AND ($2 = '' OR aggregate_type = $2)
-  AND ($4::timestamptz IS NULL OR (waiting_since, consumer_name, aggregate_type, aggregate_id) > ($4, $5, $6, $7))
+WHERE waiting_since IS NOT NULL AND ($1 = '' OR consumer_name = $1) AND ($2 = '' OR aggregate_type = $2)`+after+`
 ORDER BY waiting_since, consumer_name, aggregate_type, aggregate_id
-LIMIT $3`, f.Consumer, f.AggregateType, f.Limit, afterSince, after.Consumer, after.AggregateType, after.AggregateID)
+LIMIT $3`, args...)
 		if err != nil {
 			return err
 		}
