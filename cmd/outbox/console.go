@@ -44,7 +44,6 @@ func runConsole(ctx context.Context, args []string) error {
 	var dest destination.Options
 	common.Register(fs)
 	dest.Register(fs)
-	dest.RegisterNATS(fs)
 	listen := fs.String("listen", cli.Env("OUTBOX_CONSOLE_LISTEN", consoleListenDefault), "`ADDR` to serve on, host:port (env OUTBOX_CONSOLE_LISTEN)")
 	readOnly := fs.Bool("read-only", envBool("OUTBOX_CONSOLE_READ_ONLY"), "show, never act: no actions offered, every POST refused (env OUTBOX_CONSOLE_READ_ONLY)")
 	tokenFile := fs.String("token-file", cli.Env("OUTBOX_CONSOLE_TOKEN_FILE", ""), "read the token from this `FILE` instead of env OUTBOX_CONSOLE_TOKEN (env OUTBOX_CONSOLE_TOKEN_FILE)")
