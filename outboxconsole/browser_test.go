@@ -11,6 +11,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxconsole"
 )
 
@@ -59,6 +60,10 @@ func browser(t *testing.T, timeout time.Duration) context.Context {
 // screenshot saves the page as name in the test's artifact directory.
 func screenshot(t *testing.T, ctx context.Context, dir, name string) []byte {
 	t.Helper()
+	outboxtest.Eventually(t, 30*time.Second, "the page loaded", func() bool {
+		state, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.readyState`))
+		return err == nil && state == "complete"
+	})
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("screenshot %s: %v", name, err)
@@ -77,6 +82,18 @@ func text(t *testing.T, ctx context.Context, sel string) string {
 		t.Fatalf("text of %s: %v", sel, err)
 	}
 	return strings.TrimSpace(s)
+}
+
+// waitNotice waits until the page (after the redirect of an action) shows
+// a notice containing want. It polls, because the page before the action
+// may show a notice of its own.
+func waitNotice(t *testing.T, ctx context.Context, want string) {
+	t.Helper()
+	js := `(document.querySelector("p.notice") || {textContent: ""}).textContent`
+	outboxtest.Eventually(t, 30*time.Second, "notice "+want, func() bool {
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+		return err == nil && strings.Contains(got, want)
+	})
 }
 
 // fetchStatus POSTs a form from the page (same origin, with its cookies,
@@ -152,28 +169,18 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.refuse.Delete(ev.AggregateID) // the destination accepts it now
-	if err := chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(`tr[data-event="`+retried.String()+`"] button.retry`)),
-		chromedp.WaitVisible(chromedp.CSS(`p.notice`)),
-	); err != nil {
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-event="`+retried.String()+`"] button.retry`))); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	notice := text(t, ctx, "p.notice")
-	if !strings.Contains(notice, retried.String()) || !strings.Contains(notice, "retried") {
-		t.Fatalf("after retry the page says %q", notice)
-	}
+	waitNotice(t, ctx, "Event "+retried.String()+" retried")
 	const reason = "merchant will never accept EUR; refunded by hand (ticket OPS-1432)"
 	if err := chromedp.Do(ctx,
 		chromedp.SendKeys(chromedp.CSS(`tr[data-event="`+skipped.String()+`"] input.reason`), reason),
 		chromedp.Click(chromedp.CSS(`tr[data-event="`+skipped.String()+`"] button.skip`)),
-		chromedp.WaitVisible(chromedp.CSS(`p.notice`)),
 	); err != nil {
 		t.Fatalf("skip: %v", err)
 	}
-	notice = text(t, ctx, "p.notice")
-	if !strings.Contains(notice, skipped.String()) || !strings.Contains(notice, "skipped") {
-		t.Fatalf("after skip the page says %q", notice)
-	}
+	waitNotice(t, ctx, "Event "+skipped.String()+" skipped")
 	screenshot(t, ctx, dir, "after-actions.png")
 	checkAudit(t, f, "console:alice", retried, skipped, reason)
 

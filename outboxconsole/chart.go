@@ -27,6 +27,9 @@ type bar struct {
 type chartLabel struct {
 	X    float64
 	Text string
+	// Anchor is the SVG text-anchor: the first and last labels hold to the
+	// chart's edges.
+	Anchor string
 }
 
 const (
@@ -65,7 +68,14 @@ func newChart(series []outbox.MinuteCount, now time.Time) chart {
 		if i == len(series)-1 {
 			text = "now"
 		}
-		c.Labels = append(c.Labels, chartLabel{X: float64(i)*step + step/2, Text: text})
+		l := chartLabel{X: float64(i)*step + step/2, Text: text, Anchor: "middle"}
+		switch i {
+		case 0:
+			l.X, l.Anchor = 0, "start"
+		case len(series) - 1:
+			l.X, l.Anchor = chartWidth, "end"
+		}
+		c.Labels = append(c.Labels, l)
 	}
 	return c
 }

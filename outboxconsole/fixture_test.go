@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -47,6 +48,10 @@ func newFixture(t testing.TB, okAggregates, badAggregates, perAggregate int) *fi
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
+	if os.Getenv("OUTBOX_CONSOLE_SCREENSHOT") != "" && t.Name() == "TestConsoleInBrowser" {
+		// The README's screenshot shows a schema named like a real one.
+		pool, schema = outboxtest.SchemaNamed(t, "shop")
+	}
 	f := &fixture{pool: pool, schema: schema, refuse: &sync.Map{}}
 	var err error
 	if f.admin, err = outbox.NewAdmin(pool, outbox.AdminConfig{Schema: schema}); err != nil {
