@@ -182,3 +182,28 @@ func TestOperationsPages(t *testing.T) {
 		t.Fatal("a negative limit was accepted")
 	}
 }
+
+// TestReplayTakesAllNilErrorsAsSuccess: a publisher that answers a slice of
+// nil errors instead of nil (against the contract, but harmless) has
+// published everything: the replay ends, it does not retry nothing until it
+// panics.
+func TestReplayTakesAllNilErrorsAsSuccess(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	admin := newAdmin(t, pool, schema)
+	writeEvents(t, pool, w, 2, 3)
+	_, stop := startRelay(t, pool, quietConfig(schema, outbox.PublisherFunc(func(_ context.Context, msgs []outbox.Message) []error { return nil })))
+	outboxtest.Eventually(t, 30*time.Second, "everything published", func() bool { return unpublished(t, pool, schema) == 0 })
+	stop()
+	calls := 0
+	pub := outbox.PublisherFunc(func(_ context.Context, msgs []outbox.Message) []error {
+		calls++
+		return make([]error, len(msgs))
+	})
+	res, err := admin.Replay(ctx, pub, outbox.ReplayConfig{By: "op", RetryBackoff: time.Millisecond})
+	if err != nil || res.Events != 6 || calls != 3 {
+		t.Fatalf("replay: %d events in %d calls, %v; want 6 in 3 (one per wave)", res.Events, calls, err)
+	}
+}

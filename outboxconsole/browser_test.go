@@ -201,3 +201,27 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("POST skip after logging out: %d, want 401", s)
 	}
 }
+
+// TestConsoleRefreshesItself: the overview reloads itself (the embedded
+// script, allowed by the page's Content-Security-Policy) and so shows a
+// skip made elsewhere without anyone navigating.
+func TestConsoleRefreshesItself(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1, 1, 2)
+	srv := serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Refresh: time.Second})
+	ctx := browser(t, time.Minute)
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#quarantined`))); err != nil {
+		t.Fatalf("overview: %v", err)
+	}
+	if q := text(t, ctx, "#quarantined"); q != "1" {
+		t.Fatalf("overview shows %s quarantined, want 1", q)
+	}
+	f.refuse.Delete("pay-0000") // or the event behind the skipped one is quarantined in turn
+	if _, err := f.admin.Skip(context.Background(), f.quarantined[0], "cli:carol", "done elsewhere"); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 30*time.Second, "the overview shows the skip by itself", func() bool {
+		q, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.getElementById("quarantined") || {textContent: ""}).textContent`))
+		return err == nil && q == "0"
+	})
+}

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxconsole"
 )
@@ -366,5 +368,59 @@ func checkAudit(t testing.TB, f *fixture, actor string, retried, skipped uuid.UU
 		if ops[i] != want[i] {
 			t.Fatalf("audit row %d: %+v, want %+v", i, ops[i], want[i])
 		}
+	}
+}
+
+// TestReplayOneAggregate: with a publisher, a logged-in operator replays one
+// aggregate's published events from the overview, in order, and the replay
+// is in the audit log by console:<name>; without one, replay is neither
+// offered nor accepted.
+func TestReplayOneAggregate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, 3, 0, 4)
+	var mu sync.Mutex
+	var sent []outbox.Message
+	pub := outbox.PublisherFunc(func(_ context.Context, msgs []outbox.Message) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		sent = append(sent, msgs...)
+		return make([]error, len(msgs))
+	})
+	c := newClient(t, serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken, Publisher: pub}))
+	c.login("bob")
+	if _, body := c.get("/"); !strings.Contains(body, `action="/replay"`) {
+		t.Fatal("the overview offers no replay although a publisher is set")
+	}
+	code, body := c.do(http.MethodPost, "/replay", url.Values{"aggregate_type": {"order"}, "aggregate_id": {"ord-0001"}, "csrf": {c.csrf}}, nil)
+	if code != http.StatusSeeOther {
+		t.Fatalf("replay: %d %s", code, body)
+	}
+	mu.Lock()
+	got := append([]outbox.Message(nil), sent...)
+	mu.Unlock()
+	if len(got) != 4 {
+		t.Fatalf("replayed %d messages, want the aggregate's 4", len(got))
+	}
+	for i, m := range got {
+		if m.AggregateID != "ord-0001" || m.Sequence != int64(i+1) || m.ReplayID == uuid.Nil {
+			t.Fatalf("replayed message %d: %s #%d (replay %s); want ord-0001 #%d with a replay id", i, m.AggregateID, m.Sequence, m.ReplayID, i+1)
+		}
+	}
+	ops, err := f.admin.Operations(ctx, outbox.OperationFilter{})
+	if err != nil || len(ops) != 1 || ops[0].Action != "replay" || ops[0].Actor != "console:bob" || ops[0].Detail["aggregate_id"] != "ord-0001" {
+		t.Fatalf("audit log after the replay: %+v, %v; want one replay of ord-0001 by console:bob", ops, err)
+	}
+	if code, _ := c.do(http.MethodPost, "/replay", url.Values{"aggregate_type": {"order"}, "csrf": {c.csrf}}, nil); code != http.StatusBadRequest {
+		t.Fatalf("replay without an aggregate id: %d, want 400", code)
+	}
+
+	bare := newClient(t, serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken}))
+	bare.login("bob")
+	if _, body := bare.get("/"); strings.Contains(body, `action="/replay"`) {
+		t.Fatal("the overview offers replay without a publisher")
+	}
+	if code, _ := bare.do(http.MethodPost, "/replay", url.Values{"aggregate_type": {"order"}, "aggregate_id": {"ord-0001"}, "csrf": {bare.csrf}}, nil); code != http.StatusNotFound {
+		t.Fatalf("replay without a publisher: %d, want 404", code)
 	}
 }
