@@ -117,7 +117,23 @@ func fetchStatus(t *testing.T, ctx context.Context, path, form string) int {
 // written there (how docs/img/console.png is made).
 func TestConsoleInBrowser(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 60, 3, 6)
+	f := newFixture(t, 60, 4, 6)
+	// One quarantined event was skipped before (by someone else), so that
+	// the overview shows an operator action: its aggregate then drains.
+	earlier := f.quarantined[3]
+	f.quarantined = f.quarantined[:3]
+	ev, err := f.admin.Event(context.Background(), earlier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.refuse.Delete(ev.AggregateID)
+	if _, err := f.admin.Skip(context.Background(), earlier, "console:bob", "duplicate capture, refunded in the PSP (OPS-1417)"); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 30*time.Second, "the skipped event's aggregate drained", func() bool {
+		st, err := f.admin.Status(context.Background())
+		return err == nil && st.Pending == 15 && st.Quarantined == 3
+	})
 	f.waitOnGap(t, "inventory", "ord-0007")
 	f.waitOnGap(t, "inventory", "ord-0011")
 	f.waitOnGap(t, "billing", "ord-0003")
@@ -164,7 +180,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	retried, skipped := f.quarantined[0], f.quarantined[1]
-	ev, err := f.admin.Event(context.Background(), retried)
+	ev, err = f.admin.Event(context.Background(), retried)
 	if err != nil {
 		t.Fatal(err)
 	}

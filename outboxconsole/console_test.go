@@ -337,10 +337,12 @@ func TestActionsAreAudited(t *testing.T) {
 	}
 }
 
-// checkAudit asserts the two audit rows of a retry and a skip by actor.
+// checkAudit asserts the audit rows of the two events: a retry and a skip
+// by actor, and nothing else.
 func checkAudit(t testing.TB, f *fixture, actor string, retried, skipped uuid.UUID, reason string) {
 	t.Helper()
-	rows, err := f.pool.Query(context.Background(), `SELECT action, actor, event_id, coalesce(reason, '') FROM `+f.schema+`.outbox_operations ORDER BY operation_id`)
+	rows, err := f.pool.Query(context.Background(), `SELECT action, actor, event_id, coalesce(reason, '') FROM `+f.schema+`.outbox_operations
+WHERE event_id = ANY($1) ORDER BY operation_id`, []uuid.UUID{retried, skipped})
 	if err != nil {
 		t.Fatal(err)
 	}
