@@ -35,8 +35,9 @@ at least 16 bytes, never a flag: an operator logs in with it and a name, and eve
 is recorded in outbox_operations as console:<name>. Without a token the console is
 read-only, and then it serves only a loopback address unless --read-only is given
 explicitly. It listens on 127.0.0.1 by default; put it behind a TLS proxy to expose it
-(and set --origin to the address the browser uses). Replay is offered only with
---destination (env OUTBOX_DESTINATION). SIGINT or SIGTERM shuts it down gracefully.`
+(and set --origin to the address the browser uses). Replay of one aggregate is offered
+only with --destination (env OUTBOX_DESTINATION) reachable at start. SIGINT or SIGTERM
+shuts it down gracefully.`
 
 func runConsole(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "console", consoleUsage)
@@ -84,14 +85,17 @@ func runConsole(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	// Replay is the console's only use of the destination: when it cannot
+	// be reached, the console serves without replay rather than not at all.
 	var pub outbox.Publisher
 	if dest.URL != "" && !*readOnly && token != "" {
 		p, closePub, err := destination.Open(ctx, dest)
 		if err != nil {
-			return err
+			log.Warn("replay disabled: the destination cannot be opened", "err", err)
+		} else {
+			defer closePub()
+			pub = p
 		}
-		defer closePub()
-		pub = p
 	}
 	r := *refresh
 	if r == 0 {

@@ -54,8 +54,9 @@ func TestConsoleCommandRefusesUnsafeStarts(t *testing.T) {
 var consoleURL = regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+/)`)
 
 // TestConsoleCommandServesAndStops runs `outbox console` with a database URL
-// holding a password and a token: the pages render without either, a POST
-// without a session is refused, and SIGTERM stops it cleanly.
+// holding a password, a token and an unreachable destination: it serves
+// without replay, the pages render without either secret, a POST without a
+// session is refused, and SIGTERM stops it cleanly.
 func TestConsoleCommandServesAndStops(t *testing.T) {
 	t.Parallel()
 	_, schema := outboxtest.Schema(t)
@@ -68,7 +69,7 @@ func TestConsoleCommandServesAndStops(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, outboxBinary(t), "console", "--schema", schema, "--listen", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+u.String(), "OUTBOX_CONSOLE_TOKEN="+token, "OUTBOX_DESTINATION=")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+u.String(), "OUTBOX_CONSOLE_TOKEN="+token, "OUTBOX_DESTINATION=nats://127.0.0.1:1")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +137,9 @@ func TestConsoleCommandServesAndStops(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	out := logs.String()
+	if !strings.Contains(out, "replay disabled") || !strings.Contains(out, "replay=false") {
+		t.Fatalf("an unreachable destination did not just disable replay:\n%s", out)
+	}
 	if !strings.Contains(out, "outbox console stopped") {
 		t.Fatalf("no clean stop in the log:\n%s", out)
 	}
