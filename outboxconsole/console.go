@@ -21,9 +21,10 @@ const (
 	PageSizeDefault   = 50
 	RefreshDefault    = 10 * time.Second
 	SessionTTLDefault = 12 * time.Hour
-	// TokenMinLength is the shortest token New accepts.
-	TokenMinLength = 16
 )
+
+// TokenMinLength is the shortest token New accepts, in bytes.
+const TokenMinLength = 16
 
 // Config configures the console.
 type Config struct {
