@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -355,12 +356,7 @@ FROM `+a.t.operations+` ORDER BY operation_id DESC LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read operations: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Operation, error) {
-		var o Operation
-		err := row.Scan(&o.ID, &o.At, &o.Action, &o.Actor, &o.EventID, &o.Reason, &o.Detail)
-		o.At = o.At.UTC()
-		return o, err
-	})
+	out, err := pgx.CollectRows(rows, scanOperation)
 	if err != nil {
 		return nil, fmt.Errorf("read operations: %w", err)
 	}
@@ -439,6 +435,21 @@ type EventInfo struct {
 	// Blocked counts the later unpublished events of the aggregate, which
 	// wait behind this one (set by ListQuarantined).
 	Blocked int64 `json:"blocked"`
+	// PayloadPreview is the start of the payload, when ListQuarantined was
+	// asked for it (QuarantineFilter.PreviewBytes); invalid UTF-8 (a cut
+	// character, a binary payload) is replaced.
+	PayloadPreview string `json:"payload_preview,omitempty"`
+}
+
+// QuarantineCursor returns the event's position in ListQuarantined's
+// order, for the next page (QuarantineFilter.After). The event must be
+// quarantined.
+func (e EventInfo) QuarantineCursor() QuarantineCursor {
+	c := QuarantineCursor{ID: e.ID}
+	if e.QuarantinedAt != nil {
+		c.QuarantinedAt = *e.QuarantinedAt
+	}
+	return c
 }
 
 // State is "pending", "quarantined", "published" or "skipped".
@@ -478,31 +489,67 @@ type QuarantineFilter struct {
 	AggregateType string
 	// Limit is the most events listed. Defaults to 100.
 	Limit int
+	// After, when set, lists only the events after it in the list's order
+	// (keyset pagination): pass the QuarantineCursor of the last event of
+	// the previous page.
+	After *QuarantineCursor
+	// PreviewBytes, when positive, fills EventInfo.PayloadPreview with at
+	// most that many bytes of each event's payload. Defaults to none.
+	PreviewBytes int
+}
+
+// QuarantineCursor is a position in ListQuarantined's order (quarantine
+// time, then event id).
+type QuarantineCursor struct {
+	QuarantinedAt time.Time
+	ID            uuid.UUID
 }
 
 // ListQuarantined returns the quarantined events, oldest quarantine first,
-// each with its last error and the number of events blocked behind it.
+// each with its last error and the number of events blocked behind it. Each
+// page reads the quarantine index from its cursor, never the whole backlog.
 func (a *Admin) ListQuarantined(ctx context.Context, f QuarantineFilter) ([]EventInfo, error) {
 	if f.Limit < 0 {
 		return nil, fmt.Errorf("outbox: list quarantined: limit %d is negative", f.Limit)
 	}
+	if f.PreviewBytes < 0 {
+		return nil, fmt.Errorf("outbox: list quarantined: preview bytes %d is negative", f.PreviewBytes)
+	}
 	if f.Limit == 0 {
 		f.Limit = 100
 	}
+	// The cursor's condition is only there on later pages, so that the plan
+	// seeks to it (a cached generic plan of "$3 IS NULL OR ..." would
+	// filter instead).
+	args := []any{f.AggregateType, f.Limit, f.PreviewBytes}
+	after := ""
+	if f.After != nil {
+		after = "\n  AND (e.quarantined_at, e.event_id) > ($4, $5)"
+		args = append(args, f.After.QuarantinedAt, f.After.ID)
+	}
+	// The preview is cut in SQL, so a large payload is not read whole;
+	// a jsonb payload is cut as its text, a bytea one as its bytes.
 	rows, err := a.pool.Query(ctx, `SELECT `+eventInfoColumns+`,
 	(SELECT count(*) FROM `+a.t.events+` p WHERE p.published_at IS NULL AND p.aggregate_type = e.aggregate_type
-	   AND p.aggregate_id = e.aggregate_id AND p.aggregate_sequence > e.aggregate_sequence)
+	   AND p.aggregate_id = e.aggregate_id AND p.aggregate_sequence > e.aggregate_sequence),
+	CASE WHEN $3 = 0 THEN NULL
+	     WHEN e.payload IS NOT NULL THEN convert_to(left(e.payload::text, $3), 'UTF8')
+	     ELSE substring(e.payload_bytes FROM 1 FOR $3) END
 FROM `+a.t.events+` e
-WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL AND ($1 = '' OR e.aggregate_type = $1)
+WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL AND ($1 = '' OR e.aggregate_type = $1)`+after+`
 ORDER BY e.quarantined_at, e.event_id
-LIMIT $2`, f.AggregateType, f.Limit)
+LIMIT $2`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list quarantined: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (EventInfo, error) {
 		var blocked int64
-		e, err := scanEventInfo(row, &blocked)
+		var preview []byte
+		e, err := scanEventInfo(row, &blocked, &preview)
 		e.Blocked = blocked
+		if len(preview) > 0 {
+			e.PayloadPreview = strings.ToValidUTF8(string(preview), "\uFFFD")
+		}
 		return e, err
 	})
 	if err != nil {

@@ -178,6 +178,27 @@ type WaitingFilter struct {
 	AggregateType string
 	// Limit is the most aggregates listed. Defaults to 100.
 	Limit int
+	// After, when set, lists only the aggregates after it in the list's
+	// order (keyset pagination): pass the WaitingCursor of the last
+	// aggregate of the previous page.
+	After *WaitingCursor
+}
+
+// WaitingCursor is a position in Admin.Waiting's order of aggregates (wait
+// start, consumer, aggregate type, aggregate id).
+type WaitingCursor struct {
+	Since                                time.Time
+	Consumer, AggregateType, AggregateID string
+}
+
+// WaitingCursor returns the aggregate's position in Admin.Waiting's order,
+// for the next page (WaitingFilter.After). The aggregate must be waiting.
+func (a AggregateInfo) WaitingCursor() WaitingCursor {
+	c := WaitingCursor{Consumer: a.Consumer, AggregateType: a.AggregateType, AggregateID: a.AggregateID}
+	if a.Wait != nil {
+		c.Since = a.Wait.Since
+	}
+	return c
 }
 
 // ConsumerWaiting counts one consumer's aggregates waiting on a gap.
@@ -212,6 +233,14 @@ func (a *Admin) Waiting(ctx context.Context, f WaitingFilter) (WaitingReport, er
 	if f.Limit == 0 {
 		f.Limit = 100
 	}
+	// The cursor's condition is only there on later pages, so that the plan
+	// seeks to it.
+	args := []any{f.Consumer, f.AggregateType, f.Limit}
+	after := ""
+	if c := f.After; c != nil {
+		after = "\n  AND (waiting_since, consumer_name, aggregate_type, aggregate_id) > ($4, $5, $6, $7)"
+		args = append(args, c.Since, c.Consumer, c.AggregateType, c.AggregateID)
+	}
 	rep := WaitingReport{Consumers: []ConsumerWaiting{}, Aggregates: []AggregateInfo{}}
 	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
@@ -233,9 +262,9 @@ GROUP BY consumer_name ORDER BY consumer_name`, f.Consumer, f.AggregateType)
 			return err
 		}
 		rows, err = tx.Query(ctx, `SELECT `+aggregateColumns+` FROM `+a.marks+`
-WHERE waiting_since IS NOT NULL AND ($1 = '' OR consumer_name = $1) AND ($2 = '' OR aggregate_type = $2)
+WHERE waiting_since IS NOT NULL AND ($1 = '' OR consumer_name = $1) AND ($2 = '' OR aggregate_type = $2)`+after+`
 ORDER BY waiting_since, consumer_name, aggregate_type, aggregate_id
-LIMIT $3`, f.Consumer, f.AggregateType, f.Limit)
+LIMIT $3`, args...)
 		if err != nil {
 			return err
 		}

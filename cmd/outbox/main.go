@@ -15,6 +15,7 @@ func main() {
 		{Name: "quarantine", Summary: "list, retry or skip quarantined events", Run: runQuarantine},
 		{Name: "inbox", Summary: "consumers' aggregates waiting on a gap: status, resolve", Run: runInbox},
 		{Name: "replay", Summary: "publish already-published events again, in order, with their ids", Run: runReplay},
+		{Name: "console", Summary: "serve the operator console in the browser (status, quarantine, replay, inbox)", Run: runConsole},
 		{Name: "cleanup", Summary: "delete settled events (and inbox rows) past their horizon", Run: runCleanup},
 		{Name: "demo", Summary: "run the order system end to end and check the invariants", Run: runDemo},
 		{Name: "chaos", Summary: "run the order system as processes under injected faults and check I1-I5", Run: runChaos},

@@ -27,7 +27,7 @@ const (
 	kafkaPassword   = "pw-kafka-S3CRET"
 	amqpPassword    = "pw-amqp-S3CRET"
 	webhookSecret   = "whsec_cHctd2ViaG9vay1TM0NSRVQtcHctd2ViaG9vaw=="
-	consoleToken    = "pw-console-S3CRET"
+	consoleTokenSecret    = "pw-console-S3CRET"
 	destinationPass = "pw-dest-S3CRET"
 )
 
@@ -40,7 +40,7 @@ func secretEnv(databaseURL string) []string {
 		"OUTBOX_KAFKA_PASSWORD="+kafkaPassword,
 		"OUTBOX_AMQP_PASSWORD="+amqpPassword,
 		"OUTBOX_WEBHOOK_SECRET="+webhookSecret,
-		"OUTBOX_CONSOLE_TOKEN="+consoleToken,
+		"OUTBOX_CONSOLE_TOKEN="+consoleTokenSecret,
 		"OUTBOX_FAILPOINTS=",
 	)
 }

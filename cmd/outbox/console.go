@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/internal/destination"
+	"github.com/pgoutbox/outbox/outboxconsole"
+)
+
+// consoleListenDefault is where the console listens unless told otherwise:
+// the loopback interface only.
+const consoleListenDefault = "127.0.0.1:8089"
+
+const consoleUsage = `console [--listen ADDR] [--read-only] [--destination URL] [flags]
+
+Serves the operator console, a web application: backlog, oldest pending age, events
+published per minute over the last hour, relays and heartbeats, leases, aggregates blocked
+behind quarantined events, the quarantine (retry, skip with a reason), replay of one
+aggregate, inbox consumers with aggregates waiting on a gap, and the audit log. Every list
+is paginated. Everything is embedded in the binary; it works offline.
+
+Actions need the token in env OUTBOX_CONSOLE_TOKEN (or in the file --token-file names),
+at least 16 bytes, never a flag: an operator logs in with it and a name, and every action
+is recorded in outbox_operations as console:<name>. Without a token the console is
+read-only, and then it serves only a loopback address unless --read-only is given
+explicitly. It listens on 127.0.0.1 by default; put it behind a TLS proxy to expose it
+(and set --origin to the address the browser uses). Replay of one aggregate is offered
+only with --destination (env OUTBOX_DESTINATION) reachable at start. SIGINT or SIGTERM
+shuts it down gracefully.`
+
+func runConsole(ctx context.Context, args []string) error {
+	fs := cli.NewFlagSet("outbox", "console", consoleUsage)
+	var common cli.Common
+	var dest destination.Options
+	common.Register(fs)
+	dest.Register(fs)
+	listen := fs.String("listen", cli.Env("OUTBOX_CONSOLE_LISTEN", consoleListenDefault), "`ADDR` to serve on, host:port (env OUTBOX_CONSOLE_LISTEN)")
+	readOnly := fs.Bool("read-only", envBool("OUTBOX_CONSOLE_READ_ONLY"), "show, never act: no actions offered, every POST refused (env OUTBOX_CONSOLE_READ_ONLY)")
+	tokenFile := fs.String("token-file", cli.Env("OUTBOX_CONSOLE_TOKEN_FILE", ""), "read the token from this `FILE` instead of env OUTBOX_CONSOLE_TOKEN (env OUTBOX_CONSOLE_TOKEN_FILE)")
+	origin := fs.String("origin", cli.Env("OUTBOX_CONSOLE_ORIGIN", ""), "the console's origin as browsers see it, e.g. https://outbox.example.com, when a proxy rewrites Host (env OUTBOX_CONSOLE_ORIGIN; default: each request's own)")
+	inboxSchema := fs.String("inbox-schema", cli.Env("OUTBOX_INBOX_SCHEMA", ""), "schema of the inbox tables whose consumers are shown (env OUTBOX_INBOX_SCHEMA; default: --schema)")
+	refresh := fs.Duration("refresh", outboxconsole.RefreshDefault, "how often pages reload themselves; 0 turns it off")
+	pageSize := fs.Int("page-size", outboxconsole.PageSizeDefault, "rows per list page")
+	pos, err := cli.ParseWithArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(pos) > 0:
+		return cli.Usagef(fs, "unexpected argument %q", pos[0])
+	case *pageSize < 1 || *pageSize > 1000:
+		return cli.Usagef(fs, "--page-size %d must be between 1 and 1000", *pageSize)
+	case *refresh < 0:
+		return cli.Usagef(fs, "--refresh %s is negative", *refresh)
+	}
+	token, err := consoleToken(*tokenFile)
+	if err != nil {
+		return err
+	}
+	if token != "" && len(token) < outboxconsole.TokenMinLength {
+		return fmt.Errorf("the console token is %d bytes, at least %d are needed (e.g. openssl rand -hex 32)", len(token), outboxconsole.TokenMinLength)
+	}
+	loopback, err := isLoopback(*listen)
+	if err != nil {
+		return cli.Usagef(fs, "--listen %q: %v", *listen, err)
+	}
+	if token == "" && !*readOnly && !loopback {
+		return fmt.Errorf("refusing to serve the console on %s without a token: set OUTBOX_CONSOLE_TOKEN, pass --read-only, or listen on 127.0.0.1", *listen)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// openAdmin checks that the schema is migrated; the console makes its own.
+	_, pool, err := openAdmin(ctx, common, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// Replay is the console's only use of the destination: when it cannot
+	// be reached, the console serves without replay rather than not at all.
+	var pub outbox.Publisher
+	if dest.URL != "" && !*readOnly && token != "" {
+		p, closePub, err := destination.Open(ctx, dest)
+		if err != nil {
+			log.Warn("replay disabled: the destination cannot be opened", "err", err)
+		} else {
+			defer closePub()
+			pub = p
+		}
+	}
+	r := *refresh
+	if r == 0 {
+		r = -1
+	}
+	h, err := outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: common.Schema, InboxSchema: *inboxSchema, Token: token,
+		ReadOnly: *readOnly, Publisher: pub, Origin: *origin, PageSize: *pageSize, Refresh: r, Logger: log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	mode := "actions need the token"
+	switch {
+	case *readOnly:
+		mode = "read-only"
+	case token == "":
+		mode = "read-only: no OUTBOX_CONSOLE_TOKEN"
+	}
+	log.Info("outbox console serving", "url", "http://"+ln.Addr().String()+"/", "schema", common.Schema, "mode", mode, "replay", pub != nil)
+	if !loopback {
+		log.Warn("the console listens beyond this machine: serve it behind TLS (a reverse proxy) so the token and session cookie are not sent in clear", "listen", ln.Addr().String())
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutCtx); err != nil {
+		return fmt.Errorf("shut down: %w", err)
+	}
+	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	log.Info("outbox console stopped")
+	return nil
+}
+
+// consoleToken reads the token from the file, or else from the environment.
+func consoleToken(file string) (string, error) {
+	if file == "" {
+		return os.Getenv("OUTBOX_CONSOLE_TOKEN"), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("read the console token: %w", err)
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("the console token file %s is empty", file)
+	}
+	return t, nil
+}
+
+// isLoopback reports whether addr (host:port) listens on the loopback
+// interface only. An empty host, 0.0.0.0 or :: listen everywhere; a host
+// name counts as loopback when every address it resolves to is.
+func isLoopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, err
+	}
+	if host == "" {
+		return false, nil
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback(), nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil {
+		return false, err
+	}
+	for _, ip := range ips {
+		if !ip.IsLoopback() {
+			return false, nil
+		}
+	}
+	return len(ips) > 0, nil
+}
+
+func envBool(key string) bool {
+	v, err := strconv.ParseBool(os.Getenv(key))
+	return err == nil && v
+}

@@ -1,0 +1,243 @@
+package outboxconsole_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/pgoutbox/outbox/internal/outboxtest"
+	"github.com/pgoutbox/outbox/outboxconsole"
+)
+
+// chromium finds the browser: $OUTBOX_CHROMIUM, else chromium on the PATH.
+// A missing browser fails the test (CI installs Debian's chromium).
+func chromium(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("OUTBOX_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatal("no chromium: install it (apt-get install -y --no-install-recommends chromium) or set OUTBOX_CHROMIUM")
+	return ""
+}
+
+// browser starts a headless Chromium with the flags a closed network needs
+// (without the background-networking ones it hangs on refused connections)
+// and a fresh profile.
+func browser(t *testing.T, timeout time.Duration) context.Context {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromium(t)),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("hide-scrollbars", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1360, 1000),
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, timeout)
+	t.Cleanup(func() { cancelTimeout(); cancelCtx(); cancelAlloc() })
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx
+}
+
+// screenshot saves the page as name in the test's artifact directory.
+func screenshot(t *testing.T, ctx context.Context, dir, name string) []byte {
+	t.Helper()
+	outboxtest.Eventually(t, 30*time.Second, "the page loaded", func() bool {
+		state, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.readyState`))
+		return err == nil && state == "complete"
+	})
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return png
+}
+
+// text returns the visible text of the first element sel matches.
+func text(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	if err != nil {
+		t.Fatalf("text of %s: %v", sel, err)
+	}
+	return strings.TrimSpace(s)
+}
+
+// waitNotice waits until the page (after the redirect of an action) shows
+// a notice containing want. It polls, because the page before the action
+// may show a notice of its own.
+func waitNotice(t *testing.T, ctx context.Context, want string) {
+	t.Helper()
+	js := `(document.querySelector("p.notice") || {textContent: ""}).textContent`
+	outboxtest.Eventually(t, 30*time.Second, "notice "+want, func() bool {
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+		return err == nil && strings.Contains(got, want)
+	})
+}
+
+// fetchStatus POSTs a form from the page (same origin, with its cookies,
+// without a CSRF token) and returns the answer's status code.
+func fetchStatus(t *testing.T, ctx context.Context, path, form string) int {
+	t.Helper()
+	js := `fetch(` + "`" + path + "`" + `, {method: "POST", headers: {"Content-Type": "application/x-www-form-urlencoded"}, body: ` + "`" + form + "`" + `}).then(r => r.status)`
+	status, err := chromedp.Run(ctx, chromedp.Evaluate[int](js, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("fetch %s: %v", path, err)
+	}
+	return status
+}
+
+// TestConsoleInBrowser drives the console in a real headless Chromium
+// against a real database with quarantined events: it logs in, retries one
+// event and skips another with a reason, checks the audit rows, checks that
+// a POST without the CSRF token (logged in) or the session (logged out) is
+// refused, and saves screenshots as test artifacts (go test -artifacts).
+// With OUTBOX_CONSOLE_SCREENSHOT set, the overview's screenshot is also
+// written there (how docs/img/console.png is made).
+func TestConsoleInBrowser(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 60, 4, 6)
+	// One quarantined event was skipped before (by someone else), so that
+	// the overview shows an operator action: its aggregate then drains.
+	earlier := f.quarantined[3]
+	f.quarantined = f.quarantined[:3]
+	ev, err := f.admin.Event(context.Background(), earlier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.refuse.Delete(ev.AggregateID)
+	if _, err := f.admin.Skip(context.Background(), earlier, "console:bob", "duplicate capture, refunded in the PSP (OPS-1417)"); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 30*time.Second, "the skipped event's aggregate drained", func() bool {
+		st, err := f.admin.Status(context.Background())
+		return err == nil && st.Pending == 15 && st.Quarantined == 3
+	})
+	f.waitOnGap(t, "inventory", "ord-0007")
+	f.waitOnGap(t, "inventory", "ord-0011")
+	f.waitOnGap(t, "billing", "ord-0003")
+	f.spreadPublished(t)
+	srv := serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken, Refresh: -1})
+	dir := t.ArtifactDir()
+	t.Logf("screenshots in %s", dir)
+	ctx := browser(t, 2*time.Minute)
+
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#backlog`))); err != nil {
+		t.Fatalf("overview: %v", err)
+	}
+	quarantined, backlog := text(t, ctx, "#quarantined"), text(t, ctx, "#backlog")
+	if quarantined != "3" || backlog != "15" {
+		t.Fatalf("overview shows %s quarantined and %s pending; want 3 and 15", quarantined, backlog)
+	}
+	png := screenshot(t, ctx, dir, "overview.png")
+	if out := os.Getenv("OUTBOX_CONSOLE_SCREENSHOT"); out != "" {
+		if err := os.WriteFile(out, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Logged out, a POST is refused for want of a session.
+	if s := fetchStatus(t, ctx, "/quarantine/retry", "event_id="+f.quarantined[0].String()); s != 401 {
+		t.Fatalf("POST retry without logging in: %d, want 401", s)
+	}
+
+	if err := chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`#login-link`)),
+		chromedp.WaitVisible(chromedp.CSS(`#token`)),
+		chromedp.SendKeys(chromedp.CSS(`#name`), "alice"),
+		chromedp.SendKeys(chromedp.CSS(`#token`), testToken),
+		chromedp.Click(chromedp.CSS(`#login`)),
+		chromedp.WaitVisible(chromedp.CSS(`table.quarantine`)),
+	); err != nil {
+		t.Fatalf("log in: %v", err)
+	}
+	screenshot(t, ctx, dir, "quarantine.png")
+
+	// Logged in, a POST without the form's CSRF token is refused.
+	if s := fetchStatus(t, ctx, "/quarantine/retry", "event_id="+f.quarantined[0].String()); s != 403 {
+		t.Fatalf("POST retry without the CSRF token: %d, want 403", s)
+	}
+
+	retried, skipped := f.quarantined[0], f.quarantined[1]
+	ev, err = f.admin.Event(context.Background(), retried)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.refuse.Delete(ev.AggregateID) // the destination accepts it now
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-event="`+retried.String()+`"] button.retry`))); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	waitNotice(t, ctx, "Event "+retried.String()+" retried")
+	const reason = "merchant will never accept EUR; refunded by hand (ticket OPS-1432)"
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS(`tr[data-event="`+skipped.String()+`"] input.reason`), reason),
+		chromedp.Click(chromedp.CSS(`tr[data-event="`+skipped.String()+`"] button.skip`)),
+	); err != nil {
+		t.Fatalf("skip: %v", err)
+	}
+	waitNotice(t, ctx, "Event "+skipped.String()+" skipped")
+	screenshot(t, ctx, dir, "after-actions.png")
+	checkAudit(t, f, "console:alice", retried, skipped, reason)
+
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/operations"), chromedp.WaitVisible(chromedp.CSS(`table.operations`))); err != nil {
+		t.Fatalf("operations page: %v", err)
+	}
+	ops := text(t, ctx, "table.operations")
+	if !strings.Contains(ops, "console:alice") || !strings.Contains(ops, "OPS-1432") {
+		t.Fatalf("the operations page does not show the actions:\n%s", ops)
+	}
+	screenshot(t, ctx, dir, "operations.png")
+
+	// Logged out again: refused for want of a session.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button.link`)), chromedp.WaitVisible(chromedp.CSS(`#login-link`))); err != nil {
+		t.Fatalf("log out: %v", err)
+	}
+	if s := fetchStatus(t, ctx, "/quarantine/skip", "event_id="+f.quarantined[2].String()+"&reason=x"); s != 401 {
+		t.Fatalf("POST skip after logging out: %d, want 401", s)
+	}
+}
+
+// TestConsoleRefreshesItself: the overview reloads itself (the embedded
+// script, allowed by the page's Content-Security-Policy) and so shows a
+// skip made elsewhere without anyone navigating.
+func TestConsoleRefreshesItself(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1, 1, 2)
+	srv := serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Refresh: time.Second})
+	ctx := browser(t, time.Minute)
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#quarantined`))); err != nil {
+		t.Fatalf("overview: %v", err)
+	}
+	if q := text(t, ctx, "#quarantined"); q != "1" {
+		t.Fatalf("overview shows %s quarantined, want 1", q)
+	}
+	f.refuse.Delete("pay-0000") // or the event behind the skipped one is quarantined in turn
+	if _, err := f.admin.Skip(context.Background(), f.quarantined[0], "cli:carol", "done elsewhere"); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 30*time.Second, "the overview shows the skip by itself", func() bool {
+		q, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.getElementById("quarantined") || {textContent: ""}).textContent`))
+		return err == nil && q == "0"
+	})
+}

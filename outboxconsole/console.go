@@ -1,0 +1,152 @@
+package outboxconsole
+
+import (
+	"crypto/rand"
+	"embed"
+	"errors"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/inbox"
+)
+
+// Defaults for Config.
+const (
+	PageSizeDefault   = 50
+	RefreshDefault    = 10 * time.Second
+	SessionTTLDefault = 12 * time.Hour
+)
+
+// TokenMinLength is the shortest token New accepts, in bytes.
+const TokenMinLength = 16
+
+// Config configures the console.
+type Config struct {
+	// Pool is the database. Required.
+	Pool *pgxpool.Pool
+	// Schema is the schema of the outbox tables. Defaults to "outbox".
+	Schema string
+	// InboxSchema is the schema of the inbox tables, whose consumers the
+	// console shows. Defaults to Schema.
+	InboxSchema string
+	// Token, when set, is the secret an operator gives at login to be
+	// allowed to act (at least TokenMinLength bytes). Without it the
+	// console is read-only.
+	Token string
+	// ReadOnly hides the actions and refuses every POST, token or not.
+	ReadOnly bool
+	// Publisher, when set, lets the console replay an aggregate's events
+	// (Admin.Replay). Without it, replay is not offered.
+	Publisher outbox.Publisher
+	// Origin is the console's origin as the browser sees it
+	// ("https://outbox.example.com"), when a proxy in front rewrites the
+	// Host header. Defaults to the scheme and Host of each request.
+	Origin string
+	// PageSize is the number of rows of each list page. Defaults to
+	// PageSizeDefault.
+	PageSize int
+	// Refresh is how often the pages reload themselves (paused while a form
+	// is being filled in); negative turns it off. Defaults to
+	// RefreshDefault.
+	Refresh time.Duration
+	// SessionTTL is how long a login lasts. Defaults to SessionTTLDefault.
+	SessionTTL time.Duration
+	// ReplayTimeout bounds a replay started from the console. Defaults to
+	// one minute.
+	ReplayTimeout time.Duration
+	// Logger receives one line per action and per failed request. Defaults
+	// to slog.Default().
+	Logger *slog.Logger
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+type console struct {
+	cfg        Config
+	admin      *outbox.Admin
+	inbox      *inbox.Admin
+	sessionKey []byte
+	pages      map[string]*template.Template
+	log        *slog.Logger
+}
+
+// New returns the console's handler. It does not touch the database until
+// a page is requested.
+func New(cfg Config) (http.Handler, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("outboxconsole: Config.Pool is required")
+	}
+	if cfg.Token != "" && len(cfg.Token) < TokenMinLength {
+		return nil, errors.New("outboxconsole: the token is too short (at least 16 bytes; e.g. openssl rand -hex 32)")
+	}
+	if cfg.Schema == "" {
+		cfg.Schema = "outbox"
+	}
+	if cfg.InboxSchema == "" {
+		cfg.InboxSchema = cfg.Schema
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = PageSizeDefault
+	}
+	if cfg.Refresh == 0 {
+		cfg.Refresh = RefreshDefault
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = SessionTTLDefault
+	}
+	if cfg.ReplayTimeout <= 0 {
+		cfg.ReplayTimeout = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Token == "" {
+		cfg.ReadOnly = true
+	}
+	admin, err := outbox.NewAdmin(cfg.Pool, outbox.AdminConfig{Schema: cfg.Schema})
+	if err != nil {
+		return nil, err
+	}
+	inboxAdmin, err := inbox.NewAdmin(cfg.Pool, inbox.AdminConfig{Schema: cfg.InboxSchema})
+	if err != nil {
+		return nil, err
+	}
+	c := &console{cfg: cfg, admin: admin, inbox: inboxAdmin, log: cfg.Logger}
+	if cfg.Token != "" {
+		salt := make([]byte, 32)
+		if _, err := rand.Read(salt); err != nil {
+			return nil, err
+		}
+		c.sessionKey = deriveKey(cfg.Token, salt)
+	}
+	if c.pages, err = parseTemplates(); err != nil {
+		return nil, err
+	}
+	static, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /{$}", c.overview)
+	mux.HandleFunc("GET /quarantine", c.quarantine)
+	mux.HandleFunc("GET /inbox", c.inboxPage)
+	mux.HandleFunc("GET /operations", c.operations)
+	mux.HandleFunc("GET /login", c.loginPage)
+	mux.HandleFunc("POST /login", c.login)
+	mux.HandleFunc("POST /logout", c.logout)
+	mux.HandleFunc("POST /quarantine/retry", c.retry)
+	mux.HandleFunc("POST /quarantine/skip", c.skip)
+	mux.HandleFunc("POST /replay", c.replay)
+	return c.guard(mux), nil
+}

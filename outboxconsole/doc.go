@@ -1,0 +1,51 @@
+// Package outboxconsole is the operator console of the outbox: a small web
+// application, served by `outbox console`, that shows what `outbox status`
+// shows and lets an operator unstick the outbox without a terminal.
+//
+// New returns an http.Handler; mount it on a server of your own, or run the
+// command. Pages are rendered on the server with html/template; the
+// stylesheet, a small script that refreshes the page and everything else
+// are embedded in the binary (no CDN: it works offline), and the chart is
+// an inline SVG drawn on the server.
+//
+// # What it shows
+//
+// The overview page reads Admin.Status (the data of `outbox status`, one
+// source of truth) and Admin.PublishedPerMinute: the backlog and the oldest
+// pending event's age, events published per minute over the last hour, the
+// relays and their heartbeats, leases in flight and expired, the events
+// blocked behind quarantined ones, the inbox consumers with aggregates
+// waiting on a gap (inbox.Admin), and the last operator actions. The
+// quarantine, inbox and operations pages list everything, one page at a
+// time (keyset pagination: every query reads at most a page from an index),
+// so the console stays usable with a million pending events.
+//
+// # Actions
+//
+// On the quarantine page an operator retries a quarantined event or skips
+// it with a reason, and on the overview replays one aggregate's events
+// (when Config.Publisher is set). These call Admin.Retry, Admin.Skip and
+// Admin.Replay, the audited operations the CLI runs, with the actor
+// "console:<name>" (the name given at login): each lands in
+// outbox_operations with who and why.
+//
+// # Security
+//
+// Actions need Config.Token. An operator logs in by posting the token and
+// a name on the login page; the console answers with a session cookie
+// (HttpOnly, SameSite=Strict, Secure over TLS) holding the name, an expiry
+// and an HMAC-SHA256 keyed from the token and a random per-process secret
+// (so restarting the console, or changing the token, ends every session).
+// The token is compared in constant time and never rendered or logged.
+//
+// Every POST is checked before routing and before any database work, and
+// refused with 401 (no valid session, or a wrong token at login) or 403
+// (read-only, cross-origin, or a missing or wrong CSRF token). The CSRF
+// token is an HMAC of the session, in a hidden field of every form; the
+// Origin (or Referer) of a POST must be the console's own origin
+// (Config.Origin, or the request's Host). Responses carry a strict
+// Content-Security-Policy (no inline script, no framing).
+//
+// Without a token, or with Config.ReadOnly, the console is read-only: the
+// action forms are not rendered and every POST is refused.
+package outboxconsole
