@@ -94,6 +94,7 @@ var operatorGrants = []grant{
 	{"SELECT, DELETE", "processed_events", "cleanup --inbox-older-than"},
 	{"UPDATE (processed_at)", "processed_events", "the clean-up's row locks (FOR UPDATE)"},
 	{"SELECT, INSERT, UPDATE", "inbox_aggregates", "inbox status|resolve"},
+	{"SELECT, UPDATE", "side_effects", "status (side effects) and sideeffect.Admin.Resolve"},
 }
 
 // Grants returns SQL that grants the roles the rights they need on the
