@@ -43,6 +43,15 @@
 //     sideeffect_blind_retries_total metric), so the risk is measured, not
 //     hidden.
 //
+// # Calling over HTTP
+//
+// Go's net/http transport replays a request that carries an Idempotency-Key
+// header when a reused connection closes before the response arrives. With
+// an Idempotent provider that is harmless; with one that ignores the key
+// (Queryable, Neither) it is a second effect that no record shows. Set
+// req.GetBody = nil on such a request (it is then not replayable), or send
+// the key under another name.
+//
 // # Using it from a consumer
 //
 // Call Do from the inbox's effect (or before it) and keep its record

@@ -3,6 +3,7 @@ package sideeffect_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -614,5 +615,55 @@ func TestParkedPagination(t *testing.T) {
 	}
 	if len(seen) != n || pages != 3 {
 		t.Fatalf("%d attempts in %d pages, want %d in 3", len(seen), pages, n)
+	}
+}
+
+// Property: whatever sequence of ambiguous faults hits the calls (timeouts
+// and lost responses after the provider committed, requests lost before it,
+// 5xx after it), retrying Do and reconciling in any interleaving ends with
+// the key succeeded and exactly one charge, in the two modes that promise
+// it. The seed is logged; the faults are drawn from it.
+func TestPropertyOneChargePerKeyUnderFaults(t *testing.T) {
+	for _, mode := range []sideeffect.Mode{sideeffect.Idempotent, sideeffect.Queryable} {
+		t.Run(mode.String(), func(t *testing.T) {
+			b := setup(t, mode)
+			ctx := context.Background()
+			seed := time.Now().UnixNano()
+			t.Logf("seed %d", seed)
+			rng := rand.New(rand.NewPCG(uint64(seed), 0))
+			c := b.caller(t, nil)
+			faults := []fault{faultHangAfterCommit, faultDropAfterCommit, faultDropBeforeCommit, fault503AfterCommit}
+			for i := range 25 {
+				key := uuid.NewString()
+				call, req := b.p.call(i + 1)
+				nf := rng.IntN(4)
+				for range nf {
+					b.p.inject(faults[rng.IntN(len(faults))])
+				}
+				var res sideeffect.Result
+				var err error
+				for round := 0; round < 10 && res.State != sideeffect.Succeeded; round++ {
+					if rng.IntN(2) == 0 {
+						b.due(t, key)
+						if _, rerr := c.ReconcileOnce(ctx); rerr != nil {
+							t.Fatal(rerr)
+						}
+					}
+					res, err = c.Do(ctx, key, req, call)
+					if err != nil && !errors.Is(err, sideeffect.ErrUnknown) {
+						t.Fatalf("key %d (%d faults): %v", i, nf, err)
+					}
+				}
+				if res.State != sideeffect.Succeeded {
+					t.Fatalf("key %d (%d faults): not succeeded after 10 rounds: %+v", i, nf, res)
+				}
+				if n := b.p.charges(key); n != 1 {
+					t.Fatalf("key %d (%d faults): %d charges, want 1", i, nf, n)
+				}
+				b.p.mu.Lock()
+				b.p.faults = nil // faults not consumed (a lookup resolved it first)
+				b.p.mu.Unlock()
+			}
+		})
 	}
 }
