@@ -259,12 +259,15 @@ func (c *Caller) run(ctx context.Context, cl claim, call Call) (Result, error) {
 	}
 	res, err := c.record(ctx, cl, rec)
 	res.Called = true
-	c.observe(Observation{Op: OpCall, State: res.State, Blind: cl.blind, Duration: took, Err: callErr})
+	c.observe(Observation{Op: OpCall, State: rec.state, Blind: cl.blind, Duration: took, Err: callErr})
 	if err != nil {
 		return res, err
 	}
-	if res.State == Unknown {
+	switch res.State {
+	case Unknown:
 		return res, fmt.Errorf("%w: %v", ErrUnknown, callErr)
+	case Parked:
+		return res, fmt.Errorf("%w: %s (the last call: %v)", ErrParked, res.Error, callErr)
 	}
 	return res, nil
 }

@@ -667,3 +667,24 @@ func TestPropertyOneChargePerKeyUnderFaults(t *testing.T) {
 		})
 	}
 }
+
+// Do itself applies the bound: a retry whose lookup finds nothing and whose
+// call is lost again, past MaxChecks, parks the attempt and says so.
+func TestDoParksPastMaxChecks(t *testing.T) {
+	b := setup(t, sideeffect.Queryable)
+	ctx := context.Background()
+	c := b.caller(t, func(cfg *sideeffect.Config) { cfg.MaxChecks = 1 })
+	key := uuid.NewString()
+	call, req := b.p.call(5)
+	b.p.inject(faultDropBeforeCommit, faultDropBeforeCommit)
+	if _, err := c.Do(ctx, key, req, call); !errors.Is(err, sideeffect.ErrUnknown) {
+		t.Fatal(err)
+	}
+	res, err := c.Do(ctx, key, req, call)
+	if !errors.Is(err, sideeffect.ErrParked) || res.State != sideeffect.Parked {
+		t.Fatalf("second Do: %+v, %v; want parked", res, err)
+	}
+	if a := b.attempt(t, key); a.State != sideeffect.Parked || a.Checks != 1 || a.Attempts != 2 {
+		t.Fatalf("recorded %+v", a)
+	}
+}
