@@ -688,3 +688,47 @@ func TestDoParksPastMaxChecks(t *testing.T) {
 		t.Fatalf("recorded %+v", a)
 	}
 }
+
+// A caller that stalls past its lease loses the attempt: another caller
+// claims it, and the stalled one's write-back is refused by the fence
+// instead of overwriting the new owner's claim.
+func TestStalledCallerCannotOverwriteNewOwner(t *testing.T) {
+	b := setup(t, sideeffect.Idempotent)
+	ctx := context.Background()
+	key := uuid.NewString()
+	call, req := b.p.call(300)
+	stalled, next := b.caller(t, nil), b.caller(t, nil)
+	bClaimed, releaseB := make(chan struct{}), make(chan struct{})
+	bDone := make(chan error, 1)
+	slow := func(callCtx context.Context, k string) ([]byte, error) {
+		resp, err := call(callCtx, k)
+		b.expire(t, k) // the stall: the lease ends meanwhile
+		go func() {
+			_, err := next.Do(ctx, k, req, func(ctx context.Context, k string) ([]byte, error) {
+				close(bClaimed)
+				<-releaseB
+				return call(ctx, k)
+			})
+			bDone <- err
+		}()
+		<-bClaimed
+		return resp, err
+	}
+	_, err := stalled.Do(ctx, key, req, slow)
+	if !errors.Is(err, sideeffect.ErrLeaseLost) {
+		t.Fatalf("stalled caller: %v, want ErrLeaseLost", err)
+	}
+	if a := b.attempt(t, key); a.State != sideeffect.Started || a.Expired {
+		t.Fatalf("the new owner's claim was overwritten: %+v", a)
+	}
+	close(releaseB)
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	if a := b.attempt(t, key); a.State != sideeffect.Succeeded || a.Attempts != 2 {
+		t.Fatalf("after the new owner: %+v", a)
+	}
+	if n := b.p.charges(key); n != 1 {
+		t.Fatalf("charged %d, want 1", n)
+	}
+}
