@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -730,5 +731,49 @@ func TestStalledCallerCannotOverwriteNewOwner(t *testing.T) {
 	}
 	if n := b.p.charges(key); n != 1 {
 		t.Fatalf("charged %d, want 1", n)
+	}
+}
+
+// The bound holds whoever meets the attempt first: past MaxAge (or past a
+// MaxChecks lowered since), Do and the reconciler park without calling or
+// asking.
+func TestBoundAppliesBeforeAnyCallOrLookup(t *testing.T) {
+	b := setup(t, sideeffect.Queryable)
+	ctx := context.Background()
+	c := b.caller(t, nil)
+	call, req := b.p.call(5)
+	keys := []string{uuid.NewString(), uuid.NewString(), uuid.NewString()}
+	for _, k := range keys {
+		b.p.inject(faultDropBeforeCommit)
+		if _, err := c.Do(ctx, k, req, call); !errors.Is(err, sideeffect.ErrUnknown) {
+			t.Fatal(err)
+		}
+	}
+	// keys[0], keys[1]: unknown for 25 hours; keys[2]: 3 checks already.
+	if _, err := b.pool.Exec(ctx, `UPDATE `+b.schema+`.side_effects SET unknown_since = now() - interval '25 hours' WHERE key = ANY($1)`, keys[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE `+b.schema+`.side_effects SET checks = 3 WHERE key = $1`, keys[2]); err != nil {
+		t.Fatal(err)
+	}
+	posts, lookups := b.p.counts()
+	if _, err := c.Do(ctx, keys[0], req, call); !errors.Is(err, sideeffect.ErrParked) || !strings.Contains(err.Error(), "MaxAge") {
+		t.Fatalf("Do past MaxAge: %v", err)
+	}
+	b.due(t, keys[1])
+	if rep, err := c.ReconcileOnce(ctx); err != nil || rep.Parked != 1 {
+		t.Fatalf("reconcile past MaxAge: %+v, %v", rep, err)
+	}
+	strict := b.caller(t, func(cfg *sideeffect.Config) { cfg.MaxChecks = 2 })
+	if _, err := strict.Do(ctx, keys[2], req, call); !errors.Is(err, sideeffect.ErrParked) || !strings.Contains(err.Error(), "MaxChecks") {
+		t.Fatalf("Do past a lowered MaxChecks: %v", err)
+	}
+	if p2, l2 := b.p.counts(); p2 != posts || l2 != lookups {
+		t.Fatalf("the provider was called (%d -> %d) or asked (%d -> %d) past the bound", posts, p2, lookups, l2)
+	}
+	for _, k := range keys {
+		if a := b.attempt(t, k); a.State != sideeffect.Parked {
+			t.Fatalf("%s: %+v, want parked", k, a)
+		}
 	}
 }
