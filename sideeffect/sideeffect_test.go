@@ -777,3 +777,73 @@ func TestBoundAppliesBeforeAnyCallOrLookup(t *testing.T) {
 		}
 	}
 }
+
+// An operator who checked with the provider settles a parked attempt as
+// succeeded, with the response; Do then replays it and never calls.
+func TestOperatorResolvesParkedAsSucceeded(t *testing.T) {
+	b := setup(t, sideeffect.Neither)
+	ctx := context.Background()
+	c := b.caller(t, nil)
+	key := uuid.NewString()
+	call, req := b.p.call(77)
+	b.p.inject(faultDropAfterCommit)
+	if _, err := c.Do(ctx, key, req, call); !errors.Is(err, sideeffect.ErrUnknown) {
+		t.Fatal(err)
+	}
+	if _, err := c.Do(ctx, key, req, call); !errors.Is(err, sideeffect.ErrParked) {
+		t.Fatal(err)
+	}
+	a, err := b.admin.Resolve(ctx, sideeffect.Resolution{Name: c.Name(), Key: key, As: sideeffect.ResolveSucceeded,
+		Response: []byte(`{"id":1}`), By: "carol", Reason: "charge ch_1 seen in the provider's dashboard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.State != sideeffect.Succeeded || a.Via != "operator" || string(a.Response) != `{"id":1}` || a.ParkReason == "" ||
+		a.Operator == nil || a.Operator.By != "carol" {
+		t.Fatalf("resolved %+v", a)
+	}
+	res, err := c.Do(ctx, key, req, call)
+	if err != nil || !res.Replayed || res.Via != "operator" || string(res.Response) != `{"id":1}` {
+		t.Fatalf("Do after resolve: %+v, %v", res, err)
+	}
+	if n := b.p.charges(key); n != 1 {
+		t.Fatalf("charged %d, want 1", n)
+	}
+	if _, err := b.admin.Resolve(ctx, sideeffect.Resolution{Name: c.Name(), Key: "nope", As: sideeffect.ResolveFailed, By: "x", Reason: "y"}); !errors.Is(err, sideeffect.ErrNotFound) {
+		t.Fatalf("resolve a missing attempt: %v", err)
+	}
+}
+
+// Reconcile runs in the background until its context ends, resolving
+// unknown attempts as they fall due.
+func TestReconcileLoop(t *testing.T) {
+	b := setup(t, sideeffect.Queryable)
+	ctx := context.Background()
+	c := b.caller(t, func(cfg *sideeffect.Config) {
+		cfg.CheckInterval, cfg.ReconcilePoll = 10*time.Millisecond, 10*time.Millisecond
+	})
+	call, req := b.p.call(1)
+	keys := []string{uuid.NewString(), uuid.NewString()}
+	for _, k := range keys {
+		b.p.inject(faultDropAfterCommit)
+		if _, err := c.Do(ctx, k, req, call); !errors.Is(err, sideeffect.ErrUnknown) {
+			t.Fatal(err)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Reconcile(rctx) }()
+	outboxtest.Eventually(t, 30*time.Second, "the reconciler resolves both attempts", func() bool {
+		g, err := b.admin.Gauges(ctx)
+		return err == nil && len(g) == 1 && g[0].Unknown == 0 && g[0].Started == 0
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Reconcile returned %v, want nil when its context ends", err)
+	}
+	for _, k := range keys {
+		if a := b.attempt(t, k); a.State != sideeffect.Succeeded || a.Via != "lookup" {
+			t.Fatalf("%+v", a)
+		}
+	}
+}
