@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -206,21 +205,7 @@ func (p *fakeProvider) call(amount int) (sideeffect.Call, []byte) {
 		// charge at a provider that ignores the key. Without GetBody the
 		// request is not replayable (the property test found this).
 		req.GetBody = nil
-		resp, err := p.srv.Client().Do(req)
-		if err != nil {
-			return nil, err // ambiguous: the request may have arrived
-		}
-		defer resp.Body.Close()
-		out, err := io.ReadAll(resp.Body)
-		switch {
-		case err != nil:
-			return nil, err
-		case resp.StatusCode == http.StatusOK:
-			return out, nil
-		case resp.StatusCode >= 400 && resp.StatusCode < 500:
-			return out, sideeffect.Rejected(fmt.Errorf("provider refused: %s", resp.Status))
-		}
-		return nil, fmt.Errorf("provider: %s", resp.Status) // 5xx: ambiguous
+		return sideeffect.HTTPOutcome(p.srv.Client().Do(req))
 	}, body
 }
 
