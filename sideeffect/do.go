@@ -109,6 +109,17 @@ RETURNING lease_token`, c.cfg.Name, key, c.cfg.Mode.String(), fp, secs(c.cfg.Lea
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return claim{}, nil, fmt.Errorf("record the attempt: %w", err)
 		}
+		// A final outcome never changes: answer it without a transaction
+		// (the common case of a redelivery).
+		if cur, err := c.readCurrent(ctx, c.pool, key, ""); err == nil && (cur.state == Succeeded || cur.state == Failed) {
+			res := cur.result(key)
+			if !bytes.Equal(cur.fingerprint, fp) {
+				return claim{}, &res, ErrFingerprintMismatch
+			}
+			res.Replayed = true
+			c.observe(Observation{Op: OpReplay, State: cur.state})
+			return claim{}, &res, nil
+		}
 		var cl claim
 		var res *Result
 		var gone bool
@@ -143,12 +154,18 @@ RETURNING lease_token`, c.cfg.Name, key, c.cfg.Mode.String(), fp, secs(c.cfg.Lea
 }
 
 func (c *Caller) lockCurrent(ctx context.Context, tx pgx.Tx, key string) (current, error) {
+	return c.readCurrent(ctx, tx, key, " FOR UPDATE")
+}
+
+func (c *Caller) readCurrent(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, key, lock string) (current, error) {
 	var cur current
-	err := tx.QueryRow(ctx, `SELECT state, fingerprint, response, coalesce(last_error, ''), attempts, checks,
+	err := db.QueryRow(ctx, `SELECT state, fingerprint, response, coalesce(last_error, ''), attempts, checks,
 	coalesce(lease_until > now(), false),
 	extract(epoch FROM now() - coalesce(unknown_since, lease_until, now()))::float8,
 	coalesce(resolved_via, ''), coalesce(park_reason, ''), operator_retry
-FROM `+c.t+` WHERE name = $1 AND key = $2 FOR UPDATE`, c.cfg.Name, key).Scan(
+FROM `+c.t+` WHERE name = $1 AND key = $2`+lock, c.cfg.Name, key).Scan(
 		&cur.state, &cur.fingerprint, &cur.response, &cur.lastError, &cur.attempts, &cur.checks,
 		&cur.live, &cur.ageSeconds, &cur.via, &cur.parkReason, &cur.retry)
 	return cur, err

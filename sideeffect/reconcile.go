@@ -40,7 +40,7 @@ func (c *Caller) Reconcile(ctx context.Context) error {
 			return nil
 		}
 		if err != nil {
-			slog.Default().Warn("reconcile side effects", slog.String("name", c.cfg.Name), slog.Any("error", err))
+			c.cfg.Logger.Warn("reconcile side effects", slog.String("name", c.cfg.Name), slog.Any("error", err))
 		}
 		if err == nil && rep.Checked == c.cfg.ReconcileBatch {
 			continue

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 	"unicode/utf8"
 
@@ -150,6 +151,9 @@ type Config struct {
 	// Observer is told every call, lookup, replay and park, for metrics
 	// (package outboxprom). Optional.
 	Observer Observer
+	// Logger receives a warning when a round of Reconcile fails. Defaults
+	// to slog.Default().
+	Logger *slog.Logger
 }
 
 // Caller makes one external call per key safely: see the package
@@ -205,6 +209,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Caller, error) {
 	def(&cfg.MaxCheckInterval, MaxCheckIntervalDefault)
 	def(&cfg.MaxAge, MaxAgeDefault)
 	def(&cfg.ReconcilePoll, ReconcilePollDefault)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	if cfg.MaxChecks == 0 {
 		cfg.MaxChecks = MaxChecksDefault
 	}
