@@ -446,6 +446,18 @@ func TestFingerprintMismatchRefused(t *testing.T) {
 	if posts, _ := b.p.counts(); posts != 1 {
 		t.Fatalf("%d calls, want 1", posts)
 	}
+	// The same while the outcome is unknown: no retry with the other request.
+	key2 := uuid.NewString()
+	b.p.inject(faultDropBeforeCommit)
+	if _, err := c.Do(ctx, key2, req, call); !errors.Is(err, sideeffect.ErrUnknown) {
+		t.Fatal(err)
+	}
+	if _, err := c.Do(ctx, key2, req2, other); !errors.Is(err, sideeffect.ErrFingerprintMismatch) {
+		t.Fatalf("retry of an unknown attempt with another request: %v, want ErrFingerprintMismatch", err)
+	}
+	if posts, _ := b.p.counts(); posts != 2 {
+		t.Fatalf("%d calls, want 2", posts)
+	}
 }
 
 // A definite refusal is recorded as failed and never called again.
