@@ -79,6 +79,7 @@
 // Config.Observer is told every call, lookup, replay and park; package
 // outboxprom exports them as sideeffect_* series and samples [Admin.Gauges]
 // (open attempts by state, the oldest unknown age). `outbox status
-// --sideeffect-schema S` shows [Admin.Status]. docs/side-effects.md has the
-// state machine and what each mode guarantees.
+// --sideeffect-schema S` shows [Admin.Status]; `outbox sideeffect
+// parked|show|resolve` lists and settles parked attempts.
+// docs/side-effects.md has the state machine and what each mode guarantees.
 package sideeffect
