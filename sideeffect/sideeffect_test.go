@@ -859,3 +859,48 @@ func TestReconcileLoop(t *testing.T) {
 		}
 	}
 }
+
+// Without a lookup the reconciler cannot ask: a crashed caller's attempt
+// becomes unknown (mode idempotent: the next Do calls again with the same
+// key) or is parked at once (mode neither without BlindRetry).
+func TestReconcilerWithoutLookup(t *testing.T) {
+	for _, c := range []struct {
+		mode sideeffect.Mode
+		want sideeffect.State
+	}{{sideeffect.Idempotent, sideeffect.Unknown}, {sideeffect.Neither, sideeffect.Parked}} {
+		t.Run(c.mode.String(), func(t *testing.T) {
+			b := setup(t, c.mode)
+			ctx := context.Background()
+			caller := b.caller(t, nil)
+			key := uuid.NewString()
+			call, req := b.p.call(3)
+			func() {
+				defer func() { _ = recover() }()
+				caller.Do(ctx, key, req, func(ctx context.Context, k string) ([]byte, error) { //nolint:errcheck
+					if _, err := call(ctx, k); err != nil {
+						t.Error(err)
+					}
+					panic("crash")
+				})
+			}()
+			b.expire(t, key)
+			rep, err := caller.ReconcileOnce(ctx)
+			if err != nil || rep.Checked != 1 {
+				t.Fatalf("reconcile: %+v, %v", rep, err)
+			}
+			a := b.attempt(t, key)
+			if a.State != c.want || a.Checks != 0 || a.UnknownSince == nil {
+				t.Fatalf("after reconcile: %+v, want %s", a, c.want)
+			}
+			if c.want == sideeffect.Unknown {
+				if rep.Unresolved != 1 || a.NextCheck == nil || a.NextCheck.Before(time.Now().Add(time.Hour)) {
+					t.Fatalf("report %+v, next check %v: want the next look at the bound (MaxAge)", rep, a.NextCheck)
+				}
+				res, err := caller.Do(ctx, key, req, call)
+				if err != nil || res.State != sideeffect.Succeeded || b.p.charges(key) != 1 {
+					t.Fatalf("Do: %+v, %v, %d charges", res, err, b.p.charges(key))
+				}
+			}
+		})
+	}
+}
