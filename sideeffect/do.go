@@ -8,6 +8,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox/internal/failpoint"
+)
+
+// Failpoints of Do (OUTBOX_FAILPOINTS, for chaos tests): after the claim
+// committed and before the call, and after the call returned and before its
+// outcome is recorded. A crash at either leaves the attempt started; an
+// injected error returns without recording, which is the same to the next
+// caller once the lease ends.
+const (
+	FailpointBeforeCall            = "sideeffect/before-call"
+	FailpointAfterCallBeforeRecord = "sideeffect/after-call-before-record"
 )
 
 // Do makes the call for key at most once as far as the provider's mode
@@ -254,11 +266,19 @@ func (c *Caller) run(ctx context.Context, cl claim, call Call) (Result, error) {
 			return res, err
 		}
 	}
+	if err := failpoint.Hit(FailpointBeforeCall); err != nil {
+		return Result{Key: cl.key, State: Started}, err
+	}
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	start := time.Now()
 	resp, callErr := call(cctx, cl.key)
 	took := time.Since(start)
 	cancel()
+	if err := failpoint.Hit(FailpointAfterCallBeforeRecord); err != nil {
+		// As if the process died here: nothing recorded, the attempt stays
+		// started until its lease ends.
+		return Result{Key: cl.key, State: Started, Called: true}, err
+	}
 	rec := outcome{via: "call"}
 	switch {
 	case callErr == nil:
