@@ -3,7 +3,12 @@ package sideeffect_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -58,4 +63,68 @@ func TestFailpointsAroundTheCall(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Environment of the child process of TestProcessKilledBetweenCallAndRecord.
+const (
+	childSchemaEnv = "SIDEEFFECT_TEST_CHILD_SCHEMA"
+	childURLEnv    = "SIDEEFFECT_TEST_CHILD_PROVIDER"
+	childKeyEnv    = "SIDEEFFECT_TEST_CHILD_KEY"
+)
+
+// A real crash: a consumer process is SIGKILLed (failpoint crash) after the
+// provider charged and before the outcome is recorded. The attempt stays
+// started; once its lease has ended a fresh process looks the key up, finds
+// the charge and records it: one charge, no second call.
+func TestProcessKilledBetweenCallAndRecord(t *testing.T) {
+	if schema := os.Getenv(childSchemaEnv); schema != "" {
+		runChild(t, schema)
+		return
+	}
+	pool, schema := outboxtest.Schema(t)
+	admin, err := sideeffect.NewAdmin(pool, sideeffect.AdminConfig{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{pool: pool, schema: schema, p: newFakeProvider(t, sideeffect.Queryable), obs: &recorder{}, admin: admin}
+	key := uuid.NewString()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestProcessKilledBetweenCallAndRecord$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childSchemaEnv+"="+schema, childURLEnv+"="+b.p.url, childKeyEnv+"="+key,
+		failpoint.EnvVar+"="+sideeffect.FailpointAfterCallBeforeRecord+"=crash")
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the child was not killed by the failpoint: %v\n%s", err, out)
+	}
+	a := b.attempt(t, key)
+	if a.State != sideeffect.Started || a.Attempts != 1 || b.p.charges(key) != 1 {
+		t.Fatalf("after the crash: %+v, %d charges; want started, charged once", a, b.p.charges(key))
+	}
+	b.expire(t, key)
+	call, req := b.p.call(20)
+	res, err := b.caller(t, nil).Do(ctx, key, req, call)
+	if err != nil || res.State != sideeffect.Succeeded || res.Called || res.Via != "lookup" {
+		t.Fatalf("the next process: %+v, %v; want the charge found by lookup", res, err)
+	}
+	if posts, _ := b.p.counts(); posts != 1 || b.p.charges(key) != 1 {
+		t.Fatalf("%d calls, %d charges; want 1 and 1", posts, b.p.charges(key))
+	}
+}
+
+// runChild is the consumer process that the failpoint kills.
+func runChild(t *testing.T, schema string) {
+	pool := outboxtest.Pool(t)
+	p := &fakeProvider{url: os.Getenv(childURLEnv), client: &http.Client{}, hung: make(chan struct{})}
+	c, err := sideeffect.New(pool, sideeffect.Config{Name: "payments.charge", Schema: schema, Mode: sideeffect.Queryable,
+		Lookup: sideeffect.LookupFunc(func(context.Context, string) (sideeffect.LookupResult, error) {
+			return sideeffect.LookupResult{}, errors.New("unused")
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call, req := p.call(20)
+	_, err = c.Do(context.Background(), os.Getenv(childKeyEnv), req, call)
+	t.Fatalf("the failpoint did not kill the process (Do returned %v)", err)
 }

@@ -21,8 +21,10 @@ import (
 // body: 422); in the other modes every POST charges. Faults are queued and
 // taken one per POST.
 type fakeProvider struct {
-	mode sideeffect.Mode
-	srv  *httptest.Server
+	mode   sideeffect.Mode
+	srv    *httptest.Server
+	url    string       // the server's, as clients reach it
+	client *http.Client // the clients'
 
 	mu       sync.Mutex
 	ledger   []charge          // every charge made, duplicates included
@@ -71,6 +73,7 @@ func newFakeProvider(t *testing.T, mode sideeffect.Mode) *fakeProvider {
 	mux.HandleFunc("POST /charges", p.charge)
 	mux.HandleFunc("GET /charges/{key}", p.lookup)
 	p.srv = httptest.NewServer(mux)
+	p.url, p.client = p.srv.URL, p.srv.Client()
 	t.Cleanup(p.srv.Close)
 	return p
 }
@@ -195,7 +198,7 @@ func (p *fakeProvider) call(amount int) (sideeffect.Call, []byte) {
 			case <-ctx.Done():
 			}
 		}()
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.srv.URL+"/charges", bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url+"/charges", bytes.NewReader(body))
 		if err != nil {
 			return nil, sideeffect.NotSent(err)
 		}
@@ -205,18 +208,18 @@ func (p *fakeProvider) call(amount int) (sideeffect.Call, []byte) {
 		// charge at a provider that ignores the key. Without GetBody the
 		// request is not replayable (the property test found this).
 		req.GetBody = nil
-		return sideeffect.HTTPOutcome(p.srv.Client().Do(req))
+		return sideeffect.HTTPOutcome(p.client.Do(req))
 	}, body
 }
 
 // lookupFn is the provider's lookup as a sideeffect.Lookup.
 func (p *fakeProvider) lookupFn() sideeffect.Lookup {
 	return sideeffect.LookupFunc(func(ctx context.Context, key string) (sideeffect.LookupResult, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.srv.URL+"/charges/"+key, nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url+"/charges/"+key, nil)
 		if err != nil {
 			return sideeffect.LookupResult{}, err
 		}
-		resp, err := p.srv.Client().Do(req)
+		resp, err := p.client.Do(req)
 		if err != nil {
 			return sideeffect.LookupResult{}, err
 		}
