@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -351,8 +350,8 @@ func TestMigrationAndSweepUnstickLanes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(res.Applied) != "[6]" {
-		t.Fatalf("applied %v, want [6]", res.Applied)
+	if len(res.Applied) == 0 || res.Applied[0] != 6 { // and the later versions, deleted too
+		t.Fatalf("applied %v, want 6 first", res.Applied)
 	}
 	if s := readLane(t, pool, schema, "big"); !s.flagged || s.behindParked != 0 {
 		t.Fatalf("big after the migration: %+v, want flagged, its events left to the sweep", s)

@@ -84,7 +84,8 @@ var relayGrants = []grant{
 // operatorGrants: Admin.Status and Gauges, ListQuarantined, Event, Retry
 // and Skip (they unpark the lane and write the audit log), Replay (reads
 // events, writes and updates its audit row), Cleanup, and inbox.Admin's
-// Waiting, Aggregate and Resolve (the mark upsert, the audit log).
+// Waiting, Aggregate and Resolve (the mark upsert, the audit log), and
+// sideeffect.Admin's Status, Gauges, Parked and Resolve.
 var operatorGrants = []grant{
 	{"SELECT, UPDATE, DELETE", "outbox_events", "status, quarantine retry|skip, replay, cleanup"},
 	{"SELECT, UPDATE", "outbox_aggregates", "unparking a lane on retry|skip; cleanup"},
@@ -94,6 +95,7 @@ var operatorGrants = []grant{
 	{"SELECT, DELETE", "processed_events", "cleanup --inbox-older-than"},
 	{"UPDATE (processed_at)", "processed_events", "the clean-up's row locks (FOR UPDATE)"},
 	{"SELECT, INSERT, UPDATE", "inbox_aggregates", "inbox status|resolve"},
+	{"SELECT, UPDATE", "side_effects", "status (side effects) and sideeffect.Admin.Resolve"},
 }
 
 // Grants returns SQL that grants the roles the rights they need on the

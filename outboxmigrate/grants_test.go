@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/natstest"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxmigrate"
+	"github.com/pgoutbox/outbox/sideeffect"
 )
 
 // warnings records the records at Warn and above a relay logs: a right the
@@ -209,6 +210,13 @@ func TestGrantsLeastPrivilege(t *testing.T) {
 	}
 	if _, err := inboxAdmin.Waiting(ctx, inbox.WaitingFilter{}); err != nil {
 		t.Errorf("operator inbox Waiting: %v", err)
+	}
+	seAdmin, err := sideeffect.NewAdmin(operatorDB, sideeffect.AdminConfig{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seAdmin.Status(ctx, 10); err != nil {
+		t.Errorf("operator side-effect Status: %v", err)
 	}
 	_, err = operatorDB.Exec(ctx, "INSERT INTO "+events+" (event_id) VALUES (gen_random_uuid())")
 	refused(t, err, "operator inserts an event")

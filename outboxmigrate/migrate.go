@@ -54,6 +54,13 @@ func All() []Migration {
 		out = append(out, Migration{Version: v, Name: name, SQL: string(text)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i := 1; i < len(out); i++ {
+		// Two files with one version (branches merged without renumbering)
+		// would apply only the first: refuse to build such a list.
+		if out[i].Version == out[i-1].Version {
+			panic(fmt.Sprintf("two migrations with version %d: %s and %s", out[i].Version, out[i-1].Name, out[i].Name))
+		}
+	}
 	return out
 }
 

@@ -47,6 +47,10 @@
 //	inbox_waiting_aggregates{consumer}          aggregates waiting on a gap (an event refused as early, none applied since)
 //	inbox_oldest_waiting_age_seconds{consumer}  age of the oldest wait (0 when none)
 //
+// Side effects (package sideeffect): the sideeffect_* series, listed in
+// sideeffect.go, counted as Metrics observes a sideeffect.Caller and sampled
+// from Config.SideEffects.
+//
 // Several relays of one schema export the same database gauges: aggregate
 // them with max(), not sum(). deploy/prometheus/outbox-alerts.yml has example
 // alert rules and deploy/grafana/outbox-dashboard.json a dashboard.
@@ -66,6 +70,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/inbox"
+	"github.com/pgoutbox/outbox/sideeffect"
 )
 
 // Defaults for Config.
@@ -85,6 +90,10 @@ type Config struct {
 	// exports a consumer's metrics, or in a relay whose schema also holds
 	// consumers' inboxes. Optional.
 	Inbox *inbox.Admin
+	// SideEffects, when set, is sampled for the side-effect gauges (open
+	// attempts by state, the oldest unknown age), in the same sample. Set it
+	// in the process that exports a consumer's metrics. Optional.
+	SideEffects *sideeffect.Admin
 	// GaugesMaxAge is how long a database sample is reused: scrapes within
 	// it get the same values, so any number of scrapers cost at most one
 	// query per GaugesMaxAge. Defaults to GaugesMaxAgeDefault.
@@ -116,6 +125,7 @@ type Metrics struct {
 
 	pendingDesc, oldestDesc, quarantinedDesc, leasedDesc, expiredDesc, relaysDesc, tableBytesDesc *prometheus.Desc
 	inboxWaitingDesc, inboxOldestWaitDesc                                                         *prometheus.Desc
+	se                                                                                            *sideEffectMetrics
 
 	mu       sync.Mutex // one sample at a time
 	sampled  time.Time
@@ -129,6 +139,8 @@ type sample struct {
 	outboxOK bool
 	inbox    []inbox.ConsumerWaiting
 	inboxOK  bool
+	se       []sideeffect.Gauges
+	seOK     bool
 }
 
 var (
@@ -211,6 +223,7 @@ func New(cfg Config) (*Metrics, error) {
 		inboxOldestWaitDesc: desc("inbox_oldest_waiting_age_seconds",
 			"Age of the consumer's oldest wait on a gap, 0 when none (sampled from the database).", "consumer"),
 	}
+	m.se = newSideEffectMetrics(labels, latency)
 	// Known label values exist from the start, so that rates and alerts see 0
 	// rather than no series.
 	for _, r := range []outbox.FailureReason{outbox.FailureRetryable, outbox.FailurePermanent, outbox.FailureUnavailable} {
@@ -223,9 +236,10 @@ func New(cfg Config) (*Metrics, error) {
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.claimed, m.published, m.quarantined, m.expired, m.conflicts, m.gaugeErrors,
+	cs := []prometheus.Collector{m.claimed, m.published, m.quarantined, m.expired, m.conflicts, m.gaugeErrors,
 		m.failures, m.cleanupDeleted, m.attempts, m.ackLatency, m.commitToPublish, m.statements,
 		m.inboxProcessed, m.inboxDuplicates, m.inboxEarly, m.inboxErrors, m.inboxSeconds}
+	return append(cs, m.se.collectors()...)
 }
 
 // Describe implements prometheus.Collector.
@@ -235,7 +249,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	}
 	m.relayUp.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.pendingDesc, m.oldestDesc, m.quarantinedDesc, m.leasedDesc, m.expiredDesc, m.relaysDesc, m.tableBytesDesc,
-		m.inboxWaitingDesc, m.inboxOldestWaitDesc} {
+		m.inboxWaitingDesc, m.inboxOldestWaitDesc, m.se.attemptsDesc, m.se.oldestDesc} {
 		ch <- d
 	}
 }
@@ -245,7 +259,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 // database gauges out of this scrape and counts outbox_gauges_errors_total.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	var smp sample
-	if m.cfg.Admin != nil || m.cfg.Inbox != nil {
+	if m.cfg.Admin != nil || m.cfg.Inbox != nil || m.cfg.SideEffects != nil {
 		smp = m.sample() // first, so that a failure counts in this scrape
 	}
 	for _, c := range m.collectors() {
@@ -264,6 +278,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			gauge(m.inboxWaitingDesc, float64(c.Waiting), c.Consumer)
 			gauge(m.inboxOldestWaitDesc, c.OldestWaitSeconds, c.Consumer)
 		}
+	}
+	if smp.seOK {
+		m.se.collectGauges(ch, smp.se)
 	}
 	if !smp.outboxOK {
 		return
@@ -308,6 +325,15 @@ func (m *Metrics) sample() sample {
 			m.cfg.Logger.Warn("sample inbox gauges", slog.String("schema", m.cfg.Schema), slog.Any("error", err))
 		} else {
 			s.inbox, s.inboxOK = w, true
+		}
+	}
+	if m.cfg.SideEffects != nil {
+		g, err := m.cfg.SideEffects.Gauges(ctx)
+		if err != nil {
+			failed = true
+			m.cfg.Logger.Warn("sample side-effect gauges", slog.String("schema", m.cfg.Schema), slog.Any("error", err))
+		} else {
+			s.se, s.seOK = g, true
 		}
 	}
 	if failed {

@@ -14,6 +14,7 @@ func main() {
 		{Name: "status", Summary: "is it healthy, what is stuck: backlog, leases, quarantine, relays, sizes", Run: runStatus},
 		{Name: "quarantine", Summary: "list, retry or skip quarantined events", Run: runQuarantine},
 		{Name: "inbox", Summary: "consumers' aggregates waiting on a gap: status, resolve", Run: runInbox},
+		{Name: "sideeffect", Summary: "consumers' external calls parked for an operator: parked, show, resolve", Run: runSideEffect},
 		{Name: "replay", Summary: "publish already-published events again, in order, with their ids", Run: runReplay},
 		{Name: "console", Summary: "serve the operator console in the browser (status, quarantine, replay, inbox)", Run: runConsole},
 		{Name: "cleanup", Summary: "delete settled events (and inbox rows) past their horizon", Run: runCleanup},

@@ -18,13 +18,17 @@ const statusUsage = `status [--json] [flags]
 Shows whether the outbox is healthy and what is stuck: relays alive, pending
 events and the oldest one's age, leases in flight and expired, quarantined
 events and what they block, events published in the last minute, all per
-aggregate type, table and index sizes, and the last operator actions.`
+aggregate type, table and index sizes, and the last operator actions.
+With side-effect attempts recorded (package sideeffect; in --schema, or in
+--sideeffect-schema), also their counts by state per name, the oldest
+unknown outcome's age, blind retries, and the oldest parked attempts.`
 
 func runStatus(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "status", statusUsage)
 	var common cli.Common
 	common.Register(fs)
 	asJSON := fs.Bool("json", false, "print the status as JSON")
+	seSchema := registerSideEffectFlag(fs)
 	pos, err := cli.ParseWithArgs(fs, args)
 	if err != nil {
 		return err
@@ -41,10 +45,15 @@ func runStatus(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	se, err := sideEffectStatus(ctx, pool, *seSchema, common.Schema)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
-		return opJSON(os.Stdout, st)
+		return opJSON(os.Stdout, statusWithSideEffects{Status: st, SideEffects: se})
 	}
 	printOutboxStatus(os.Stdout, st)
+	printSideEffects(os.Stdout, se)
 	return nil
 }
 

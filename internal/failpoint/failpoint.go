@@ -28,6 +28,8 @@
 //	relay/after-ack-before-mark          relay, after the broker's acks, before published_at is set
 //	consumer/after-commit-before-ack     inventory consumer, after its inbox transaction, before the ack
 //	cleanup/mid-batch                    clean-up, inside each batch: after its DELETE, before its COMMIT
+//	sideeffect/before-call               sideeffect.Caller.Do, after the attempt was claimed, before the external call
+//	sideeffect/after-call-before-record  sideeffect.Caller.Do, after the external call returned, before its outcome is recorded
 //
 // See docs/chaos.md for the tests that crash a process at each of them.
 package failpoint
