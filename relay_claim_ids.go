@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/pgoutbox/outbox/internal/failpoint"
 )
 
@@ -33,6 +34,13 @@ type PublishIDsResult struct {
 	Left int
 	// Failed counts, among Left, the events whose publish failed.
 	Failed int
+	// Missing lists, among Left, the ids of which the table held no event
+	// when the call looked. PostgreSQL sends a commit to logical
+	// replication a moment before the transaction is visible to other
+	// sessions, so an id read from the WAL can be missing briefly: the
+	// caller should retry those shortly, and give up after a while (an
+	// event deleted by clean-up stays missing).
+	Missing []uuid.UUID
 	// Unavailable reports that the destination was unreachable for some
 	// event (see Unavailable): the caller should wait RetryIn and call again
 	// with the same ids before treating them as handled.
@@ -81,11 +89,12 @@ func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResu
 		return res, errPublishIDsRunning
 	}
 	start := time.Now()
-	b, err := r.claimIDs(ctx, ids)
+	b, missing, err := r.claimIDs(ctx, ids)
 	r.observeClaim(b, time.Since(start), err)
 	if err != nil {
 		return res, err
 	}
+	res.Missing = missing
 	res.Left = len(ids) - b.total
 	if b.total == 0 {
 		return res, nil
@@ -129,17 +138,37 @@ func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResu
 }
 
 // claimIDs claims, under a new lease, those of ids that are claimable (see
-// claimIDsSQL), grouped into lanes in sequence order.
-func (r *Relay) claimIDs(ctx context.Context, ids []uuid.UUID) (batch, error) {
+// claimIDsSQL), grouped into lanes in sequence order. It also returns the
+// ids that had no row just before the claim (and so none at the claim
+// either, a later snapshot: an event that became visible in between is
+// claimed or not like any other). Both statements go in one round trip.
+func (r *Relay) claimIDs(ctx context.Context, ids []uuid.UUID) (batch, []uuid.UUID, error) {
 	b := batch{token: uuid.New()}
 	start := time.Now()
-	rows, err := r.pool.Query(ctx, r.sql.claimIDs, uuidArgs(ids), r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds())
+	args := uuidArgs(ids)
+	var q pgx.Batch
+	q.Queue(r.sql.missingIDs, args)
+	q.Queue(r.sql.claimIDs, args, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds())
+	res := r.pool.SendBatch(ctx, &q)
+	defer res.Close()
+	var absent [][16]byte
+	if err := res.QueryRow().Scan(&absent); err != nil {
+		return b, nil, fmt.Errorf("claim events by id: %w", err)
+	}
+	rows, err := res.Query()
 	if err != nil {
-		return b, fmt.Errorf("claim events by id: %w", err)
+		return b, nil, fmt.Errorf("claim events by id: %w", err)
 	}
 	takenOver, err := scanClaimed(rows, &b)
 	if err != nil {
-		return b, err
+		return b, nil, err
+	}
+	if err := res.Close(); err != nil {
+		return b, nil, fmt.Errorf("claim events by id: %w", err)
+	}
+	var missing []uuid.UUID
+	for _, id := range absent {
+		missing = append(missing, id)
 	}
 	r.takenOver.Add(takenOver)
 	b.takenOver = int(takenOver)
@@ -147,15 +176,22 @@ func (r *Relay) claimIDs(ctx context.Context, ids []uuid.UUID) (batch, error) {
 		r.log.Error("claim by id returned a lane with a gap; releasing the events after it", slog.Int("events", len(cut)))
 		b.total -= len(cut)
 		if err := r.release(ctx, b, cut); err != nil {
-			return b, err
+			return b, missing, err
 		}
 	}
 	if err := r.quarantineUndecodable(ctx, &b); err != nil {
-		return b, err
+		return b, missing, err
 	}
 	b.deadline = start.Add(r.cfg.LeaseDuration * 8 / 10)
 	r.claimed.Add(int64(b.total))
-	return b, nil
+	return b, missing, nil
+}
+
+// missingIDsSQL returns, as one array, those of the ids ($1) that have no
+// event row.
+func missingIDsSQL(events string) string {
+	return `SELECT coalesce(array_agg(i.id), '{}') FROM unnest($1::uuid[]) AS i(id)
+WHERE NOT EXISTS (SELECT 1 FROM ` + events + ` e WHERE e.event_id = i.id)`
 }
 
 // claimIDsSQL is the claim of given events ($1, an array of ids; $2 to $4

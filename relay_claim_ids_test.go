@@ -38,6 +38,8 @@ func TestPublishIDsKeepsLaneOrderAndLeavesBlockedLanes(t *testing.T) {
 		}
 		ids = append(ids, rec.ID)
 	}
+	unknown := uuid.New() // no such event: reported missing
+	ids = append(ids, unknown)
 	rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 
 	r, err := outbox.NewRelay(pool, quietConfig(schema, b.pub))
@@ -48,8 +50,8 @@ func TestPublishIDsKeepsLaneOrderAndLeavesBlockedLanes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Published != 4 || res.Left != 4 || res.Unavailable {
-		t.Fatalf("result %+v; want 4 published (agg-0 1..3, agg-2 1), 4 left", res)
+	if res.Published != 4 || res.Left != 5 || res.Unavailable || len(res.Missing) != 1 || res.Missing[0] != unknown {
+		t.Fatalf("result %+v; want 4 published (agg-0 1..3, agg-2 1), 5 left, the unknown id missing", res)
 	}
 	msgs := b.streamEvents(t)
 	checkBrokerOrder(t, msgs)

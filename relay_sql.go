@@ -9,8 +9,9 @@ import (
 // relaySQL holds the relay's statements for one schema.
 type relaySQL struct {
 	claim, markPublished, markFailed, release string
-	// claimIDs claims given events for PublishIDs.
-	claimIDs string
+	// claimIDs claims given events for PublishIDs; missingIDs finds those
+	// of them that have no row.
+	claimIDs, missingIDs string
 	// lockLanes and parkLanes park the lanes of quarantined events (see
 	// parkSQL).
 	lockLanes, parkLanes string
@@ -28,7 +29,7 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 		lockLanes: lockLanes, parkLanes: parkLanes,
 		claim: claimSQL(events, batchSize, ""),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
-		claimIDs: claimIDsSQL(events),
+		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.
