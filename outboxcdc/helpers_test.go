@@ -66,6 +66,9 @@ func newEnv(t *testing.T, extra map[string]string) *env {
 	}
 	e.js = natstest.JetStream(t, natstest.Conn(t))
 	cfg := natstest.Config(t)
+	// A short deduplication window, so that republished events show up at
+	// the broker as the duplicates they are.
+	cfg.DuplicateWindow = 100 * time.Millisecond
 	e.stream = cfg.Stream
 	e.pub = natstest.Publisher(t, e.js, cfg)
 	return e
