@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/outboxtest"
+	"github.com/pgoutbox/outbox/internal/pgcluster"
+	"github.com/pgoutbox/outbox/outboxcdc"
+	"github.com/pgoutbox/outbox/outboxmigrate"
+	"github.com/pgoutbox/outbox/outboxnats"
+)
+
+// TestRelayCDCKilledAtEachBoundary runs `outbox relay --mode cdc` on a
+// private cluster with wal_level=logical, kills it with SIGKILL at a
+// boundary of the CDC path, and starts it again. The slot was not confirmed
+// past the events the killed process had not finished with; the restarted
+// relay reads them again from the slot and publishes every event, each
+// aggregate in order (first deliveries), with nothing lost.
+//
+// In the first two cases the safety net's threshold is an hour, so the
+// restarted relay's CDC path alone publishes the events: the replay from
+// the slot is what is tested. After ack before mark the events stay leased
+// by the dead process; the CDC path leaves them and the safety net (2s)
+// republishes them once the lease expired: duplicates at the broker.
+func TestRelayCDCKilledAtEachBoundary(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		failpoint, reconcileAfter string
+		wantDuplicates            bool
+	}{
+		{"cdc/before-publish", "1h", false},
+		{"cdc/before-confirm", "1h", false},
+		{"relay/after-ack-before-mark", "2s", true},
+	}
+	c := outboxtest.PrivateCluster(t, pgcluster.Config{Settings: map[string]string{"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10"}})
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, c.URL(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	nc, err := nats.Connect(outboxtest.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+
+	for i, tc := range cases {
+		t.Run(tc.failpoint, func(t *testing.T) {
+			schema := fmt.Sprintf("cdc_kill_%d", i)
+			if _, err := outboxmigrate.Migrate(ctx, pool, schema); err != nil {
+				t.Fatal(err)
+			}
+			// The slot must exist before the events are written.
+			if err := outboxcdc.Setup(ctx, outboxcdc.Config{Pool: pool, Schema: schema}); err != nil {
+				t.Fatal(err)
+			}
+			w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const aggregates, txs = 4, 5
+			var lsn string
+			for i := 0; i < txs; i++ {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					for a := 0; a < aggregates; a++ {
+						ev := outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("o%d", a), Type: fmt.Sprintf("Step%d", i), Payload: []byte(`{}`)}
+						if _, err := w.InsertTx(ctx, tx, ev); err != nil {
+							return err
+						}
+					}
+					return tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn)
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			last, _ := pglogrepl.ParseLSN(lsn)
+			confirmed := func() pglogrepl.LSN {
+				var s string
+				if err := pool.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+					outboxcdc.SlotName(schema, outboxcdc.GroupDefault)).Scan(&s); err != nil {
+					t.Fatal(err)
+				}
+				l, _ := pglogrepl.ParseLSN(s)
+				return l
+			}
+
+			stream, prefix := "S_"+outboxtest.UniqueName(t, "k"), outboxtest.UniqueName(t, "k")
+			t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+			relayCmd := func(failpoints string) *exec.Cmd {
+				cmd := exec.Command(outboxBinary(t), "relay", "--mode", "cdc", "--reconcile-after", tc.reconcileAfter,
+					"--schema", schema, "--destination", outboxtest.NATSURL(),
+					"--nats-stream", stream, "--nats-subject-prefix", prefix, "--nats-duplicate-window", "100ms",
+					"--lease", "1s", "--poll-interval", "50ms", "--retry-min", "50ms")
+				cmd.Env = append(os.Environ(), "DATABASE_URL="+c.URL(""), "OUTBOX_FAILPOINTS="+failpoints)
+				cmd.Stderr = &testWriter{t: t}
+				return cmd
+			}
+			runCtx, cancel := context.WithTimeout(ctx, 90*time.Second)
+			defer cancel()
+			killed := relayCmd(tc.failpoint + "=crash")
+			if err := killed.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waitErr := waitCmd(runCtx, killed)
+			var exitErr *exec.ExitError
+			if !errors.As(waitErr, &exitErr) || exitErr.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("relay with the crash failpoint ended with %v, want killed by SIGKILL", waitErr)
+			}
+			if got := confirmed(); got > last {
+				t.Fatalf("slot confirmed at %s, past the last event's commit (%s), by a process killed before it was done with them", got, last)
+			}
+
+			restarted := relayCmd("")
+			if err := restarted.Start(); err != nil {
+				t.Fatal(err)
+			}
+			outboxtest.Eventually(t, 60*time.Second, "all events published after the restart", func() bool {
+				var n int
+				_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.outbox_events WHERE published_at IS NULL`).Scan(&n)
+				return n == 0
+			})
+			outboxtest.Eventually(t, 30*time.Second, "slot confirmed past the last event", func() bool { return confirmed() > last })
+			_ = restarted.Process.Signal(syscall.SIGTERM)
+			if err := waitCmd(runCtx, restarted); err != nil {
+				t.Fatalf("relay did not shut down cleanly on SIGTERM: %v", err)
+			}
+
+			s, err := js.Stream(ctx, stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, _ := s.Info(ctx)
+			next := map[string]int64{}
+			seen := map[uuid.UUID]int{}
+			dups := 0
+			for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+				raw, err := s.GetMsg(ctx, seq)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m, err := outboxnats.Decode(raw.Header, raw.Data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if seen[m.ID]++; seen[m.ID] > 1 {
+					dups++
+					continue
+				}
+				if m.Sequence != next[m.AggregateID]+1 {
+					t.Fatalf("I5 violated: %s sequence %d first delivered after %d", m.AggregateID, m.Sequence, next[m.AggregateID])
+				}
+				next[m.AggregateID] = m.Sequence
+			}
+			if len(seen) != aggregates*txs {
+				t.Fatalf("%d distinct events at the broker, want %d", len(seen), aggregates*txs)
+			}
+			if tc.wantDuplicates != (dups > 0) {
+				t.Fatalf("%d duplicates at the broker; want duplicates: %v", dups, tc.wantDuplicates)
+			}
+		})
+	}
+}
+
+// TestRelayCDCNeedsLogicalWAL: on the shared server (wal_level=replica) the
+// cdc mode stops at once with one line saying what to set.
+func TestRelayCDCNeedsLogicalWAL(t *testing.T) {
+	t.Parallel()
+	_, schema := outboxtest.Schema(t)
+	stream := "S_" + outboxtest.UniqueName(t, "w")
+	nc, err := nats.Connect(outboxtest.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+	cmd := exec.Command(outboxBinary(t), "relay", "--mode", "cdc", "--schema", schema, "--destination", outboxtest.NATSURL(),
+		"--nats-stream", stream, "--nats-subject-prefix", outboxtest.UniqueName(t, "w"))
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+outboxtest.DatabaseURL())
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "wal_level = logical") {
+		t.Fatalf("outbox relay --mode cdc on a wal_level=replica server: %v\n%s\nwant an error saying to set wal_level = logical", err, out)
+	}
+}
