@@ -45,8 +45,9 @@ type PublishIDsResult struct {
 	// event (see Unavailable): the caller should wait RetryIn and call again
 	// with the same ids before treating them as handled.
 	Unavailable bool
-	// RetryIn is the backoff before the next call when Unavailable, the same
-	// that a polling relay would wait.
+	// RetryIn is the wait before the next call when Unavailable: the
+	// longest backoff recorded for the events that met the outage, so that
+	// they are due again when the call is repeated.
 	RetryIn time.Duration
 }
 
@@ -131,8 +132,18 @@ func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResu
 	res.Failed = len(o.failures)
 	res.Left = len(ids) - res.Published
 	if r.outages > outagesBefore {
+		// Wait until the events that met the outage are due again (their
+		// backoff, recorded in available_at), so that the retry claims
+		// them instead of leaving them to the polling path.
 		res.Unavailable = true
-		res.RetryIn = backoff(r.outages, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
+		for _, f := range o.failures {
+			if f.outage {
+				res.RetryIn = max(res.RetryIn, f.delay)
+			}
+		}
+		if res.RetryIn == 0 {
+			res.RetryIn = backoff(r.outages, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
+		}
 	}
 	return res, nil
 }

@@ -33,6 +33,14 @@ func (s *Stats) Published() int64 { return s.published.Load() }
 // Left counts the ids PublishIDs left to the polling path.
 func (s *Stats) Left() int64 { return s.left.Load() }
 
+// Outages counts the PublishIDs calls that found the destination
+// unavailable (the stream then keeps its position and retries).
+func (s *Stats) Outages() int64 { return s.outages.Load() }
+
+// Takeovers counts the times this relay started streaming after standing
+// by.
+func (s *Stats) Takeovers() int64 { return s.takeovers.Load() }
+
 // Invalidations counts the times the slot was found invalidated and
 // recreated.
 func (s *Stats) Invalidations() int64 { return s.invalidations.Load() }
