@@ -133,6 +133,9 @@ func TestInvalidatedSlotIsRecreatedAndTheGapPublished(t *testing.T) {
 	if status != "lost" {
 		t.Fatalf("slot wal_status %q after the WAL moved on; the test needs it lost", status)
 	}
+	if slots, err := outboxcdc.Slots(ctx, e.pool, e.schema); err != nil || len(slots) != 1 || slots[0].WALStatus != "lost" || slots[0].Active {
+		t.Fatalf("Slots: %+v, %v; want the one slot, lost and not streamed", slots, err)
+	}
 
 	c2, _ := e.startCDC(t, "g", e.relay(t, "cdc2", 0, nil), e.relay(t, "net", 100*time.Millisecond, nil))
 	outboxtest.Eventually(t, 30*time.Second, "streaming again", c2.Stats().Streaming)
@@ -176,6 +179,9 @@ func TestBrokerOutageHoldsTheSlot(t *testing.T) {
 	outboxtest.Eventually(t, 30*time.Second, "the stream met the outage", func() bool { return c.Stats().Outages() >= 2 })
 	if got := e.confirmed(t, slot); got > last {
 		t.Fatalf("slot confirmed at %s past events not yet published (last commit before %s; %s before the outage)", got, last, before)
+	}
+	if slots, err := outboxcdc.Slots(context.Background(), e.pool, e.schema); err != nil || len(slots) != 1 || !slots[0].Active || slots[0].LagBytes <= 0 {
+		t.Fatalf("Slots during the outage: %+v, %v; want the slot streamed and lagging", slots, err)
 	}
 	srv2, err := outboxnats.StartEmbedded(srv.StoreDir(), port)
 	if err != nil {

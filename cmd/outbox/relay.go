@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
@@ -78,7 +80,12 @@ func runRelay(ctx context.Context, args []string) error {
 	// /healthz and /readyz answer while the relay waits for the database
 	// and the destination; /readyz says which.
 	readiness := newRelayReadiness()
-	stopMetrics, err := ops.serve(metrics, readiness.ready, cfg.Logger)
+	var extra []prometheus.Collector
+	if metrics != nil && mode.mode != modePolling {
+		mode.metrics = newCDCCollector(pool, common.Schema, cfg.Logger)
+		extra = append(extra, mode.metrics)
+	}
+	stopMetrics, err := ops.serve(metrics, readiness.ready, cfg.Logger, extra...)
 	if err != nil {
 		return err
 	}

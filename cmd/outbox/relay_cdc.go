@@ -37,6 +37,7 @@ type relayModeFlags struct {
 	group          string
 	slot           string
 	publication    string
+	metrics        *cdcCollector // with --metrics-addr in cdc and reconcile modes
 }
 
 func (m *relayModeFlags) register(fs *flag.FlagSet) {
@@ -99,6 +100,9 @@ func (m *relayModeFlags) runCDC(ctx context.Context, pool *pgxpool.Pool, databas
 	})
 	if err != nil {
 		return err
+	}
+	if m.metrics != nil {
+		m.metrics.relay.Store(c)
 	}
 	cfg.Logger.Info("relay mode cdc", slog.Duration("reconcile_after", m.reconcileAfter.D))
 	return c.Run(ctx)

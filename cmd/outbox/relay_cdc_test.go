@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,10 +18,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/natstest"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/internal/pgcluster"
+	"github.com/pgoutbox/outbox/internal/promrules"
 	"github.com/pgoutbox/outbox/outboxcdc"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 	"github.com/pgoutbox/outbox/outboxnats"
@@ -200,4 +204,118 @@ func TestRelayCDCNeedsLogicalWAL(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "wal_level = logical") {
 		t.Fatalf("outbox relay --mode cdc on a wal_level=replica server: %v\n%s\nwant an error saying to set wal_level = logical", err, out)
 	}
+}
+
+// TestRelayCDCMetricsAndStatus runs `outbox relay --mode cdc --metrics-addr`
+// on a private cluster: the scrape shows the slot streamed and the events
+// the CDC path published, every series the CDC alert rules use is exported,
+// the not-streamed alert fires only once the relay stopped (checked through
+// `outbox status`, which lists the slot, streamed or not).
+func TestRelayCDCMetricsAndStatus(t *testing.T) {
+	t.Parallel()
+	c := outboxtest.PrivateCluster(t, pgcluster.Config{Settings: map[string]string{"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10"}})
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, c.URL(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	const schema = "cdc_metrics"
+	if _, err := outboxmigrate.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	js := natstest.JetStream(t, natstest.Conn(t))
+	ncfg := natstest.Config(t)
+	natstest.DeleteStreamAtCleanup(t, js, ncfg.Stream)
+	relay := startRelayProcess(t, "--database-url", c.URL(""), "--mode", "cdc", "--schema", schema,
+		"--destination", outboxtest.NATSURL(), "--nats-stream", ncfg.Stream, "--nats-subject-prefix", ncfg.SubjectPrefix,
+		"--metrics-addr", "127.0.0.1:0", "--poll-interval", "50ms")
+	var addr string
+	select {
+	case addr = <-relay.addr:
+	case err := <-relay.waitErr:
+		t.Fatalf("relay exited: %v\n%s", err, relay.log())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("relay did not report its metrics address:\n%s", relay.log())
+	}
+	slot := outboxcdc.SlotName(schema, outboxcdc.GroupDefault)
+	labels := map[string]string{"schema": schema, "slot": slot}
+	var fams map[string]*dto.MetricFamily
+	outboxtest.Eventually(t, 60*time.Second, "the relay streams its slot", func() bool {
+		fams, err = promrules.Scrape("http://" + addr + "/metrics")
+		v, ok := promrules.Value(fams, "outbox_cdc_slot_active", labels)
+		return err == nil && ok && v == 1
+	})
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "o1", Type: "Step", Payload: []byte(`{}`)})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outboxtest.Eventually(t, 60*time.Second, "the CDC path published the 5 events", func() bool {
+		fams, err = promrules.Scrape("http://" + addr + "/metrics")
+		v, _ := promrules.Value(fams, "outbox_cdc_events_published_total", map[string]string{"schema": schema})
+		return err == nil && v == 5
+	})
+	if v, ok := promrules.Value(fams, "outbox_cdc_streaming", map[string]string{"schema": schema}); !ok || v != 1 {
+		t.Errorf("outbox_cdc_streaming = %g (found %v), want 1", v, ok)
+	}
+	if v, ok := promrules.Value(fams, "outbox_cdc_slot_wal_status", map[string]string{"schema": schema, "slot": slot, "status": "reserved"}); !ok || v != 1 {
+		t.Errorf("outbox_cdc_slot_wal_status{status=reserved} = %g (found %v), want 1", v, ok)
+	}
+	exported := promrules.Exported(fams)
+	groups, err := promrules.Load("../../deploy/prometheus/outbox-cdc-alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	alerts := map[string]string{}
+	for _, g := range groups {
+		for _, r := range g.Rules {
+			alerts[r.Alert] = r.Expr
+			series, err := promrules.Series(r.Expr)
+			if err != nil || len(series) == 0 {
+				t.Fatalf("alert %s: %v (series %v)", r.Alert, err, series)
+			}
+			for _, name := range series {
+				// safe_wal_bytes is absent while max_slot_wal_keep_size is unlimited.
+				if !exported[name] && name != "outbox_cdc_slot_safe_wal_bytes" {
+					t.Errorf("alert %s uses %s, which a cdc relay does not export", r.Alert, name)
+				}
+			}
+		}
+	}
+	if got, err := promrules.Eval(alerts["OutboxCDCSlotNotStreamed"], fams); err != nil || len(got) != 0 {
+		t.Errorf("OutboxCDCSlotNotStreamed on a streamed slot: %v, %v; want it silent", got, err)
+	}
+
+	status := func() string {
+		out, err := exec.Command(outboxBinary(t), "status", "--database-url", c.URL(""), "--schema", schema).CombinedOutput()
+		if err != nil {
+			t.Fatalf("outbox status: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	if out := status(); !strings.Contains(out, "CDC SLOT") || !regexp.MustCompile(slot+`\s+yes\s+reserved`).MatchString(out) {
+		t.Errorf("outbox status does not show slot %s streamed:\n%s", slot, out)
+	}
+	if err := relay.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-relay.waitErr:
+		if err != nil {
+			t.Fatalf("relay did not stop cleanly on SIGTERM: %v\n%s", err, relay.log())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("relay did not stop on SIGTERM:\n%s", relay.log())
+	}
+	outboxtest.Eventually(t, 30*time.Second, "status shows the slot not streamed", func() bool {
+		return regexp.MustCompile(slot + `\s+no\s+reserved.*no relay streams it`).MatchString(status())
+	})
 }

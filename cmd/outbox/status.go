@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/outboxcdc"
 )
 
 const statusUsage = `status [--json] [flags]
@@ -18,7 +19,9 @@ const statusUsage = `status [--json] [flags]
 Shows whether the outbox is healthy and what is stuck: relays alive, pending
 events and the oldest one's age, leases in flight and expired, quarantined
 events and what they block, events published in the last minute, all per
-aggregate type, table and index sizes, and the last operator actions.`
+aggregate type, table and index sizes, the last operator actions, and the
+replication slots of 'outbox relay --mode cdc' (streamed or not, WAL status,
+lag, WAL retained and how much more is safe).`
 
 func runStatus(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "status", statusUsage)
@@ -41,10 +44,15 @@ func runStatus(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	slots, slotsErr := outboxcdc.Slots(ctx, pool, common.Schema)
 	if *asJSON {
-		return opJSON(os.Stdout, st)
+		if slotsErr != nil {
+			return slotsErr
+		}
+		return opJSON(os.Stdout, statusWithCDC{Status: st, CDCSlots: slots})
 	}
 	printOutboxStatus(os.Stdout, st)
+	printCDCSlots(os.Stdout, slots, slotsErr)
 	return nil
 }
 
