@@ -45,6 +45,11 @@ type Config struct {
 	NATSServer string
 	// Relays and Consumers are how many of each run. Default to 2.
 	Relays, Consumers int
+	// CDC runs the relays with --mode cdc (DatabaseURL's server needs
+	// wal_level=logical): one streams the group's slot, the others stand
+	// by, all run the polling safety net (after CDCReconcileAfter); the
+	// CDC stream's boundaries join the failpoints.
+	CDC bool
 	// Clients and Rate shape the traffic: concurrent HTTP clients and
 	// commands per second in total. Default to 4 and 30.
 	Clients int
@@ -103,6 +108,22 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// CDCReconcileAfter is the relays' --reconcile-after in a CDC run: short,
+// so that the safety net's share (events left by a killed stream) shows in
+// a short run.
+const CDCReconcileAfter = 3 * time.Second
+
+// ScheduleConfig is the schedule of a run of c over the members, without
+// broker restarts when noBroker.
+func (c Config) ScheduleConfig(members []string, noBroker bool) ScheduleConfig {
+	c = c.withDefaults()
+	sc := ScheduleConfig{Seed: c.Seed, Duration: c.Duration, Members: members, Every: c.Every, Lease: c.Lease, NoBroker: noBroker}
+	if c.CDC {
+		sc.RelayFailpoints = CDCRelayFailpoints
+	}
+	return sc
+}
+
 // Stats count what the run did to the system.
 type Stats struct {
 	// Killed counts SIGKILLs sent by the run (kill faults, and restarts to
@@ -124,6 +145,9 @@ type Stats struct {
 	DuplicatesSuppressed, OutOfOrder int
 	// Recovery is how long convergence took after the faults ended.
 	Recovery time.Duration
+	// CDCStreams counts the relays' "cdc streaming" lines (a relay started
+	// streaming the slot), CDCTakeovers those by a relay that stood by.
+	CDCStreams, CDCTakeovers int
 }
 
 // Result is a finished run.
@@ -151,6 +175,9 @@ type run struct {
 	fired      [3]atomic.Int64 // crash, error, sleep
 	duplicates atomic.Int64
 	outOfOrder atomic.Int64
+	// cdcStreams and cdcTakeovers count the relays' "cdc streaming" and
+	// "took over the slot" lines.
+	cdcStreams, cdcTakeovers atomic.Int64
 }
 
 func (r *run) count(f func(s *Stats)) {
@@ -249,19 +276,26 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	if err != nil {
 		return res, err
 	}
+	var relayArgs []string
+	if cfg.CDC {
+		relayArgs = []string{"--mode", "cdc", "--reconcile-after", CDCReconcileAfter.String()}
+	}
 	r.sys = NewSystem(SystemConfig{
 		Bins: cfg.Bins, DatabaseURL: cfg.DatabaseURL, Schema: r.where.Schema,
 		Destination: r.dest, APIPort: port,
 		Relays: cfg.Relays, Consumers: consumers, Lease: cfg.Lease, AckWait: 2 * time.Second, Sink: sink,
+		RelayArgs: relayArgs,
 	})
 	defer r.sys.KillAll()
-	r.sched = NewSchedule(ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: r.sys.Names(), Every: cfg.Every, Lease: cfg.Lease,
-		NoBroker: !r.dest.Restartable()})
+	r.sched = NewSchedule(cfg.ScheduleConfig(r.sys.Names(), !r.dest.Restartable()))
 	res.Schedule = r.sched
 
 	r.printf("outbox chaos: seed %d, %s of faults\n", cfg.Seed, cfg.Duration)
 	r.printf("  processes: %s (orders %s, outbox %s)\n", strings.Join(r.sys.Names(), ", "), cfg.Bins.Orders, cfg.Bins.Outbox)
 	r.printf("  destination: %s; schema %s\n", r.dest.Describe(), r.where.Schema)
+	if cfg.CDC {
+		r.printf("  relays in cdc mode: one streams the slot, the others stand by; polling safety net after %s\n", CDCReconcileAfter)
+	}
 	if fewer != "" {
 		r.printf("  %d consumer process instead of %d: %s\n", consumers, cfg.Consumers, fewer)
 	}
@@ -369,6 +403,10 @@ func (r *run) scan(line string) {
 		}
 	case strings.Contains(line, "duplicate delivery suppressed"):
 		r.duplicates.Add(1)
+	case strings.Contains(line, `msg="cdc streaming"`):
+		r.cdcStreams.Add(1)
+	case strings.Contains(line, `msg="took over the slot`):
+		r.cdcTakeovers.Add(1)
 	case strings.Contains(line, "cancellation found no reservation"):
 		r.outOfOrder.Add(1)
 	}
@@ -377,6 +415,7 @@ func (r *run) scan(line string) {
 func (r *run) finishStats() {
 	r.stats.FailpointsFired = map[string]int{"crash": int(r.fired[0].Load()), "error": int(r.fired[1].Load()), "sleep": int(r.fired[2].Load())}
 	r.stats.DuplicatesSuppressed = int(r.duplicates.Load())
+	r.stats.CDCStreams, r.stats.CDCTakeovers = int(r.cdcStreams.Load()), int(r.cdcTakeovers.Load())
 	r.stats.OutOfOrder = int(r.outOfOrder.Load())
 	r.stats.BrokerRestarts = r.dest.Restarts()
 	for _, x := range r.sys.Exits() {
@@ -555,6 +594,9 @@ func (r *run) report(res *Result) {
 		line("broker restarts", s.BrokerRestarts, "none: "+noRestartsNote(r.dest))
 	}
 	line("process error exits", s.ErrorExits, "exited by themselves (e.g. started while the broker was down), restarted")
+	if r.cfg.CDC {
+		line("cdc streams", s.CDCStreams, fmt.Sprintf("times a relay started streaming the slot; %d after standing by", s.CDCTakeovers))
+	}
 	line("recovery", s.Recovery.Round(time.Millisecond), "from the end of the faults to all published and applied")
 	rep.WriteViolations(r.cfg.Out)
 	if n := rep.Total(); n > 0 {

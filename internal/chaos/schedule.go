@@ -104,6 +104,9 @@ type ScheduleConfig struct {
 	// NoBroker leaves the broker restarts out, for a destination that
 	// cannot be restarted. The other faults stay those of the seed.
 	NoBroker bool
+	// RelayFailpoints, when set, replaces Failpoints[RoleRelay]: the relays
+	// of a CDC run also have the CDC path's boundaries (CDCRelayFailpoints).
+	RelayFailpoints []string
 }
 
 // Failpoints lists the boundaries armed per role by the chaos run.
@@ -112,6 +115,11 @@ var Failpoints = map[string][]string{
 	RoleRelay:    {"relay/during-claim", "relay/after-claim", "relay/before-publish", "relay/after-ack-before-mark"},
 	RoleConsumer: {"consumer/after-commit-before-ack"},
 }
+
+// CDCRelayFailpoints are the boundaries armed in the relays of a run in CDC
+// mode: the polling path's (the safety net, and the CDC path's claims and
+// marks go through the same code) and the CDC stream's own.
+var CDCRelayFailpoints = append(append([]string(nil), Failpoints[RoleRelay]...), "cdc/before-publish", "cdc/before-confirm")
 
 // roleOf derives the role from a member's name.
 func roleOf(name string) string {
@@ -171,7 +179,7 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 			s = append(s, pause(at))
 		case r < 45:
 			target := members[rng.IntN(len(members))]
-			s = append(s, Fault{At: at, Kind: FaultFailpoint, Target: target, Rule: failpointRule(rng, roleOf(target)),
+			s = append(s, Fault{At: at, Kind: FaultFailpoint, Target: target, Rule: failpointRule(rng, roleOf(target), cfg.RelayFailpoints),
 				For: dur(2*time.Second, 6*time.Second)})
 		default:
 			s = append(s, Fault{At: at, Kind: FaultKill, Target: members[rng.IntN(len(members))]})
@@ -198,10 +206,14 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 	return s
 }
 
-// failpointRule draws a rule for one of role's boundaries: crash, error or
-// sleep, on the n-th hit or with a probability.
-func failpointRule(rng *rand.Rand, role string) string {
+// failpointRule draws a rule for one of role's boundaries (relays: of
+// relayNames, when set): crash, error or sleep, on the n-th hit or with a
+// probability.
+func failpointRule(rng *rand.Rand, role string, relayNames []string) string {
 	names := Failpoints[role]
+	if role == RoleRelay && relayNames != nil {
+		names = relayNames
+	}
 	name := names[rng.IntN(len(names))]
 	var action string
 	switch r := rng.IntN(100); {
