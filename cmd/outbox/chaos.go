@@ -48,7 +48,8 @@ the others stand by; each runs the polling safety net) on a private PostgreSQL
 cluster with wal_level=logical that the run starts and removes (it needs
 PostgreSQL's server binaries, initdb and pg_ctl; --database-url is not used), and
 adds the CDC stream's boundaries (cdc/before-publish, cdc/before-confirm) to the
-relays' failpoints.`
+relays' failpoints and PostgreSQL crashes (immediate shutdown, down 1-3s, about
+one every 20s) to the faults.`
 
 func runChaos(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "chaos", chaosUsage)
@@ -87,7 +88,9 @@ func runChaos(ctx context.Context, args []string) error {
 	}
 	if *printSchedule {
 		sys := chaos.NewSystem(chaos.SystemConfig{Relays: cfg.Relays, Consumers: cfg.Consumers})
-		s := chaos.NewSchedule(cfg.ScheduleConfig(sys.Names(), cfg.Destination != "nats" && cfg.Destination != "kafka" && cfg.Destination != "amqp"))
+		sc := cfg.ScheduleConfig(sys.Names(), cfg.Destination != "nats" && cfg.Destination != "kafka" && cfg.Destination != "amqp")
+		sc.Postgres = cfg.CDC // the private cluster of a real run
+		s := chaos.NewSchedule(sc)
 		fmt.Printf("seed %d, %s: schedule %s, %d faults\n%s", cfg.Seed, cfg.Duration, s.Digest(), len(s), s)
 		return nil
 	}
@@ -114,7 +117,7 @@ func runChaos(ctx context.Context, args []string) error {
 			return fmt.Errorf("--mode cdc needs a private PostgreSQL cluster: %w", err)
 		}
 		defer func() { _ = cluster.Close() }()
-		cfg.DatabaseURL = cluster.URL("")
+		cfg.DatabaseURL, cfg.Postgres = cluster.URL(""), cluster
 		fmt.Printf("private PostgreSQL cluster with wal_level=logical on port %d\n", cluster.Port())
 	}
 	_, err = chaos.Run(ctx, cfg)

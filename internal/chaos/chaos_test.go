@@ -74,8 +74,9 @@ func TestChaosRun(t *testing.T) {
 // TestChaosRunCDC is a short chaos run with --mode cdc: the relays stream a
 // logical replication slot of a private cluster (one at a time; a killed
 // one's slot is taken over), with the CDC stream's boundaries among the
-// failpoints (seed 11 arms cdc/before-confirm and cdc/before-publish); no
-// invariant may be violated.
+// failpoints (seed 11 arms cdc/before-confirm and cdc/before-publish) and
+// PostgreSQL crashed and restarted under everything; no invariant may be
+// violated.
 func TestChaosRunCDC(t *testing.T) {
 	out, code := runChaosCommand(t, testBinaries(t), "--mode", "cdc", "--duration", "30s", "--seed", "11", "--recover-timeout", "90s")
 	if code != 0 {
@@ -85,6 +86,9 @@ func TestChaosRunCDC(t *testing.T) {
 		if n := figure(t, out, "violations "+inv); n != 0 {
 			t.Errorf("%d violations of %s", n, inv)
 		}
+	}
+	if figure(t, out, "postgres restarts") == 0 {
+		t.Error("the run did not crash PostgreSQL")
 	}
 	if n := figure(t, out, "cdc streams"); n < 2 {
 		t.Errorf("the slot was streamed %d times; the relays' kills should have made another relay stream it", n)
@@ -214,5 +218,18 @@ func TestScheduleReplays(t *testing.T) {
 	}
 	if nb := NewSchedule(cfg); nb.Count(FaultBroker) != 0 || nb.String() != others.String() {
 		t.Fatalf("NoBroker schedule:\n%s\nwant the seed's faults without the broker restarts:\n%s", nb, others)
+	}
+	// With PostgreSQL crashes (a CDC run on a cluster of its own): the
+	// seed's other faults, plus the crashes.
+	cfg.NoBroker, cfg.Postgres = false, true
+	pg := NewSchedule(cfg)
+	var rest Schedule
+	for _, f := range pg {
+		if f.Kind != FaultPostgres {
+			rest = append(rest, f)
+		}
+	}
+	if pg.Count(FaultPostgres) < 2 || rest.String() != a.String() {
+		t.Fatalf("Postgres schedule:\n%s\nwant the seed's faults plus PostgreSQL crashes:\n%s", pg, a)
 	}
 }

@@ -50,6 +50,9 @@ type Config struct {
 	// by, all run the polling safety net (after CDCReconcileAfter); the
 	// CDC stream's boundaries join the failpoints.
 	CDC bool
+	// Postgres, when set, is the run's own PostgreSQL cluster (the one
+	// DatabaseURL names): the schedule then crashes and restarts it.
+	Postgres Restartable
 	// Clients and Rate shape the traffic: concurrent HTTP clients and
 	// commands per second in total. Default to 4 and 30.
 	Clients int
@@ -108,6 +111,12 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Restartable is a server the run may crash and start again.
+type Restartable interface {
+	Crash() error
+	Start() error
+}
+
 // CDCReconcileAfter is the relays' --reconcile-after in a CDC run: short,
 // so that the safety net's share (events left by a killed stream) shows in
 // a short run.
@@ -121,6 +130,7 @@ func (c Config) ScheduleConfig(members []string, noBroker bool) ScheduleConfig {
 	if c.CDC {
 		sc.RelayFailpoints = CDCRelayFailpoints
 	}
+	sc.Postgres = c.Postgres != nil
 	return sc
 }
 
@@ -145,6 +155,8 @@ type Stats struct {
 	DuplicatesSuppressed, OutOfOrder int
 	// Recovery is how long convergence took after the faults ended.
 	Recovery time.Duration
+	// PostgresRestarts counts the PostgreSQL crashes and restarts.
+	PostgresRestarts int
 	// CDCStreams counts the relays' "cdc streaming" lines (a relay started
 	// streaming the slot), CDCTakeovers those by a relay that stood by.
 	CDCStreams, CDCTakeovers int
@@ -302,8 +314,8 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	if !r.dest.Restartable() {
 		r.printf("  no broker restarts: %s\n", noRestartsNote(r.dest))
 	}
-	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts)\n", r.sched.Digest(), len(r.sched),
-		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker))
+	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts, %d postgres restarts)\n", r.sched.Digest(), len(r.sched),
+		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker), r.sched.Count(FaultPostgres))
 
 	for _, n := range r.sys.Names() {
 		if err := r.sys.Start(n, "", 0); err != nil {
@@ -521,6 +533,18 @@ func (r *run) inject(ctx context.Context) {
 				sleepCtx(ctx, f.For)
 				r.sys.Resume(f.Target)
 			})
+		case FaultPostgres:
+			if err := r.cfg.Postgres.Crash(); err != nil {
+				r.printf("  crash PostgreSQL: %v\n", err)
+				continue
+			}
+			r.count(func(s *Stats) { s.PostgresRestarts++ })
+			pending.Go(func() {
+				sleepCtx(ctx, f.For) // started again even when the faults end first
+				if err := r.cfg.Postgres.Start(); err != nil {
+					r.printf("  start PostgreSQL: %v\n", err)
+				}
+			})
 		case FaultBroker:
 			if err := r.dest.Stop(); err != nil {
 				r.printf("  stop the broker: %v\n", err)
@@ -594,6 +618,9 @@ func (r *run) report(res *Result) {
 		line("broker restarts", s.BrokerRestarts, "none: "+noRestartsNote(r.dest))
 	}
 	line("process error exits", s.ErrorExits, "exited by themselves (e.g. started while the broker was down), restarted")
+	if r.cfg.Postgres != nil {
+		line("postgres restarts", s.PostgresRestarts, "crashed (immediate shutdown) and started again")
+	}
 	if r.cfg.CDC {
 		line("cdc streams", s.CDCStreams, fmt.Sprintf("times a relay started streaming the slot; %d after standing by", s.CDCTakeovers))
 	}

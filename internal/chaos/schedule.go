@@ -26,6 +26,10 @@ const (
 	// FaultBroker stops the broker for a while and starts it again on the
 	// same port and storage.
 	FaultBroker FaultKind = "broker"
+	// FaultPostgres crashes PostgreSQL (immediate shutdown: crash recovery
+	// at the next start) for a while and starts it again; only in runs on a
+	// cluster of their own (outbox chaos --mode cdc).
+	FaultPostgres FaultKind = "postgres"
 )
 
 // Fault is one scheduled fault.
@@ -107,6 +111,9 @@ type ScheduleConfig struct {
 	// RelayFailpoints, when set, replaces Failpoints[RoleRelay]: the relays
 	// of a CDC run also have the CDC path's boundaries (CDCRelayFailpoints).
 	RelayFailpoints []string
+	// Postgres adds PostgreSQL crashes (FaultPostgres), drawn from a
+	// generator of their own so that the other faults stay the seed's.
+	Postgres bool
 }
 
 // Failpoints lists the boundaries armed per role by the chaos run.
@@ -194,6 +201,10 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 		}
 		sort.SliceStable(s, func(i, j int) bool { return s[i].At < s[j].At })
 	}
+	if cfg.Postgres {
+		s = append(s, postgresFaults(cfg, warmup, end)...)
+		sort.SliceStable(s, func(i, j int) bool { return s[i].At < s[j].At })
+	}
 	if cfg.NoBroker {
 		kept := s[:0]
 		for _, f := range s {
@@ -202,6 +213,20 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 			}
 		}
 		s = kept
+	}
+	return s
+}
+
+// postgresFaults draws PostgreSQL crashes between warmup and end, about one
+// every 20s (at least one in a run of 15s or more), each down for 1-3s and
+// at least 8s apart, from a generator of their own.
+func postgresFaults(cfg ScheduleConfig, warmup, end time.Duration) Schedule {
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x706f737467726573))
+	var s Schedule
+	for at := warmup + time.Duration(rng.Int64N(int64(5*time.Second))); at+5*time.Second < end; {
+		f := Fault{At: at, Kind: FaultPostgres, For: time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))}
+		s = append(s, f)
+		at += f.For + 8*time.Second + time.Duration(rng.ExpFloat64()*float64(12*time.Second))
 	}
 	return s
 }
