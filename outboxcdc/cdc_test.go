@@ -91,6 +91,10 @@ func TestStandbyTakesOver(t *testing.T) {
 	if b.Stats().Streaming() || b.Stats().Published() != 0 {
 		t.Fatal("the standby streamed while the first relay held the slot")
 	}
+	outboxtest.Eventually(t, 30*time.Second, "b stands by", func() bool { return b.Ready() == nil })
+	if err := a.Ready(); err != nil {
+		t.Fatalf("the streaming relay is not ready: %v", err)
+	}
 	stopA()
 	outboxtest.Eventually(t, 30*time.Second, "b took over", b.Stats().Streaming)
 	e.write(t, "after", 3, 10)

@@ -21,7 +21,7 @@ import (
 type Stats struct {
 	received, published, left, outages, invalidations, takeovers atomic.Int64
 	confirmed                                                    atomic.Uint64
-	streaming                                                    atomic.Bool
+	streaming, standby                                           atomic.Bool
 }
 
 // Received counts the event ids read from committed transactions.
@@ -54,9 +54,28 @@ func (s *Stats) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Loa
 
 // Relay is a change-data-capture relay: see the package documentation.
 type Relay struct {
-	cfg   Config
-	log   *slog.Logger
-	stats Stats
+	cfg     Config
+	log     *slog.Logger
+	stats   Stats
+	started atomic.Bool
+	lastErr atomic.Pointer[error] // why the stream last ended
+}
+
+// Ready reports whether the relay does its job: nil while it streams the
+// slot or stands by for another process that does; otherwise why not (not
+// started, stopped, or the error that ended its last stream while it
+// reconnects). It does not cover the safety net (see outbox.Relay.Ready).
+func (r *Relay) Ready() error {
+	switch {
+	case r.stats.streaming.Load() || r.stats.standby.Load():
+		return nil
+	case !r.started.Load():
+		return errors.New("cdc relay not running")
+	}
+	if p := r.lastErr.Load(); p != nil {
+		return fmt.Errorf("cdc stream reconnecting: %w", *p)
+	}
+	return errors.New("cdc stream starting")
 }
 
 // New validates cfg and returns a CDC relay. Run starts it.
@@ -79,6 +98,8 @@ func (r *Relay) Stats() *Stats { return &r.stats }
 // current position. Run returns nil when ctx ends, or an error that
 // retrying cannot fix (wal_level, names, a foreign slot or publication).
 func (r *Relay) Run(ctx context.Context) error {
+	r.started.Store(true)
+	defer r.started.Store(false)
 	if err := Setup(ctx, r.cfg); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -103,16 +124,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
+		if err != nil {
+			r.lastErr.Store(&err)
+		}
 		if isCode(err, "55006") { // object_in_use: the slot is active for another PID
 			if !standby {
 				r.log.Info("standing by: another process streams the slot", slog.Any("error", err))
 			}
 			standby = true
+			r.stats.standby.Store(true)
 			failures = 0
 			sleep(ctx, jitter(1, r.cfg.RetryMin, r.cfg.RetryMin*2))
 			continue
 		}
 		standby = false
+		r.stats.standby.Store(false)
 		if fatal(err) {
 			return err
 		}
@@ -127,6 +153,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.Warn("cdc stream ended; reconnecting", slog.Any("error", err), slog.Duration("retry_in", d))
 		sleep(ctx, d)
 	}
+	r.stats.standby.Store(false)
 	r.log.Info("cdc relay stopped", slog.Int64("published", r.stats.published.Load()), slog.String("confirmed", r.stats.Confirmed().String()))
 	return nil
 }
@@ -195,6 +222,7 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		}
 		return fmt.Errorf("outboxcdc: start replication: %w", err)
 	}
+	r.stats.standby.Store(false)
 	if wasStandby {
 		r.stats.takeovers.Add(1)
 		r.log.Info("took over the slot from the process that streamed it")

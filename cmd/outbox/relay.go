@@ -85,7 +85,7 @@ func runRelay(ctx context.Context, args []string) error {
 		mode.metrics = newCDCCollector(pool, common.Schema, cfg.Logger)
 		extra = append(extra, mode.metrics)
 	}
-	stopMetrics, err := ops.serve(metrics, readiness.ready, cfg.Logger, extra...)
+	stopMetrics, err := ops.serve(metrics, mode.ready(readiness.ready), cfg.Logger, extra...)
 	if err != nil {
 		return err
 	}

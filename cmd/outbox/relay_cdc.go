@@ -7,8 +7,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,6 +40,24 @@ type relayModeFlags struct {
 	slot           string
 	publication    string
 	metrics        *cdcCollector // with --metrics-addr in cdc and reconcile modes
+	cdc            atomic.Pointer[outboxcdc.Relay]
+}
+
+// ready wraps the relay's readiness: in cdc mode the CDC stream must also
+// be streaming or standing by.
+func (m *relayModeFlags) ready(base func() error) func() error {
+	if m.mode != modeCDC {
+		return base
+	}
+	return func() error {
+		if err := base(); err != nil {
+			return err
+		}
+		if c := m.cdc.Load(); c != nil {
+			return c.Ready()
+		}
+		return errors.New("cdc relay starting")
+	}
 }
 
 func (m *relayModeFlags) register(fs *flag.FlagSet) {
@@ -104,6 +124,7 @@ func (m *relayModeFlags) runCDC(ctx context.Context, pool *pgxpool.Pool, databas
 	if m.metrics != nil {
 		m.metrics.relay.Store(c)
 	}
+	m.cdc.Store(c)
 	cfg.Logger.Info("relay mode cdc", slog.Duration("reconcile_after", m.reconcileAfter.D))
 	return c.Run(ctx)
 }

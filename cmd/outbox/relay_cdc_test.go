@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
@@ -289,6 +290,14 @@ func TestRelayCDCMetricsAndStatus(t *testing.T) {
 				}
 			}
 		}
+	}
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("GET /readyz of a streaming cdc relay: %d, want 200", resp.StatusCode)
 	}
 	if got, err := promrules.Eval(alerts["OutboxCDCSlotNotStreamed"], fams); err != nil || len(got) != 0 {
 		t.Errorf("OutboxCDCSlotNotStreamed on a streamed slot: %v, %v; want it silent", got, err)
