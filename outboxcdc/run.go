@@ -95,28 +95,45 @@ func (r *Relay) Stats() *Stats { return &r.stats }
 // that fails is opened again after a backoff; while another process streams
 // the slot, Run stands by and takes over when that process's connection
 // ends; a slot PostgreSQL invalidated is dropped and created again at the
-// current position. Run returns nil when ctx ends, or an error that
-// retrying cannot fix (wal_level, names, a foreign slot or publication).
+// current position. Set-up errors are retried too, except those retrying
+// cannot fix (wal_level, a slot or publication of the name that is not
+// ours, a missing right), which Run returns. The safety net runs from the
+// start, whatever the stream does. Run returns nil when ctx ends.
 func (r *Relay) Run(ctx context.Context) error {
 	r.started.Store(true)
 	defer r.started.Store(false)
-	if err := Setup(ctx, r.cfg); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
+	// The safety net runs from the start: events are published even while
+	// the stream cannot be set up.
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	netCtx, stopNet := context.WithCancel(ctx)
+	defer stopNet()
 	if r.cfg.SafetyNet != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := r.cfg.SafetyNet.Run(ctx); err != nil {
+			if err := r.cfg.SafetyNet.Run(netCtx); err != nil {
 				r.log.Error("polling safety net stopped", slog.Any("error", err))
 			}
 		}()
 	}
-	defer wg.Wait()
+	for failures := 1; ; failures++ {
+		err := Setup(ctx, r.cfg)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil:
+		case fatal(err):
+			return err
+		default:
+			r.lastErr.Store(&err)
+			d := jitter(failures, r.cfg.RetryMin, r.cfg.RetryMax)
+			r.log.Warn("cdc set-up failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
+			sleep(ctx, d)
+			continue
+		}
+		break
+	}
 	r.log.Info("cdc relay started", slog.String("publication", r.cfg.Publication), slog.String("schema", r.cfg.Schema))
 	failures, standby := 0, false
 	for ctx.Err() == nil {
@@ -158,12 +175,17 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// fatal reports an error that reconnecting cannot fix.
+// fatal reports an error that retrying cannot fix: the server's wal_level,
+// a slot or publication of that name that is not ours, a missing right.
 func fatal(err error) bool {
-	return errors.Is(err, ErrWALLevel) || errors.Is(err, errForeignSlot)
+	return errors.Is(err, ErrWALLevel) || errors.Is(err, errForeignSlot) || errors.Is(err, errForeignPublication) ||
+		isCode(err, "42501") // insufficient_privilege
 }
 
-var errForeignSlot = errors.New("not a pgoutput slot of this database")
+var (
+	errForeignSlot        = errors.New("not a pgoutput slot of this database")
+	errForeignPublication = errors.New("does not publish the outbox table")
+)
 
 // recoverSlot looks at the slot after its stream ended: a slot PostgreSQL
 // invalidated (wal_status lost: it needed WAL beyond

@@ -72,7 +72,7 @@ func ensurePublication(ctx context.Context, pool *pgxpool.Pool, schema, name str
 	}
 	if exists {
 		if !covers {
-			return fmt.Errorf("outboxcdc: publication %s exists but does not publish %s.outbox_events", name, s.Name())
+			return fmt.Errorf("outboxcdc: publication %s exists but %w %s.outbox_events", name, errForeignPublication, s.Name())
 		}
 		return nil
 	}
