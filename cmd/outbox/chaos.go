@@ -48,8 +48,9 @@ the others stand by; each runs the polling safety net) on a private PostgreSQL
 cluster with wal_level=logical that the run starts and removes (it needs
 PostgreSQL's server binaries, initdb and pg_ctl; --database-url is not used), and
 adds the CDC stream's boundaries (cdc/before-publish, cdc/before-confirm) to the
-relays' failpoints and PostgreSQL crashes (immediate shutdown, down 1-3s, about
-one every 20s) to the faults.`
+relays' failpoints, and to the faults, in turn about every 12s, PostgreSQL crashes
+(immediate shutdown, down 1-3s) and slot invalidations (the cluster runs with
+max_slot_wal_keep_size=1MB; two WAL switches and a checkpoint invalidate the slot).`
 
 func runChaos(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "chaos", chaosUsage)
@@ -112,7 +113,9 @@ func runChaos(ctx context.Context, args []string) error {
 	cfg.Out, cfg.Logs = os.Stdout, os.Stderr
 	if cfg.CDC {
 		cluster, err := pgcluster.Start(pgcluster.Config{Settings: map[string]string{
-			"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "20"}})
+			"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "20",
+			// Tiny, so that the slot faults invalidate the slot.
+			"max_slot_wal_keep_size": "1MB"}})
 		if err != nil {
 			return fmt.Errorf("--mode cdc needs a private PostgreSQL cluster: %w", err)
 		}

@@ -155,8 +155,11 @@ type Stats struct {
 	DuplicatesSuppressed, OutOfOrder int
 	// Recovery is how long convergence took after the faults ended.
 	Recovery time.Duration
-	// PostgresRestarts counts the PostgreSQL crashes and restarts.
-	PostgresRestarts int
+	// PostgresRestarts counts the PostgreSQL crashes and restarts;
+	// SlotFaults the WAL switches and checkpoints meant to invalidate the
+	// CDC slot, SlotInvalidations the relays' reports of a slot found
+	// invalidated and recreated.
+	PostgresRestarts, SlotFaults, SlotInvalidations int
 	// CDCStreams counts the relays' "cdc streaming" lines (a relay started
 	// streaming the slot), CDCTakeovers those by a relay that stood by.
 	CDCStreams, CDCTakeovers int
@@ -173,6 +176,7 @@ type Result struct {
 
 // run is one chaos run in progress.
 type run struct {
+	pool  *pgxpool.Pool // the run's own connections, for faults that are SQL
 	cfg   Config
 	where Where
 	sys   *System
@@ -189,7 +193,7 @@ type run struct {
 	outOfOrder atomic.Int64
 	// cdcStreams and cdcTakeovers count the relays' "cdc streaming" and
 	// "took over the slot" lines.
-	cdcStreams, cdcTakeovers atomic.Int64
+	cdcStreams, cdcTakeovers, cdcInvalidations atomic.Int64
 }
 
 func (r *run) count(f func(s *Stats)) {
@@ -254,6 +258,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 		return res, fmt.Errorf("connect to database: %w", err)
 	}
 	defer pool.Close()
+	r.pool = pool
 	if _, err := outboxmigrate.Migrate(ctx, pool, r.where.Schema); err != nil {
 		return res, err
 	}
@@ -314,8 +319,8 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	if !r.dest.Restartable() {
 		r.printf("  no broker restarts: %s\n", noRestartsNote(r.dest))
 	}
-	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts, %d postgres restarts)\n", r.sched.Digest(), len(r.sched),
-		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker), r.sched.Count(FaultPostgres))
+	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts, %d postgres restarts, %d slot invalidations)\n", r.sched.Digest(), len(r.sched),
+		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker), r.sched.Count(FaultPostgres), r.sched.Count(FaultSlot))
 
 	for _, n := range r.sys.Names() {
 		if err := r.sys.Start(n, "", 0); err != nil {
@@ -419,6 +424,8 @@ func (r *run) scan(line string) {
 		r.cdcStreams.Add(1)
 	case strings.Contains(line, `msg="took over the slot`):
 		r.cdcTakeovers.Add(1)
+	case strings.Contains(line, `msg="replication slot invalidated by PostgreSQL`):
+		r.cdcInvalidations.Add(1)
 	case strings.Contains(line, "cancellation found no reservation"):
 		r.outOfOrder.Add(1)
 	}
@@ -428,6 +435,7 @@ func (r *run) finishStats() {
 	r.stats.FailpointsFired = map[string]int{"crash": int(r.fired[0].Load()), "error": int(r.fired[1].Load()), "sleep": int(r.fired[2].Load())}
 	r.stats.DuplicatesSuppressed = int(r.duplicates.Load())
 	r.stats.CDCStreams, r.stats.CDCTakeovers = int(r.cdcStreams.Load()), int(r.cdcTakeovers.Load())
+	r.stats.SlotInvalidations = int(r.cdcInvalidations.Load())
 	r.stats.OutOfOrder = int(r.outOfOrder.Load())
 	r.stats.BrokerRestarts = r.dest.Restarts()
 	for _, x := range r.sys.Exits() {
@@ -545,6 +553,12 @@ func (r *run) inject(ctx context.Context) {
 					r.printf("  start PostgreSQL: %v\n", err)
 				}
 			})
+		case FaultSlot:
+			if err := r.invalidateSlot(ctx); err != nil {
+				r.printf("  invalidate the slot: %v\n", err)
+				continue
+			}
+			r.count(func(s *Stats) { s.SlotFaults++ })
 		case FaultBroker:
 			if err := r.dest.Stop(); err != nil {
 				r.printf("  stop the broker: %v\n", err)
@@ -558,6 +572,25 @@ func (r *run) inject(ctx context.Context) {
 			})
 		}
 	}
+}
+
+// invalidateSlot moves the WAL on by two segments and checkpoints: on a
+// cluster with a tiny max_slot_wal_keep_size, PostgreSQL then invalidates
+// a slot whose restart position is in an older segment (a CDC slot almost
+// always is), terminating the relay that streams it.
+func (r *run) invalidateSlot(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for i := 0; i < 2; i++ {
+		if _, err := r.pool.Exec(ctx, "SELECT pg_switch_wal()"); err != nil {
+			return err
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	_, err := r.pool.Exec(ctx, "CHECKPOINT")
+	return err
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
@@ -620,6 +653,7 @@ func (r *run) report(res *Result) {
 	line("process error exits", s.ErrorExits, "exited by themselves (e.g. started while the broker was down), restarted")
 	if r.cfg.Postgres != nil {
 		line("postgres restarts", s.PostgresRestarts, "crashed (immediate shutdown) and started again")
+		line("slot invalidations", s.SlotInvalidations, fmt.Sprintf("CDC slot found invalidated and recreated by a relay, after %d WAL switches+checkpoints", s.SlotFaults))
 	}
 	if r.cfg.CDC {
 		line("cdc streams", s.CDCStreams, fmt.Sprintf("times a relay started streaming the slot; %d after standing by", s.CDCTakeovers))

@@ -30,6 +30,10 @@ const (
 	// at the next start) for a while and starts it again; only in runs on a
 	// cluster of their own (outbox chaos --mode cdc).
 	FaultPostgres FaultKind = "postgres"
+	// FaultSlot makes PostgreSQL invalidate the CDC slot: WAL segment
+	// switches and a checkpoint past the cluster's tiny
+	// max_slot_wal_keep_size (outbox chaos --mode cdc).
+	FaultSlot FaultKind = "slot"
 )
 
 // Fault is one scheduled fault.
@@ -111,8 +115,9 @@ type ScheduleConfig struct {
 	// RelayFailpoints, when set, replaces Failpoints[RoleRelay]: the relays
 	// of a CDC run also have the CDC path's boundaries (CDCRelayFailpoints).
 	RelayFailpoints []string
-	// Postgres adds PostgreSQL crashes (FaultPostgres), drawn from a
-	// generator of their own so that the other faults stay the seed's.
+	// Postgres adds PostgreSQL crashes and slot invalidations
+	// (FaultPostgres, FaultSlot), drawn from a generator of their own so
+	// that the other faults stay the seed's.
 	Postgres bool
 }
 
@@ -217,16 +222,20 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 	return s
 }
 
-// postgresFaults draws PostgreSQL crashes between warmup and end, about one
-// every 20s (at least one in a run of 15s or more), each down for 1-3s and
-// at least 8s apart, from a generator of their own.
+// postgresFaults draws PostgreSQL crashes and slot invalidations, in turn,
+// between warmup and end, about one every 12s (at least one in a run of
+// 15s or more), at least 6s apart (a crash is down for 1-3s), from a
+// generator of their own.
 func postgresFaults(cfg ScheduleConfig, warmup, end time.Duration) Schedule {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x706f737467726573))
 	var s Schedule
 	for at := warmup + time.Duration(rng.Int64N(int64(5*time.Second))); at+5*time.Second < end; {
 		f := Fault{At: at, Kind: FaultPostgres, For: time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))}
+		if len(s)%2 == 1 {
+			f.Kind, f.For = FaultSlot, 0
+		}
 		s = append(s, f)
-		at += f.For + 8*time.Second + time.Duration(rng.ExpFloat64()*float64(12*time.Second))
+		at += f.For + 6*time.Second + time.Duration(rng.ExpFloat64()*float64(6*time.Second))
 	}
 	return s
 }
