@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/failpoint"
 )
 
@@ -33,17 +34,43 @@ type stream struct {
 	inTx  bool
 	txIDs []uuid.UUID // the ids of the transaction being received
 
-	// pending holds the ids of the complete transactions received and not
-	// yet handed to PublishIDs, in commit order; pendingEnd is the end LSN
-	// of the last complete transaction received (pending or not).
-	pending      []uuid.UUID
-	pendingEnd   pglogrepl.LSN
-	pendingSince time.Time
+	// txns are the complete transactions received and not yet confirmed,
+	// in commit order, each with the count of its ids not yet handed over.
+	txns []*txn
+	// fresh are the ids not yet handed to PublishIDs, in commit order;
+	// freshSince is when the oldest of them arrived.
+	fresh      []pendingID
+	freshSince time.Time
+	// waiting are ids PublishIDs did not find in the table yet (see
+	// missingFor); they ride along with the next calls. lastFlush is when
+	// the last call was made.
+	waiting   []pendingID
+	lastFlush time.Time
 	// confirmed is the position reported to PostgreSQL as flushed: every
 	// transaction ending at or before it was handed to PublishIDs.
 	confirmed  pglogrepl.LSN
 	nextStatus time.Time
 }
+
+// txn is a complete transaction of the stream.
+type txn struct {
+	end  pglogrepl.LSN // its end LSN, confirmed once open is 0
+	open int           // its ids not yet handed over
+}
+
+// pendingID is an id waiting to be handed over, with its transaction.
+type pendingID struct {
+	id    uuid.UUID
+	tx    *txn
+	since time.Time // when PublishIDs first did not find it (zero: not yet)
+}
+
+// missingFor is how long an id PublishIDs does not find is retried before
+// it is left to the polling path. PostgreSQL sends a commit to the stream
+// a moment before the transaction is visible to other sessions; an id
+// missing for longer was deleted (clean-up, when old transactions are read
+// again) or its backend is starved, and the safety net takes it.
+const missingFor = time.Second
 
 // run reads the stream until ctx ends or the connection fails.
 func (s *stream) run(ctx context.Context) error {
@@ -58,8 +85,13 @@ func (s *stream) run(ctx context.Context) error {
 			}
 		}
 		deadline := s.nextStatus
-		if len(s.pending) > 0 {
-			if d := s.pendingSince.Add(s.cfg.FlushInterval); d.Before(deadline) {
+		if len(s.fresh) > 0 {
+			if d := s.freshSince.Add(s.cfg.FlushInterval); d.Before(deadline) {
+				deadline = d
+			}
+		}
+		if len(s.waiting) > 0 {
+			if d := s.lastFlush.Add(s.retryWaiting()); d.Before(deadline) {
 				deadline = d
 			}
 		}
@@ -107,7 +139,7 @@ func (s *stream) handleCopyData(data []byte) error {
 		// server decoded up to ServerWALEnd was received and handled (the
 		// keepalive follows the data on the connection), so the slot may
 		// move there: it stops holding WAL written by other tables.
-		if !s.inTx && len(s.pending) == 0 && k.ServerWALEnd > s.confirmed {
+		if !s.inTx && len(s.txns) == 0 && k.ServerWALEnd > s.confirmed {
 			s.confirmed = k.ServerWALEnd
 		}
 		if k.ReplyRequested {
@@ -162,110 +194,141 @@ func (s *stream) handleLogical(data []byte) error {
 		}
 		s.txIDs = append(s.txIDs, id)
 	case *pglogrepl.CommitMessage:
+		t := &txn{end: m.TransactionEndLSN, open: len(s.txIDs)}
+		s.txns = append(s.txns, t)
 		if len(s.txIDs) > 0 {
-			if len(s.pending) == 0 {
-				s.pendingSince = time.Now()
+			if len(s.fresh) == 0 {
+				s.freshSince = time.Now()
 			}
-			s.pending = append(s.pending, s.txIDs...)
+			for _, id := range s.txIDs {
+				s.fresh = append(s.fresh, pendingID{id: id, tx: t})
+			}
 			s.st.received.Add(int64(len(s.txIDs)))
 		}
 		s.inTx, s.txIDs = false, s.txIDs[:0]
-		s.pendingEnd = m.TransactionEndLSN
 	}
 	return nil
 }
 
-// flushDue reports whether the pending ids should be published now: a
-// batch is full, the oldest waited FlushInterval, or only transactions
-// without outbox inserts moved the position.
+// flushDue reports whether to call PublishIDs or confirm now: a batch is
+// full, the oldest fresh id waited FlushInterval, ids not found before are
+// due for another try, or transactions whose ids were all handed over (or
+// that had none) wait to be confirmed.
 func (s *stream) flushDue() bool {
+	now := time.Now()
 	switch {
-	case len(s.pending) >= s.cfg.BatchSize:
+	case len(s.fresh) >= s.cfg.BatchSize:
 		return true
-	case len(s.pending) > 0:
-		return !time.Now().Before(s.pendingSince.Add(s.cfg.FlushInterval))
-	default:
-		return !s.inTx && s.pendingEnd > s.confirmed
+	case len(s.fresh) > 0 && !now.Before(s.freshSince.Add(s.cfg.FlushInterval)):
+		return true
+	case len(s.waiting) > 0 && !now.Before(s.lastFlush.Add(s.retryWaiting())):
+		return true
 	}
+	return len(s.txns) > 0 && s.txns[0].open == 0
 }
 
-// flush hands the pending ids to PublishIDs, BatchSize at a time (see
-// publish), and then confirms the end of the last transaction received. On
-// an outage or a database error it waits and retries the same ids, without
-// confirming, as long as the connection lives: nothing past a transaction
-// whose ids were not handed over successfully is ever confirmed.
+// retryWaiting is the pause before ids not found are tried again.
+func (s *stream) retryWaiting() time.Duration { return max(s.cfg.FlushInterval, time.Millisecond) }
+
+// flush hands the waiting and fresh ids to PublishIDs, BatchSize at a time
+// (see publish), then confirms the end of the last transaction of the
+// unbroken run of transactions whose ids were all handed over. Ids not found
+// in the table stay waiting, and their transactions unconfirmed, for up to
+// missingFor; the stream goes on meanwhile. On an outage or a database error
+// publish waits and retries the same ids: nothing past a transaction whose
+// ids were not handed over successfully is ever confirmed.
 func (s *stream) flush(ctx context.Context) error {
-	for len(s.pending) > 0 {
-		chunk := s.pending[:min(len(s.pending), s.cfg.BatchSize)]
-		if err := s.publish(ctx, chunk); err != nil {
+	retry := len(s.waiting) > 0 && !time.Now().Before(s.lastFlush.Add(s.retryWaiting()))
+	for len(s.fresh) > 0 || retry {
+		var batch []pendingID
+		if retry {
+			batch, s.waiting, retry = s.waiting, nil, false
+		}
+		n := min(len(s.fresh), max(s.cfg.BatchSize-len(batch), 0))
+		batch = append(batch, s.fresh[:n]...)
+		s.fresh = s.fresh[n:]
+		if err := s.publish(ctx, batch); err != nil {
 			return err
 		}
-		s.pending = s.pending[len(chunk):]
 	}
-	s.pending = s.pending[:0]
+	if len(s.fresh) == 0 {
+		s.fresh = nil
+	}
+	before := s.confirmed
+	for len(s.txns) > 0 && s.txns[0].open == 0 {
+		s.confirmed = max(s.confirmed, s.txns[0].end)
+		s.txns = s.txns[1:]
+	}
+	if s.confirmed == before {
+		return nil
+	}
 	if err := failpoint.Hit("cdc/before-confirm"); err != nil {
 		return err
-	}
-	if s.pendingEnd > s.confirmed {
-		s.confirmed = s.pendingEnd
 	}
 	return s.sendStatus(false)
 }
 
-// missingRetries bounds the retries of ids not found in the table: the
-// first waits 1ms, each next one twice as long (about half a second in
-// all).
-const missingRetries = 9
-
-// publish hands ids to PublishIDs until each is published or left to the
-// polling path. Ids not found in the table are retried shortly: the WAL
-// delivers a commit a moment before the transaction is visible to other
-// sessions. After missingRetries they are left too (clean-up may have
-// deleted them, when the stream replays old transactions).
-func (s *stream) publish(ctx context.Context, ids []uuid.UUID) error {
-	failures, missingTries := 0, 0
-	for len(ids) > 0 {
+// publish hands a batch to PublishIDs: on a database error or an outage it
+// waits and calls again with the same ids, as long as the connection lives;
+// then every id is handed over, except those PublishIDs did not find, which
+// wait (for up to missingFor since they were first missed).
+func (s *stream) publish(ctx context.Context, batch []pendingID) error {
+	ids := make([]uuid.UUID, len(batch))
+	for i, p := range batch {
+		ids[i] = p.id
+	}
+	var res outbox.PublishIDsResult
+	for failures := 1; ; failures++ {
 		if err := failpoint.Hit("cdc/before-publish"); err != nil {
 			return err
 		}
-		res, err := s.cfg.Relay.PublishIDs(ctx, ids)
-		switch {
-		case err != nil:
+		var err error
+		res, err = s.cfg.Relay.PublishIDs(ctx, ids)
+		s.lastFlush = time.Now()
+		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			failures++
 			d := jitter(failures, s.cfg.RetryMin, s.cfg.RetryMax)
 			s.log.Warn("cdc publish failed; retrying the same events", slog.Int("events", len(ids)), slog.Any("error", err), slog.Duration("retry_in", d))
 			if err := s.wait(ctx, d); err != nil {
 				return err
 			}
 			continue
-		case res.Unavailable:
-			failures++
-			s.st.outages.Add(1)
-			s.log.Warn("destination unavailable; keeping the slot's position and retrying the same events",
-				slog.Int("events", len(ids)), slog.Duration("retry_in", res.RetryIn))
-			if err := s.wait(ctx, res.RetryIn); err != nil {
-				return err
-			}
-			continue
 		}
-		failures = 0
-		s.st.published.Add(int64(res.Published))
-		if len(res.Missing) == 0 || missingTries == missingRetries {
-			s.st.left.Add(int64(res.Left))
-			if len(res.Missing) > 0 {
-				s.log.Warn("events read from the WAL are not in the table; leaving them to the polling path", slog.Int("events", len(res.Missing)))
-			}
-			return nil
+		if !res.Unavailable {
+			break
 		}
-		s.st.left.Add(int64(res.Left - len(res.Missing)))
-		missingTries++
-		ids = res.Missing
-		if err := s.wait(ctx, time.Millisecond<<(missingTries-1)); err != nil {
+		s.st.outages.Add(1)
+		s.log.Warn("destination unavailable; keeping the slot's position and retrying the same events",
+			slog.Int("events", len(ids)), slog.Duration("retry_in", res.RetryIn))
+		if err := s.wait(ctx, res.RetryIn); err != nil {
 			return err
 		}
+	}
+	s.st.published.Add(int64(res.Published))
+	missing := make(map[uuid.UUID]bool, len(res.Missing))
+	for _, id := range res.Missing {
+		missing[id] = true
+	}
+	now, gaveUp, kept := time.Now(), 0, 0
+	for _, p := range batch {
+		if missing[p.id] {
+			if p.since.IsZero() {
+				p.since = now
+			}
+			if now.Sub(p.since) < missingFor {
+				s.waiting = append(s.waiting, p)
+				kept++
+				continue
+			}
+			gaveUp++
+		}
+		p.tx.open--
+	}
+	s.st.left.Add(int64(res.Left - kept))
+	if gaveUp > 0 {
+		s.log.Warn("events read from the WAL are not in the table; leaving them to the polling path", slog.Int("events", gaveUp))
 	}
 	return nil
 }
