@@ -58,6 +58,11 @@ func benchCDC(ctx context.Context, e *env) ([]Result, error) {
 		e.logf("%s: p50 %.1f ms p99 %.1f ms max %.1f ms at %.0f events/s", res.Scenario, p50, p99, mx, offered)
 		out = append(out, res)
 	}
+	drain, err := cdcDrainRun(ctx, pe)
+	out = append(out, drain...)
+	if err != nil {
+		return out, err
+	}
 	rates, err := cdcWriteRun(ctx, pe)
 	if err != nil {
 		return out, err
@@ -68,6 +73,102 @@ func benchCDC(ctx context.Context, e *env) ([]Result, error) {
 			RatioOf: "cdc/write-16c/polling", Target: ">= 0.95", Met: b(rates["cdc"]/rates["polling"] >= 0.95),
 			Note: "library write path (tx/s), a CDC relay streaming the slot (and its safety net)"})
 	e.logf("cdc/write-16c: polling %.0f tx/s, cdc %.0f tx/s", rates["polling"], rates["cdc"])
+	return out, nil
+}
+
+// cdcDrainRun: a backlog written while no relay ran (an outage), the WAL
+// the slot retained for it, and its drain by the CDC relay (no safety net:
+// the stream alone) against the polling relay on an identical backlog.
+func cdcDrainRun(ctx context.Context, e *env) ([]Result, error) {
+	n, aggs := e.sz.backlog, e.sz.aggregates
+	var out []Result
+	// CDC: the slot exists (Setup), then the backlog is written, then the
+	// relay starts and reads it all from the slot.
+	s, cleanup, err := e.newSpace(ctx, "cdc-drain")
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	slot := outboxcdc.SlotName(s.schema, outboxcdc.GroupDefault)
+	if err := outboxcdc.Setup(ctx, outboxcdc.Config{Pool: e.admin, Schema: s.schema}); err != nil {
+		return nil, err
+	}
+	defer func() {
+		_, _ = e.admin.Exec(context.WithoutCancel(ctx), "SELECT pg_drop_replication_slot($1)", slot)
+	}()
+	if err := e.loadBacklog(ctx, s.schema, n, aggs, "cdc", 0, false); err != nil {
+		return nil, err
+	}
+	var retained int64
+	if err := e.admin.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&retained); err != nil {
+		return nil, err
+	}
+	perEvent := float64(retained) / float64(n)
+	out = append(out, Result{Scenario: "cdc/wal-retained-per-event", Value: f(perEvent),
+		Note: fmt.Sprintf("bytes of WAL the slot held after a %d-event backlog was written with no relay (%.0f MB per minute of outage at 1,000 events/s, this payload)",
+			n, perEvent*60_000/1e6)})
+	e.logf("cdc: the slot retained %d bytes for %d events (%.0f B/event)", retained, n, perEvent)
+
+	pub, nc, err := e.publisher(ctx, s)
+	if err != nil {
+		return out, err
+	}
+	defer nc.Close()
+	pool, err := e.relayPool(ctx, 6)
+	if err != nil {
+		return out, err
+	}
+	defer pool.Close()
+	ph := &phases{}
+	ids, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: s.schema, Publisher: pub, Logger: quietLogger(), ID: "bench-cdc-drain", DisableNotify: true, Observer: ph})
+	if err != nil {
+		return out, err
+	}
+	c, err := outboxcdc.New(outboxcdc.Config{DatabaseURL: e.o.databaseURL, Pool: pool, Schema: s.schema, Relay: ids, Logger: quietLogger()})
+	if err != nil {
+		return out, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- c.Run(runCtx) }()
+	var read time.Duration // until the stream had received every id
+	for c.Stats().Published() < int64(n) && time.Since(start) < 10*time.Minute && ctx.Err() == nil {
+		if read == 0 && c.Stats().Received() >= int64(n) {
+			read = time.Since(start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cdcDur := time.Since(start)
+	e.logf("cdc/drain/cdc: PublishIDs %s", ph.String(cdcDur))
+	e.logf("cdc/drain/cdc: every id received from the slot after %s (one transaction: none is published before its commit is read)", read.Round(time.Millisecond))
+	cancel()
+	<-done
+	if got := c.Stats().Published(); got < int64(n) {
+		return out, fmt.Errorf("cdc drained %d of %d events", got, n)
+	}
+	out = append(out, Result{Scenario: "cdc/drain/cdc", EventsPerSec: f(float64(n) / cdcDur.Seconds()), Events: int64(n), Seconds: cdcDur.Seconds(),
+		Note: fmt.Sprintf("a %d-event backlog over %d aggregates read from the slot and published by the stream alone", n, aggs)})
+	e.logf("cdc/drain/cdc: %d events in %s", n, cdcDur.Round(time.Millisecond))
+
+	// Polling, on an identical backlog of the same cluster.
+	ps, pcleanup, err := e.newSpace(ctx, "cdc-drain-polling")
+	if err != nil {
+		return out, err
+	}
+	defer pcleanup()
+	if err := e.loadBacklog(ctx, ps.schema, n, aggs, "cdc", 0, false); err != nil {
+		return out, err
+	}
+	pollDur, _, err := drainOurs(ctx, e, ps, n, nil)
+	if err != nil {
+		return out, err
+	}
+	out = append(out, Result{Scenario: "cdc/drain/polling", EventsPerSec: f(float64(n) / pollDur.Seconds()), Events: int64(n), Seconds: pollDur.Seconds(),
+		Note: "the same backlog drained by the polling relay on the same cluster"})
+	out[len(out)-2].Ratio, out[len(out)-2].RatioOf = f(pollDur.Seconds()/cdcDur.Seconds()), "cdc/drain/polling"
+	e.logf("cdc/drain/polling: %d events in %s", n, pollDur.Round(time.Millisecond))
 	return out, nil
 }
 
