@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -135,6 +136,14 @@ type RelayConfig struct {
 	// (BENCHMARKS.md, soak). Where autovacuum is on it does nothing. Defaults
 	// to VacuumIntervalDefault; negative turns it off.
 	VacuumInterval time.Duration
+	// ReconcileAfter, when positive, makes the relay a safety net beside a
+	// change-data-capture relay (package outboxcdc): it claims only lanes
+	// whose head was written at least this long ago (occurred_at; a head
+	// backing off after a failure is claimed once its backoff ends, as
+	// always), leaving younger events to the CDC path. Leases and fencing
+	// are the same, so the two never publish an aggregate out of order.
+	// Zero (the default) claims every due event: ordinary polling.
+	ReconcileAfter time.Duration
 	// TracerProvider receives a PRODUCER span per event published (see
 	// docs/operations.md, "Tracing"): a child of the trace context the
 	// writer stored with the event, whose own context replaces the
@@ -203,6 +212,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: HeartbeatInterval %s is under 10ms", c.HeartbeatInterval)
 	case c.CleanupInterval < 0:
 		return fmt.Errorf("outbox: CleanupInterval %s is negative", c.CleanupInterval)
+	case c.ReconcileAfter < 0:
+		return fmt.Errorf("outbox: ReconcileAfter %s is negative", c.ReconcileAfter)
 	case c.LaneSweepInterval < 0:
 		return fmt.Errorf("outbox: LaneSweepInterval %s is negative", c.LaneSweepInterval)
 	}
@@ -276,6 +287,7 @@ type Relay struct {
 	tracer    *publishTracer // nil: tracing off (a no-op provider)
 	running   atomic.Bool
 	health    atomic.Pointer[error] // nil: the last batch went well
+	idsMu     sync.Mutex            // one PublishIDs call at a time
 }
 
 // NewRelay validates cfg and returns a relay over pool. Run starts it.
@@ -304,6 +316,9 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		wake:   make(chan struct{}, 1),
 		sweep:  make(chan struct{}, 1),
 		obs:    obs,
+	}
+	if cfg.ReconcileAfter > 0 {
+		r.sql.claim = claimSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("e", cfg.ReconcileAfter))
 	}
 	r.prober, _ = cfg.Publisher.(Prober)
 	if op, ok := cfg.Publisher.(OrderedPipeliner); ok && !cfg.DisablePipelining {

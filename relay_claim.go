@@ -54,33 +54,9 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 	if err != nil {
 		return b, fmt.Errorf("claim batch: %w", err)
 	}
-	var takenOver int64
-	laneOf := map[[2]string]int{}
-	for rows.Next() {
-		var row messageRow
-		var ev claimedEvent
-		var prevOwner *string
-		if err := rows.Scan(row.dest(&ev.attempts, &prevOwner)...); err != nil {
-			rows.Close()
-			return b, fmt.Errorf("claim batch: %w", err)
-		}
-		ev.Message, ev.undecodable = row.decode()
-		ev.Attempt = ev.attempts + 1
-		if prevOwner != nil {
-			takenOver++
-		}
-		key := [2]string{ev.AggregateType, ev.AggregateID}
-		i, ok := laneOf[key]
-		if !ok {
-			i = len(b.lanes)
-			laneOf[key] = i
-			b.lanes = append(b.lanes, nil)
-		}
-		b.lanes[i] = append(b.lanes[i], ev)
-		b.total++
-	}
-	if err := rows.Err(); err != nil {
-		return b, fmt.Errorf("claim batch: %w", err)
+	takenOver, err := scanClaimed(rows, &b)
+	if err != nil {
+		return b, err
 	}
 	if tx != nil {
 		if b.total > 0 {
@@ -109,6 +85,40 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 	b.deadline = start.Add(r.cfg.LeaseDuration * 8 / 10)
 	r.claimed.Add(int64(b.total))
 	return b, nil
+}
+
+// scanClaimed reads a claim's rows (messageColumns, attempt_count, the
+// previous claimed_by) into b's lanes, in the order returned, and counts the
+// events taken over from an expired lease. It closes rows.
+func scanClaimed(rows pgx.Rows, b *batch) (takenOver int64, err error) {
+	defer rows.Close()
+	laneOf := map[[2]string]int{}
+	for rows.Next() {
+		var row messageRow
+		var ev claimedEvent
+		var prevOwner *string
+		if err := rows.Scan(row.dest(&ev.attempts, &prevOwner)...); err != nil {
+			return takenOver, fmt.Errorf("claim batch: %w", err)
+		}
+		ev.Message, ev.undecodable = row.decode()
+		ev.Attempt = ev.attempts + 1
+		if prevOwner != nil {
+			takenOver++
+		}
+		key := [2]string{ev.AggregateType, ev.AggregateID}
+		i, ok := laneOf[key]
+		if !ok {
+			i = len(b.lanes)
+			laneOf[key] = i
+			b.lanes = append(b.lanes, nil)
+		}
+		b.lanes[i] = append(b.lanes[i], ev)
+		b.total++
+	}
+	if err := rows.Err(); err != nil {
+		return takenOver, fmt.Errorf("claim batch: %w", err)
+	}
+	return takenOver, nil
 }
 
 func allIDs(b batch) []uuid.UUID {

@@ -9,6 +9,9 @@ import (
 // relaySQL holds the relay's statements for one schema.
 type relaySQL struct {
 	claim, markPublished, markFailed, release string
+	// claimIDs claims given events for PublishIDs; missingIDs finds those
+	// of them that have no row.
+	claimIDs, missingIDs string
 	// lockLanes and parkLanes park the lanes of quarantined events (see
 	// parkSQL).
 	lockLanes, parkLanes string
@@ -24,33 +27,9 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	lockLanes, parkLanes := parkSQL(s)
 	return relaySQL{
 		lockLanes: lockLanes, parkLanes: parkLanes,
-		// One statement, so one short transaction. A row is claimable when it
-		// is unpublished, not quarantined, due, not under a live lease, and the
-		// head of its aggregate's lane. SKIP LOCKED lets relays claim side by
-		// side; the lease condition is re-checked on the newest row version, and
-		// a stale snapshot of the lane check can only exclude more rows, since
-		// an event never goes from published back to unpublished. A skipped
-		// event counts as published (published_at is set at the skip); the last
-		// column probes the event just before (unique index) for a skip.
-		// The heads are followed by their lanes' contiguous successors when
-		// they leave room in the batch (see successorsSQL).
-		// The second condition on event_id changes nothing but the plan: it
-		// makes the UPDATE find its rows through the primary key, where a
-		// join estimated at batchSize rows may be planned as a hash join over
-		// a sequential scan of the table.
-		claim: `WITH ` + headsSQL(events, batchSize) + `
-), ` + successorsSQL(events) + `
-), candidates AS (
-	SELECT event_id, claimed_by, true AS head FROM heads
-	UNION ALL
-	SELECT event_id, claimed_by, false FROM runs
-)
-UPDATE ` + events + ` e
-SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 millisecond'
-FROM candidates c
-WHERE e.event_id = c.event_id
-  AND e.event_id = ANY (ARRAY(SELECT event_id FROM candidates))
-RETURNING ` + messageColumnsSkipped(events, "e", `CASE WHEN c.head THEN `+skippedFromSQL(events, "e")+` ELSE 0 END`) + `, e.attempt_count, c.claimed_by`,
+		claim: claimSQL(events, batchSize, ""),
+		// claimIDs is PublishIDs's claim (see claimIDsSQL).
+		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.
@@ -72,6 +51,39 @@ WHERE e.event_id = f.event_id AND e.claim_token = $6`,
 SET claimed_by = NULL, claim_token = NULL, claim_until = NULL
 WHERE event_id = ANY($1) AND claim_token = $2`,
 	}
+}
+
+// claimSQL is the polling claim. heads, when not empty, is a further
+// condition on the heads (alias e), ANDed to claimable (see reconcileHeadSQL).
+//
+// One statement, so one short transaction. A row is claimable when it
+// is unpublished, not quarantined, due, not under a live lease, and the
+// head of its aggregate's lane. SKIP LOCKED lets relays claim side by
+// side; the lease condition is re-checked on the newest row version, and
+// a stale snapshot of the lane check can only exclude more rows, since
+// an event never goes from published back to unpublished. A skipped
+// event counts as published (published_at is set at the skip); the last
+// column probes the event just before (unique index) for a skip.
+// The heads are followed by their lanes' contiguous successors when
+// they leave room in the batch (see successorsSQL).
+// The second condition on event_id changes nothing but the plan: it
+// makes the UPDATE find its rows through the primary key, where a
+// join estimated at batchSize rows may be planned as a hash join over
+// a sequential scan of the table.
+func claimSQL(events string, batchSize int, heads string) string {
+	return `WITH ` + headsSQL(events, batchSize, heads) + `
+), ` + successorsSQL(events) + `
+), candidates AS (
+	SELECT event_id, claimed_by, true AS head FROM heads
+	UNION ALL
+	SELECT event_id, claimed_by, false FROM runs
+)
+UPDATE ` + events + ` e
+SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 millisecond'
+FROM candidates c
+WHERE e.event_id = c.event_id
+  AND e.event_id = ANY (ARRAY(SELECT event_id FROM candidates))
+RETURNING ` + messageColumnsSkipped(events, "e", `CASE WHEN c.head THEN `+skippedFromSQL(events, "e")+` ELSE 0 END`) + `, e.attempt_count, c.claimed_by`
 }
 
 // messageColumns lists, for event alias e, the columns a Message is read
@@ -187,12 +199,17 @@ func isHead(events, e string) string {
 // at all does the claim scan past it, as far as it takes to find batchSize
 // heads: a blocked lane never starves the others. The window's locks last
 // as long as the claim statement.
-func headsSQL(events string, batchSize int) string {
+func headsSQL(events string, batchSize int, extra string) string {
 	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
+	cond := claimable("e")
+	if extra != "" {
+		cond += `
+	  AND ` + extra
+	}
 	return `scan AS (
 	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at
 	FROM ` + events + ` e
-	WHERE ` + claimable("e") + `
+	WHERE ` + cond + `
 	ORDER BY e.available_at, e.occurred_at
 	LIMIT ` + window + `
 	FOR UPDATE OF e SKIP LOCKED
@@ -208,7 +225,7 @@ func headsSQL(events string, batchSize int) string {
 ), beyond AS (
 	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence FROM ` + events + ` e
 	WHERE (SELECT beyond FROM blocked)
-	  AND ` + claimable("e") + `
+	  AND ` + cond + `
 	  AND ` + isHead(events, "e") + `
 	ORDER BY e.available_at, e.occurred_at
 	LIMIT ` + limit + `

@@ -109,7 +109,7 @@ func quickSizes() sizes {
 var allGroups = []string{"write", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
 
 // extraGroups run only when named with --only: they take long.
-var extraGroups = []string{"soak"}
+var extraGroups = []string{"soak", "cdc"}
 
 type options struct {
 	json, quick, long, keep bool
@@ -277,6 +277,8 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchIdle(ctx, e)
 		case "soak":
 			rs, err = benchSoak(ctx, e)
+		case "cdc":
+			rs, err = benchCDC(ctx, e)
 		}
 		all = append(all, rs...)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/chaos"
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
+	"github.com/pgoutbox/outbox/internal/pgcluster"
 )
 
 const chaosUsage = `chaos --duration D --seed S [flags]
@@ -41,7 +42,16 @@ consumer, killed and restarted like any process); the run says so. A webhook run
 one consumer process whatever --consumers says, as it has one endpoint. Then it lets everything recover and checks I1-I5
 and request idempotency on PostgreSQL and the destination. It prints one line per
 figure and per invariant and exits non-zero on any violation. The same seed gives
-the same schedule of faults (--print-schedule lists it).`
+the same schedule of faults (--print-schedule lists it).
+
+--mode cdc runs the relays with 'outbox relay --mode cdc' (one streams the slot,
+the others stand by; each runs the polling safety net) on a private PostgreSQL
+cluster with wal_level=logical that the run starts and removes (it needs
+PostgreSQL's server binaries, initdb and pg_ctl; --database-url is not used), and
+adds the CDC stream's boundaries (cdc/before-publish, cdc/before-confirm) to the
+relays' failpoints, and to the faults, in turn about every 12s, PostgreSQL crashes
+(immediate shutdown, down 1-3s) and slot invalidations (the cluster runs with
+max_slot_wal_keep_size=1MB; two WAL switches and a checkpoint invalidate the slot).`
 
 func runChaos(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "chaos", chaosUsage)
@@ -63,6 +73,7 @@ func runChaos(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the schema, the broker's storage and the logs")
 	fs.BoolVar(&cfg.Verbose, "verbose", false, "copy the processes' output to stderr")
 	printSchedule := fs.Bool("print-schedule", false, "print the fault schedule of --seed and --duration, and exit")
+	mode := fs.String("mode", cli.Env("OUTBOX_CHAOS_MODE", "polling"), "relay mode: polling, or cdc (on a private cluster with wal_level=logical; env OUTBOX_CHAOS_MODE)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -71,14 +82,18 @@ func runChaos(ctx context.Context, args []string) error {
 		return fmt.Errorf("--duration %s: at least 5s", cfg.Duration)
 	case cfg.Relays < 1 || cfg.Consumers < 1 || cfg.Clients < 1 || cfg.Rate <= 0:
 		return errors.New("--relays, --consumers, --clients and --rate must be positive")
+	case *mode != "polling" && *mode != "cdc":
+		return cli.Usagef(fs, "--mode %q: want polling or cdc", *mode)
 	}
+	cfg.CDC = *mode == "cdc"
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()%1_000_000 + 1
 	}
 	if *printSchedule {
 		sys := chaos.NewSystem(chaos.SystemConfig{Relays: cfg.Relays, Consumers: cfg.Consumers})
-		s := chaos.NewSchedule(chaos.ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: sys.Names(), Every: cfg.Every, Lease: cfg.Lease,
-			NoBroker: cfg.Destination != "nats" && cfg.Destination != "kafka" && cfg.Destination != "amqp"})
+		sc := cfg.ScheduleConfig(sys.Names(), cfg.Destination != "nats" && cfg.Destination != "kafka" && cfg.Destination != "amqp")
+		sc.Postgres = cfg.CDC // the private cluster of a real run
+		s := chaos.NewSchedule(sc)
 		fmt.Printf("seed %d, %s: schedule %s, %d faults\n%s", cfg.Seed, cfg.Duration, s.Digest(), len(s), s)
 		return nil
 	}
@@ -98,6 +113,18 @@ func runChaos(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Out, cfg.Logs = os.Stdout, os.Stderr
+	if cfg.CDC {
+		cluster, err := pgcluster.Start(pgcluster.Config{Settings: map[string]string{
+			"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "20",
+			// Tiny, so that the slot faults invalidate the slot.
+			"max_slot_wal_keep_size": "1MB"}})
+		if err != nil {
+			return fmt.Errorf("--mode cdc needs a private PostgreSQL cluster: %w", err)
+		}
+		defer func() { _ = cluster.Close() }()
+		cfg.DatabaseURL, cfg.Postgres = cluster.URL(""), cluster
+		fmt.Printf("private PostgreSQL cluster with wal_level=logical on port %d\n", cluster.Port())
+	}
 	_, err = chaos.Run(ctx, cfg)
 	return err
 }

@@ -27,8 +27,10 @@ import (
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
 	"github.com/pgoutbox/outbox/internal/failpoint"
+	"github.com/pgoutbox/outbox/internal/pgcluster"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/outboxamqp"
+	"github.com/pgoutbox/outbox/outboxcdc"
 	"github.com/pgoutbox/outbox/outboxnats"
 )
 
@@ -42,6 +44,7 @@ type demoFlags struct {
 	lostAcks    float64
 	seed        uint64
 	verbose     bool
+	mode        string // polling or cdc
 }
 
 func runDemo(ctx context.Context, args []string) error {
@@ -70,6 +73,11 @@ published and applied, prints a report and checks the invariants I1-I5 with
 the same checker as "outbox chaos". Each run uses a fresh schema and stream
 (with its subject prefix), topic, or exchange (with its queues) of its own, removed at
 the end unless --keep.
+--mode cdc runs the relay as change-data capture (package outboxcdc: a logical
+replication slot feeds committed events to the relay, with a polling safety net)
+on a private PostgreSQL cluster with wal_level=logical that the demo starts and
+removes; it needs PostgreSQL's server binaries (initdb, pg_ctl, found in
+PG_BINDIR or /usr/lib/postgresql/<version>/bin) and does not use --database-url.
 Exits non-zero if a check fails.`)
 	var f demoFlags
 	cli.DatabaseURLFlag(fs, &f.databaseURL)
@@ -83,6 +91,7 @@ Exits non-zero if a check fails.`)
 	fs.Float64Var(&f.lostAcks, "lost-acks", 0.05, "fraction of consumer acks dropped after the commit (failpoint consumer/after-commit-before-ack), so redeliveries show the inbox deduplicating; ignored when OUTBOX_FAILPOINTS is set")
 	fs.Uint64Var(&f.seed, "seed", 0, "seed of the command mix (0: random)")
 	fs.BoolVar(&f.verbose, "verbose", false, "log the components' info messages too")
+	fs.StringVar(&f.mode, "mode", "polling", "relay mode: polling, or cdc (on a private PostgreSQL cluster with wal_level=logical)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -95,6 +104,8 @@ Exits non-zero if a check fails.`)
 		return fmt.Errorf("--timeout %s must be positive", f.timeout)
 	case f.lostAcks < 0 || f.lostAcks >= 1:
 		return fmt.Errorf("--lost-acks %g must be in [0,1)", f.lostAcks)
+	case f.mode != modePolling && f.mode != modeCDC:
+		return cli.Usagef(fs, "--mode %q: want polling or cdc", f.mode)
 	}
 	if f.seed == 0 {
 		f.seed = rand.Uint64()%1_000_000 + 1
@@ -123,6 +134,7 @@ type demoRun struct {
 	pool     *pgxpool.Pool
 	api      *ordersapi.Service
 	relay    *outbox.Relay
+	cdc      *outboxcdc.Relay // --mode cdc; relay is then its safety net
 	closePub func()
 	consumer *inventory.Consumer
 	driver   *chaos.Driver
@@ -138,6 +150,19 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	d.start = time.Now()
 	suffix := strings.ReplaceAll(uuid.NewString(), "-", "")[:10]
 	d.where = chaos.Where{Schema: "demo_" + suffix}
+	if d.flags.mode == modeCDC {
+		if err := pgcluster.Available(); err != nil {
+			return fmt.Errorf("outbox demo --mode cdc starts a private PostgreSQL cluster with wal_level=logical and needs PostgreSQL's server binaries: %w", err)
+		}
+		cluster, err := pgcluster.Start(pgcluster.Config{Settings: map[string]string{
+			"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}})
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, cluster.Close()) }()
+		d.flags.databaseURL = cluster.URL("")
+		d.printf("  private PostgreSQL cluster with wal_level=logical on port %d (--mode cdc)\n", cluster.Port())
+	}
 
 	// The destination: a broker of the demo's own (an embedded NATS server
 	// storing in a temporary directory, or an in-process Kafka cluster), or
@@ -224,7 +249,11 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 		defer cancel()
 		return srv.Shutdown(sctx)
 	})
-	g.Go(func() error { return componentDone("relay", gctx, d.relay.Run(gctx)) })
+	if d.cdc != nil {
+		g.Go(func() error { return componentDone("cdc relay", gctx, d.cdc.Run(gctx)) })
+	} else {
+		g.Go(func() error { return componentDone("relay", gctx, d.relay.Run(gctx)) })
+	}
 	d.printf("  order API %s, relay %s, inventory consumer (durable consumer or group %s, %d workers) running\n",
 		baseURL, d.relay.ID(), inventory.DurableDefault, inventory.WorkersDefault)
 
@@ -333,10 +362,39 @@ func (d *demoRun) setUpRelay(ctx context.Context) error {
 		return err
 	}
 	d.closePub = closePub
-	d.relay, err = outbox.NewRelay(d.pool, outbox.RelayConfig{
+	cfg := outbox.RelayConfig{
 		Publisher: pub, Schema: d.where.Schema, ID: "demo-relay-" + d.where.Schema[len("demo_"):],
 		PollInterval: 250 * time.Millisecond, Logger: d.log,
-	})
+	}
+	if d.flags.mode == modeCDC {
+		return d.setUpCDC(ctx, cfg)
+	}
+	d.relay, err = outbox.NewRelay(d.pool, cfg)
+	return err
+}
+
+// setUpCDC builds the CDC relay of --mode cdc: the stream publishes through
+// a relay of its own, and the polling relay (cfg) is its safety net. The
+// publication and the slot are created before the API takes commands, so
+// that the stream sees every event.
+func (d *demoRun) setUpCDC(ctx context.Context, cfg outbox.RelayConfig) error {
+	net := cfg
+	net.ReconcileAfter = reconcileAfterDefault
+	var err error
+	if d.relay, err = outbox.NewRelay(d.pool, net); err != nil {
+		return err
+	}
+	cfg.ID += "-cdc"
+	cfg.DisableNotify = true
+	ids, err := outbox.NewRelay(d.pool, cfg)
+	if err != nil {
+		return err
+	}
+	ccfg := outboxcdc.Config{DatabaseURL: d.flags.databaseURL, Pool: d.pool, Schema: d.where.Schema, Relay: ids, SafetyNet: d.relay, Logger: d.log}
+	if err := outboxcdc.Setup(ctx, ccfg); err != nil {
+		return err
+	}
+	d.cdc, err = outboxcdc.New(ccfg)
 	return err
 }
 
@@ -420,7 +478,13 @@ WHERE e.published_at IS NOT NULL`, inventory.InboxConsumerDefault).Scan(&p50, &p
 	cons, relay := d.consumer.Stats(), d.relay.Stats()
 	d.printf("\n")
 	rep.WriteFigures(d.out)
-	chaos.Line(d.out, "relay", relay.Published, fmt.Sprintf("marked published after the broker's ack (%d claimed, %d failed)", relay.Claimed, relay.Failed))
+	if d.cdc != nil {
+		cs := d.cdc.Stats()
+		chaos.Line(d.out, "cdc", cs.Published(), fmt.Sprintf("published from the WAL by the CDC path (%d read, %d left to the safety net)", cs.Received(), cs.Left()))
+		chaos.Line(d.out, "safety net", relay.Published, fmt.Sprintf("published by the polling safety net (events older than %s)", reconcileAfterDefault))
+	} else {
+		chaos.Line(d.out, "relay", relay.Published, fmt.Sprintf("marked published after the broker's ack (%d claimed, %d failed)", relay.Claimed, relay.Failed))
+	}
 	chaos.Line(d.out, "applied", cons.Applied, "by the inventory consumer, in the order's transaction")
 	chaos.Line(d.out, "duplicates suppressed", cons.Duplicates, fmt.Sprintf("by the inbox: redeliveries after %d dropped acks", failpoint.Fired(inventory.FailpointAfterCommitBeforeAck)))
 	chaos.Line(d.out, "early, retried", cons.Early, "delivered before their predecessor: redelivered later")

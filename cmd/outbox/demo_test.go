@@ -91,6 +91,20 @@ func TestDemoEmbeddedNATS(t *testing.T) {
 	}
 }
 
+// TestDemoCDC runs "outbox demo --mode cdc": on a private cluster with
+// wal_level=logical, the CDC path publishes the events from the WAL, and
+// every invariant holds.
+func TestDemoCDC(t *testing.T) {
+	report, _, _ := runDemoTest(t, "--orders", "60", "--mode", "cdc")
+	if !strings.Contains(report, "private PostgreSQL cluster with wal_level=logical") {
+		t.Error("the demo did not say it runs on a private cluster")
+	}
+	m := regexp.MustCompile(`(?m)^cdc\s+(\d+)\s+published from the WAL`).FindStringSubmatch(report)
+	if m == nil || m[1] == "0" {
+		t.Errorf("the CDC path published nothing (%v)", m)
+	}
+}
+
 // TestDemoKafka runs "outbox demo --destination kafka": the relay publishes
 // to, and the inventory consumer group reads from, franz-go's in-process
 // Kafka-protocol cluster (kfake); dropped offset commits make the inbox

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
@@ -15,7 +17,7 @@ import (
 )
 
 func runRelay(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nWaits for the database and the destination at start (retrying with backoff; /readyz answers 503 meanwhile).\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.\nOTEL_TRACES_EXPORTER=console prints a span per event published as a JSON line on stdout (see docs/operations.md, Tracing).")
+	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nWaits for the database and the destination at start (retrying with backoff; /readyz answers 503 meanwhile).\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.\nOTEL_TRACES_EXPORTER=console prints a span per event published as a JSON line on stdout (see docs/operations.md, Tracing).\n\nModes (--mode): polling claims events from the table (the default); cdc reads committed\ninserts from a logical replication slot (wal_level=logical) and publishes them at once, with a\npolling safety net for events pending longer than --reconcile-after; reconcile runs only\nthat safety net.")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
@@ -38,6 +40,8 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", outbox.HeartbeatIntervalDefault, "how often the relay records itself alive (status, outbox_relays_alive)")
 	var ops relayOpsFlags
 	ops.register(fs)
+	var mode relayModeFlags
+	mode.register(fs)
 	fs.DurationVar(&cfg.CleanupInterval, "cleanup-interval", outbox.CleanupIntervalDefault, "pause between periodic clean-ups")
 	fs.IntVar(&cfg.Cleanup.BatchSize, "cleanup-batch-size", outbox.CleanupBatchSizeDefault, "rows deleted per clean-up transaction")
 	fs.DurationVar(&cfg.LaneSweepInterval, "lane-sweep-interval", outbox.LaneSweepIntervalDefault, "how often the relay parks events waiting behind a quarantined event that were written unparked, and unparks lanes released by hand")
@@ -45,6 +49,10 @@ func runRelay(ctx context.Context, args []string) error {
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
+	if err := mode.check(fs); err != nil {
+		return err
+	}
+	mode.apply(&cfg)
 	if err := ops.horizons.check("cleanup-", false); err != nil {
 		return cli.Usagef(fs, "%v", err)
 	}
@@ -79,7 +87,12 @@ func runRelay(ctx context.Context, args []string) error {
 	// /healthz and /readyz answer while the relay waits for the database
 	// and the destination; /readyz says which.
 	readiness := newRelayReadiness()
-	stopMetrics, err := ops.serve(metrics, readiness.ready, cfg.Logger)
+	var extra []prometheus.Collector
+	if metrics != nil && mode.mode != modePolling {
+		mode.metrics = newCDCCollector(pool, common.Schema, cfg.Logger)
+		extra = append(extra, mode.metrics)
+	}
+	stopMetrics, err := ops.serve(metrics, mode.ready(readiness.ready), cfg.Logger, extra...)
 	if err != nil {
 		return err
 	}
@@ -119,6 +132,9 @@ func runRelay(ctx context.Context, args []string) error {
 		return err
 	}
 	readiness.started(relay)
+	if mode.mode == modeCDC {
+		return mode.runCDC(ctx, pool, common.DatabaseURL, cfg, relay)
+	}
 	return relay.Run(ctx)
 }
 

@@ -61,15 +61,18 @@ func (o *relayOpsFlags) metrics(pool *pgxpool.Pool, schema string, log *slog.Log
 	return outboxprom.New(outboxprom.Config{Schema: schema, Admin: admin, Inbox: inboxAdmin, GaugesMaxAge: o.gaugesMaxAge, Logger: log})
 }
 
-// serve starts the metrics server when m is set. It logs the address it
+// serve starts the metrics server when m is set, with the extra collectors
+// beside m. It logs the address it
 // listens on (useful with port 0) and returns the function that stops it.
-func (o *relayOpsFlags) serve(m *outboxprom.Metrics, ready func() error, log *slog.Logger) (func(), error) {
+func (o *relayOpsFlags) serve(m *outboxprom.Metrics, ready func() error, log *slog.Logger, extra ...prometheus.Collector) (func(), error) {
 	if m == nil {
 		return func() {}, nil
 	}
 	reg := prometheus.NewRegistry()
-	if err := reg.Register(m); err != nil {
-		return nil, fmt.Errorf("register metrics: %w", err)
+	for _, c := range append([]prometheus.Collector{m}, extra...) {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ln, err := net.Listen("tcp", o.metricsAddr)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/outboxcdc"
 )
 
 const statusUsage = `status [--json] [flags]
@@ -18,7 +19,9 @@ const statusUsage = `status [--json] [flags]
 Shows whether the outbox is healthy and what is stuck: relays alive, pending
 events and the oldest one's age, leases in flight and expired, quarantined
 events and what they block, events published in the last minute, all per
-aggregate type, table and index sizes, and the last operator actions.
+aggregate type, table and index sizes, the last operator actions, and the
+replication slots of 'outbox relay --mode cdc' (streamed or not, WAL status,
+lag, WAL retained and how much more is safe).
 With side-effect attempts recorded (package sideeffect; in --schema, or in
 --sideeffect-schema), also their counts by state per name, the oldest
 unknown outcome's age, blind retries, and the oldest parked attempts.`
@@ -49,11 +52,16 @@ func runStatus(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	slots, slotsErr := outboxcdc.Slots(ctx, pool, common.Schema)
 	if *asJSON {
-		return opJSON(os.Stdout, statusWithSideEffects{Status: st, SideEffects: se})
+		if slotsErr != nil {
+			return slotsErr
+		}
+		return opJSON(os.Stdout, statusWithCDC{statusWithSideEffects: statusWithSideEffects{Status: st, SideEffects: se}, CDCSlots: slots})
 	}
 	printOutboxStatus(os.Stdout, st)
 	printSideEffects(os.Stdout, se)
+	printCDCSlots(os.Stdout, slots, slotsErr)
 	return nil
 }
 

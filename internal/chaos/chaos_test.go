@@ -71,6 +71,40 @@ func TestChaosRun(t *testing.T) {
 	}
 }
 
+// TestChaosRunCDC is a short chaos run with --mode cdc: the relays stream a
+// logical replication slot of a private cluster (one at a time; a killed
+// one's slot is taken over), with the CDC stream's boundaries among the
+// failpoints (seed 11 arms cdc/before-confirm and cdc/before-publish),
+// PostgreSQL crashed and restarted under everything, and the slot
+// invalidated by PostgreSQL (the gap published by the safety net); no
+// invariant may be violated.
+func TestChaosRunCDC(t *testing.T) {
+	out, code := runChaosCommand(t, testBinaries(t), "--mode", "cdc", "--duration", "30s", "--seed", "11", "--recover-timeout", "90s")
+	if code != 0 {
+		t.Fatalf("outbox chaos --mode cdc exited with %d", code)
+	}
+	for _, inv := range Invariants {
+		if n := figure(t, out, "violations "+inv); n != 0 {
+			t.Errorf("%d violations of %s", n, inv)
+		}
+	}
+	if figure(t, out, "postgres restarts") == 0 {
+		t.Error("the run did not crash PostgreSQL")
+	}
+	if figure(t, out, "slot invalidations") == 0 {
+		t.Error("no relay found the slot invalidated and recreated it")
+	}
+	if n := figure(t, out, "cdc streams"); n < 2 {
+		t.Errorf("the slot was streamed %d times; the relays' kills should have made another relay stream it", n)
+	}
+	if figure(t, out, "processes killed") == 0 || figure(t, out, "events") == 0 {
+		t.Error("the run killed nothing or published nothing")
+	}
+	if !strings.Contains(out, "relays in cdc mode") || !strings.Contains(out, "seed 11: all invariants hold") {
+		t.Error("the report does not say the relays ran in cdc mode, or does not end with the verdict")
+	}
+}
+
 // TestChaosRunKafka is a short chaos run with --destination kafka: the
 // relays publish to, and the consumers' group reads from, franz-go's
 // in-process Kafka-protocol cluster (kfake) that the chaos process runs,
@@ -188,5 +222,18 @@ func TestScheduleReplays(t *testing.T) {
 	}
 	if nb := NewSchedule(cfg); nb.Count(FaultBroker) != 0 || nb.String() != others.String() {
 		t.Fatalf("NoBroker schedule:\n%s\nwant the seed's faults without the broker restarts:\n%s", nb, others)
+	}
+	// With PostgreSQL crashes and slot invalidations (a CDC run on a
+	// cluster of its own): the seed's other faults, plus those.
+	cfg.NoBroker, cfg.Postgres = false, true
+	pg := NewSchedule(cfg)
+	var rest Schedule
+	for _, f := range pg {
+		if f.Kind != FaultPostgres && f.Kind != FaultSlot {
+			rest = append(rest, f)
+		}
+	}
+	if pg.Count(FaultPostgres) == 0 || pg.Count(FaultSlot) == 0 || rest.String() != a.String() {
+		t.Fatalf("Postgres schedule:\n%s\nwant the seed's faults plus PostgreSQL crashes and slot invalidations:\n%s", pg, a)
 	}
 }

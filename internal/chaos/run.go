@@ -45,6 +45,14 @@ type Config struct {
 	NATSServer string
 	// Relays and Consumers are how many of each run. Default to 2.
 	Relays, Consumers int
+	// CDC runs the relays with --mode cdc (DatabaseURL's server needs
+	// wal_level=logical): one streams the group's slot, the others stand
+	// by, all run the polling safety net (after CDCReconcileAfter); the
+	// CDC stream's boundaries join the failpoints.
+	CDC bool
+	// Postgres, when set, is the run's own PostgreSQL cluster (the one
+	// DatabaseURL names): the schedule then crashes and restarts it.
+	Postgres Restartable
 	// Clients and Rate shape the traffic: concurrent HTTP clients and
 	// commands per second in total. Default to 4 and 30.
 	Clients int
@@ -103,6 +111,29 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Restartable is a server the run may crash and start again.
+type Restartable interface {
+	Crash() error
+	Start() error
+}
+
+// CDCReconcileAfter is the relays' --reconcile-after in a CDC run: short,
+// so that the safety net's share (events left by a killed stream) shows in
+// a short run.
+const CDCReconcileAfter = 3 * time.Second
+
+// ScheduleConfig is the schedule of a run of c over the members, without
+// broker restarts when noBroker.
+func (c Config) ScheduleConfig(members []string, noBroker bool) ScheduleConfig {
+	c = c.withDefaults()
+	sc := ScheduleConfig{Seed: c.Seed, Duration: c.Duration, Members: members, Every: c.Every, Lease: c.Lease, NoBroker: noBroker}
+	if c.CDC {
+		sc.RelayFailpoints = CDCRelayFailpoints
+	}
+	sc.Postgres = c.Postgres != nil
+	return sc
+}
+
 // Stats count what the run did to the system.
 type Stats struct {
 	// Killed counts SIGKILLs sent by the run (kill faults, and restarts to
@@ -124,6 +155,14 @@ type Stats struct {
 	DuplicatesSuppressed, OutOfOrder int
 	// Recovery is how long convergence took after the faults ended.
 	Recovery time.Duration
+	// PostgresRestarts counts the PostgreSQL crashes and restarts;
+	// SlotFaults the WAL switches and checkpoints meant to invalidate the
+	// CDC slot, SlotInvalidations the relays' reports of a slot found
+	// invalidated and recreated.
+	PostgresRestarts, SlotFaults, SlotInvalidations int
+	// CDCStreams counts the relays' "cdc streaming" lines (a relay started
+	// streaming the slot), CDCTakeovers those by a relay that stood by.
+	CDCStreams, CDCTakeovers int
 }
 
 // Result is a finished run.
@@ -137,6 +176,7 @@ type Result struct {
 
 // run is one chaos run in progress.
 type run struct {
+	pool  *pgxpool.Pool // the run's own connections, for faults that are SQL
 	cfg   Config
 	where Where
 	sys   *System
@@ -151,6 +191,9 @@ type run struct {
 	fired      [3]atomic.Int64 // crash, error, sleep
 	duplicates atomic.Int64
 	outOfOrder atomic.Int64
+	// cdcStreams and cdcTakeovers count the relays' "cdc streaming" and
+	// "took over the slot" lines.
+	cdcStreams, cdcTakeovers, cdcInvalidations atomic.Int64
 }
 
 func (r *run) count(f func(s *Stats)) {
@@ -215,6 +258,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 		return res, fmt.Errorf("connect to database: %w", err)
 	}
 	defer pool.Close()
+	r.pool = pool
 	if _, err := outboxmigrate.Migrate(ctx, pool, r.where.Schema); err != nil {
 		return res, err
 	}
@@ -249,27 +293,34 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	if err != nil {
 		return res, err
 	}
+	var relayArgs []string
+	if cfg.CDC {
+		relayArgs = []string{"--mode", "cdc", "--reconcile-after", CDCReconcileAfter.String()}
+	}
 	r.sys = NewSystem(SystemConfig{
 		Bins: cfg.Bins, DatabaseURL: cfg.DatabaseURL, Schema: r.where.Schema,
 		Destination: r.dest, APIPort: port,
 		Relays: cfg.Relays, Consumers: consumers, Lease: cfg.Lease, AckWait: 2 * time.Second, Sink: sink,
+		RelayArgs: relayArgs,
 	})
 	defer r.sys.KillAll()
-	r.sched = NewSchedule(ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: r.sys.Names(), Every: cfg.Every, Lease: cfg.Lease,
-		NoBroker: !r.dest.Restartable()})
+	r.sched = NewSchedule(cfg.ScheduleConfig(r.sys.Names(), !r.dest.Restartable()))
 	res.Schedule = r.sched
 
 	r.printf("outbox chaos: seed %d, %s of faults\n", cfg.Seed, cfg.Duration)
 	r.printf("  processes: %s (orders %s, outbox %s)\n", strings.Join(r.sys.Names(), ", "), cfg.Bins.Orders, cfg.Bins.Outbox)
 	r.printf("  destination: %s; schema %s\n", r.dest.Describe(), r.where.Schema)
+	if cfg.CDC {
+		r.printf("  relays in cdc mode: one streams the slot, the others stand by; polling safety net after %s\n", CDCReconcileAfter)
+	}
 	if fewer != "" {
 		r.printf("  %d consumer process instead of %d: %s\n", consumers, cfg.Consumers, fewer)
 	}
 	if !r.dest.Restartable() {
 		r.printf("  no broker restarts: %s\n", noRestartsNote(r.dest))
 	}
-	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts)\n", r.sched.Digest(), len(r.sched),
-		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker))
+	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts, %d postgres restarts, %d slot invalidations)\n", r.sched.Digest(), len(r.sched),
+		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker), r.sched.Count(FaultPostgres), r.sched.Count(FaultSlot))
 
 	for _, n := range r.sys.Names() {
 		if err := r.sys.Start(n, "", 0); err != nil {
@@ -369,6 +420,12 @@ func (r *run) scan(line string) {
 		}
 	case strings.Contains(line, "duplicate delivery suppressed"):
 		r.duplicates.Add(1)
+	case strings.Contains(line, `msg="cdc streaming"`):
+		r.cdcStreams.Add(1)
+	case strings.Contains(line, `msg="took over the slot`):
+		r.cdcTakeovers.Add(1)
+	case strings.Contains(line, `msg="replication slot invalidated by PostgreSQL`):
+		r.cdcInvalidations.Add(1)
 	case strings.Contains(line, "cancellation found no reservation"):
 		r.outOfOrder.Add(1)
 	}
@@ -377,6 +434,8 @@ func (r *run) scan(line string) {
 func (r *run) finishStats() {
 	r.stats.FailpointsFired = map[string]int{"crash": int(r.fired[0].Load()), "error": int(r.fired[1].Load()), "sleep": int(r.fired[2].Load())}
 	r.stats.DuplicatesSuppressed = int(r.duplicates.Load())
+	r.stats.CDCStreams, r.stats.CDCTakeovers = int(r.cdcStreams.Load()), int(r.cdcTakeovers.Load())
+	r.stats.SlotInvalidations = int(r.cdcInvalidations.Load())
 	r.stats.OutOfOrder = int(r.outOfOrder.Load())
 	r.stats.BrokerRestarts = r.dest.Restarts()
 	for _, x := range r.sys.Exits() {
@@ -482,6 +541,24 @@ func (r *run) inject(ctx context.Context) {
 				sleepCtx(ctx, f.For)
 				r.sys.Resume(f.Target)
 			})
+		case FaultPostgres:
+			if err := r.cfg.Postgres.Crash(); err != nil {
+				r.printf("  crash PostgreSQL: %v\n", err)
+				continue
+			}
+			r.count(func(s *Stats) { s.PostgresRestarts++ })
+			pending.Go(func() {
+				sleepCtx(ctx, f.For) // started again even when the faults end first
+				if err := r.cfg.Postgres.Start(); err != nil {
+					r.printf("  start PostgreSQL: %v\n", err)
+				}
+			})
+		case FaultSlot:
+			if err := r.invalidateSlot(ctx); err != nil {
+				r.printf("  invalidate the slot: %v\n", err)
+				continue
+			}
+			r.count(func(s *Stats) { s.SlotFaults++ })
 		case FaultBroker:
 			if err := r.dest.Stop(); err != nil {
 				r.printf("  stop the broker: %v\n", err)
@@ -495,6 +572,25 @@ func (r *run) inject(ctx context.Context) {
 			})
 		}
 	}
+}
+
+// invalidateSlot moves the WAL on by two segments and checkpoints: on a
+// cluster with a tiny max_slot_wal_keep_size, PostgreSQL then invalidates
+// a slot whose restart position is in an older segment (a CDC slot almost
+// always is), terminating the relay that streams it.
+func (r *run) invalidateSlot(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for i := 0; i < 2; i++ {
+		if _, err := r.pool.Exec(ctx, "SELECT pg_switch_wal()"); err != nil {
+			return err
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	_, err := r.pool.Exec(ctx, "CHECKPOINT")
+	return err
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
@@ -555,6 +651,13 @@ func (r *run) report(res *Result) {
 		line("broker restarts", s.BrokerRestarts, "none: "+noRestartsNote(r.dest))
 	}
 	line("process error exits", s.ErrorExits, "exited by themselves (e.g. started while the broker was down), restarted")
+	if r.cfg.Postgres != nil {
+		line("postgres restarts", s.PostgresRestarts, "crashed (immediate shutdown) and started again")
+		line("slot invalidations", s.SlotInvalidations, fmt.Sprintf("CDC slot found invalidated and recreated by a relay, after %d WAL switches+checkpoints", s.SlotFaults))
+	}
+	if r.cfg.CDC {
+		line("cdc streams", s.CDCStreams, fmt.Sprintf("times a relay started streaming the slot; %d after standing by", s.CDCTakeovers))
+	}
 	line("recovery", s.Recovery.Round(time.Millisecond), "from the end of the faults to all published and applied")
 	rep.WriteViolations(r.cfg.Out)
 	if n := rep.Total(); n > 0 {

@@ -26,6 +26,14 @@ const (
 	// FaultBroker stops the broker for a while and starts it again on the
 	// same port and storage.
 	FaultBroker FaultKind = "broker"
+	// FaultPostgres crashes PostgreSQL (immediate shutdown: crash recovery
+	// at the next start) for a while and starts it again; only in runs on a
+	// cluster of their own (outbox chaos --mode cdc).
+	FaultPostgres FaultKind = "postgres"
+	// FaultSlot makes PostgreSQL invalidate the CDC slot: WAL segment
+	// switches and a checkpoint past the cluster's tiny
+	// max_slot_wal_keep_size (outbox chaos --mode cdc).
+	FaultSlot FaultKind = "slot"
 )
 
 // Fault is one scheduled fault.
@@ -104,6 +112,13 @@ type ScheduleConfig struct {
 	// NoBroker leaves the broker restarts out, for a destination that
 	// cannot be restarted. The other faults stay those of the seed.
 	NoBroker bool
+	// RelayFailpoints, when set, replaces Failpoints[RoleRelay]: the relays
+	// of a CDC run also have the CDC path's boundaries (CDCRelayFailpoints).
+	RelayFailpoints []string
+	// Postgres adds PostgreSQL crashes and slot invalidations
+	// (FaultPostgres, FaultSlot), drawn from a generator of their own so
+	// that the other faults stay the seed's.
+	Postgres bool
 }
 
 // Failpoints lists the boundaries armed per role by the chaos run.
@@ -112,6 +127,11 @@ var Failpoints = map[string][]string{
 	RoleRelay:    {"relay/during-claim", "relay/after-claim", "relay/before-publish", "relay/after-ack-before-mark"},
 	RoleConsumer: {"consumer/after-commit-before-ack"},
 }
+
+// CDCRelayFailpoints are the boundaries armed in the relays of a run in CDC
+// mode: the polling path's (the safety net, and the CDC path's claims and
+// marks go through the same code) and the CDC stream's own.
+var CDCRelayFailpoints = append(append([]string(nil), Failpoints[RoleRelay]...), "cdc/before-publish", "cdc/before-confirm")
 
 // roleOf derives the role from a member's name.
 func roleOf(name string) string {
@@ -171,7 +191,7 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 			s = append(s, pause(at))
 		case r < 45:
 			target := members[rng.IntN(len(members))]
-			s = append(s, Fault{At: at, Kind: FaultFailpoint, Target: target, Rule: failpointRule(rng, roleOf(target)),
+			s = append(s, Fault{At: at, Kind: FaultFailpoint, Target: target, Rule: failpointRule(rng, roleOf(target), cfg.RelayFailpoints),
 				For: dur(2*time.Second, 6*time.Second)})
 		default:
 			s = append(s, Fault{At: at, Kind: FaultKill, Target: members[rng.IntN(len(members))]})
@@ -186,6 +206,10 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 		}
 		sort.SliceStable(s, func(i, j int) bool { return s[i].At < s[j].At })
 	}
+	if cfg.Postgres {
+		s = append(s, postgresFaults(cfg, warmup, end)...)
+		sort.SliceStable(s, func(i, j int) bool { return s[i].At < s[j].At })
+	}
 	if cfg.NoBroker {
 		kept := s[:0]
 		for _, f := range s {
@@ -198,10 +222,32 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 	return s
 }
 
-// failpointRule draws a rule for one of role's boundaries: crash, error or
-// sleep, on the n-th hit or with a probability.
-func failpointRule(rng *rand.Rand, role string) string {
+// postgresFaults draws PostgreSQL crashes and slot invalidations, in turn,
+// between warmup and end, about one every 12s (at least one in a run of
+// 15s or more), at least 6s apart (a crash is down for 1-3s), from a
+// generator of their own.
+func postgresFaults(cfg ScheduleConfig, warmup, end time.Duration) Schedule {
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x706f737467726573))
+	var s Schedule
+	for at := warmup + time.Duration(rng.Int64N(int64(5*time.Second))); at+5*time.Second < end; {
+		f := Fault{At: at, Kind: FaultPostgres, For: time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))}
+		if len(s)%2 == 1 {
+			f.Kind, f.For = FaultSlot, 0
+		}
+		s = append(s, f)
+		at += f.For + 6*time.Second + time.Duration(rng.ExpFloat64()*float64(6*time.Second))
+	}
+	return s
+}
+
+// failpointRule draws a rule for one of role's boundaries (relays: of
+// relayNames, when set): crash, error or sleep, on the n-th hit or with a
+// probability.
+func failpointRule(rng *rand.Rand, role string, relayNames []string) string {
 	names := Failpoints[role]
+	if role == RoleRelay && relayNames != nil {
+		names = relayNames
+	}
 	name := names[rng.IntN(len(names))]
 	var action string
 	switch r := rng.IntN(100); {

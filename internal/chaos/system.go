@@ -41,6 +41,8 @@ type SystemConfig struct {
 	AckWait time.Duration
 	// Sink receives every process's output lines.
 	Sink Sink
+	// RelayArgs are extra flags of the relays (e.g. --mode cdc).
+	RelayArgs []string
 }
 
 // Exit records how one incarnation of a member ended.
@@ -151,6 +153,7 @@ func (s *System) spec(m *member) ProcessSpec {
 		args := append([]string{"relay", "--id", fmt.Sprintf("%s.%d", m.name, m.incarnation),
 			"--lease", c.Lease.String(), "--poll-interval", "100ms", "--retry-min", "100ms", "--retry-max", "2s",
 			"--shutdown-timeout", "2s", "--batch-size", "50"}, db...)
+		args = append(args, c.RelayArgs...)
 		return ProcessSpec{Name: name, Path: c.Bins.Outbox, Args: append(args, dest(RoleRelay)...)}
 	default:
 		args := append([]string{"inventory", "--ack-wait", c.AckWait.String(), "--workers", "2"}, db...)

@@ -1,0 +1,371 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgcluster"
+	"github.com/pgoutbox/outbox/outboxcdc"
+)
+
+// benchCDC is the "cdc" group (only when named): on a private cluster with
+// wal_level=logical (the shared server has replica), side by side in one
+// run, the commit-to-ack latency of the polling relay woken by a Notifier
+// and of the CDC relay at the same offered rate, and the library write path
+// with a CDC relay streaming against a polling relay alone.
+func benchCDC(ctx context.Context, e *env) ([]Result, error) {
+	cluster, err := pgcluster.Start(pgcluster.Config{Settings: map[string]string{
+		"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10",
+		"max_connections": "100", "shared_buffers": "256MB"}})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = cluster.Close() }()
+	o := e.o
+	o.databaseURL = cluster.URL("")
+	pe, err := newEnv(ctx, o, e.logw)
+	if err != nil {
+		return nil, err
+	}
+	defer pe.close()
+	e.logf("cdc: private cluster with wal_level=logical on port %d", cluster.Port())
+
+	var out []Result
+	note := fmt.Sprintf("offered %d events/s for %s, one event per transaction, private cluster (wal_level=logical)", e.sz.latencyRate, e.sz.latencyDur)
+	for _, mode := range []string{"wakeup", "cdc"} {
+		var lat []time.Duration
+		var offered float64
+		if mode == "cdc" {
+			lat, offered, err = cdcLatencyRun(ctx, pe)
+		} else {
+			lat, offered, err = latencyRun(ctx, pe, "cdc-cmp-wakeup", true)
+		}
+		if err != nil {
+			return out, fmt.Errorf("latency %s: %w", mode, err)
+		}
+		p50, p99, mx := percentiles(lat)
+		res := Result{Scenario: "cdc/commit-to-ack/" + mode, EventsPerSec: f(offered), P50: f(p50), P99: f(p99), Max: f(mx),
+			Events: int64(len(lat)), Seconds: e.sz.latencyDur.Seconds(), Note: note}
+		if mode == "cdc" {
+			res.Target, res.Met = "p99 <= 10 ms", b(p99 <= 10)
+		}
+		e.logf("%s: p50 %.1f ms p99 %.1f ms max %.1f ms at %.0f events/s", res.Scenario, p50, p99, mx, offered)
+		out = append(out, res)
+	}
+	drain, err := cdcDrainRun(ctx, pe)
+	out = append(out, drain...)
+	if err != nil {
+		return out, err
+	}
+	rates, err := cdcWriteRun(ctx, pe)
+	if err != nil {
+		return out, err
+	}
+	out = append(out,
+		Result{Scenario: "cdc/write-16c/polling", EventsPerSec: f(rates["polling"]), Note: "library write path (tx/s), a polling relay running, no slot"},
+		Result{Scenario: "cdc/write-16c/cdc", EventsPerSec: f(rates["cdc"]), Ratio: f(rates["cdc"] / rates["polling"]),
+			RatioOf: "cdc/write-16c/polling", Target: ">= 0.95", Met: b(rates["cdc"]/rates["polling"] >= 0.95),
+			Note: "library write path (tx/s), a CDC relay streaming the slot (and its safety net)"})
+	e.logf("cdc/write-16c: polling %.0f tx/s, cdc %.0f tx/s", rates["polling"], rates["cdc"])
+	return out, nil
+}
+
+// cdcDrainRun: a backlog written while no relay ran (an outage), the WAL
+// the slot retained for it, and its drain by the CDC relay (no safety net:
+// the stream alone) against the polling relay on an identical backlog.
+func cdcDrainRun(ctx context.Context, e *env) ([]Result, error) {
+	n, aggs := e.sz.backlog, e.sz.aggregates
+	var out []Result
+	// CDC: the slot exists (Setup), then the backlog is written, then the
+	// relay starts and reads it all from the slot.
+	s, cleanup, err := e.newSpace(ctx, "cdc-drain")
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	slot := outboxcdc.SlotName(s.schema, outboxcdc.GroupDefault)
+	if err := outboxcdc.Setup(ctx, outboxcdc.Config{Pool: e.admin, Schema: s.schema}); err != nil {
+		return nil, err
+	}
+	defer func() {
+		_, _ = e.admin.Exec(context.WithoutCancel(ctx), "SELECT pg_drop_replication_slot($1)", slot)
+	}()
+	if err := e.loadBacklog(ctx, s.schema, n, aggs, "cdc", 0, false); err != nil {
+		return nil, err
+	}
+	var retained int64
+	if err := e.admin.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&retained); err != nil {
+		return nil, err
+	}
+	perEvent := float64(retained) / float64(n)
+	out = append(out, Result{Scenario: "cdc/wal-retained-per-event", Value: f(perEvent),
+		Note: fmt.Sprintf("bytes of WAL the slot held after a %d-event backlog was written with no relay (%.0f MB per minute of outage at 1,000 events/s, this payload)",
+			n, perEvent*60_000/1e6)})
+	e.logf("cdc: the slot retained %d bytes for %d events (%.0f B/event)", retained, n, perEvent)
+
+	pub, nc, err := e.publisher(ctx, s)
+	if err != nil {
+		return out, err
+	}
+	defer nc.Close()
+	pool, err := e.relayPool(ctx, 6)
+	if err != nil {
+		return out, err
+	}
+	defer pool.Close()
+	ph := &phases{}
+	ids, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: s.schema, Publisher: pub, Logger: quietLogger(), ID: "bench-cdc-drain", DisableNotify: true, Observer: ph})
+	if err != nil {
+		return out, err
+	}
+	c, err := outboxcdc.New(outboxcdc.Config{DatabaseURL: e.o.databaseURL, Pool: pool, Schema: s.schema, Relay: ids, Logger: quietLogger()})
+	if err != nil {
+		return out, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- c.Run(runCtx) }()
+	var read time.Duration // until the stream had received every id
+	for c.Stats().Published() < int64(n) && time.Since(start) < 10*time.Minute && ctx.Err() == nil {
+		if read == 0 && c.Stats().Received() >= int64(n) {
+			read = time.Since(start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cdcDur := time.Since(start)
+	e.logf("cdc/drain/cdc: PublishIDs %s", ph.String(cdcDur))
+	e.logf("cdc/drain/cdc: every id received from the slot after %s (one transaction: none is published before its commit is read)", read.Round(time.Millisecond))
+	cancel()
+	<-done
+	if got := c.Stats().Published(); got < int64(n) {
+		return out, fmt.Errorf("cdc drained %d of %d events", got, n)
+	}
+	out = append(out, Result{Scenario: "cdc/drain/cdc", EventsPerSec: f(float64(n) / cdcDur.Seconds()), Events: int64(n), Seconds: cdcDur.Seconds(),
+		Note: fmt.Sprintf("a %d-event backlog over %d aggregates read from the slot and published by the stream alone", n, aggs)})
+	e.logf("cdc/drain/cdc: %d events in %s", n, cdcDur.Round(time.Millisecond))
+
+	// Polling, on an identical backlog of the same cluster.
+	ps, pcleanup, err := e.newSpace(ctx, "cdc-drain-polling")
+	if err != nil {
+		return out, err
+	}
+	defer pcleanup()
+	if err := e.loadBacklog(ctx, ps.schema, n, aggs, "cdc", 0, false); err != nil {
+		return out, err
+	}
+	pollDur, _, err := drainOurs(ctx, e, ps, n, nil)
+	if err != nil {
+		return out, err
+	}
+	out = append(out, Result{Scenario: "cdc/drain/polling", EventsPerSec: f(float64(n) / pollDur.Seconds()), Events: int64(n), Seconds: pollDur.Seconds(),
+		Note: "the same backlog drained by the polling relay on the same cluster"})
+	out[len(out)-2].Ratio, out[len(out)-2].RatioOf = f(pollDur.Seconds()/cdcDur.Seconds()), "cdc/drain/polling"
+	e.logf("cdc/drain/polling: %d events in %s", n, pollDur.Round(time.Millisecond))
+	return out, nil
+}
+
+// startCDC starts a CDC relay (with its safety net) on the space, its
+// publisher wrapped by wrap, and waits until it streams.
+func startCDC(ctx context.Context, e *env, s space, wrap func(outbox.Publisher) outbox.Publisher) (*outboxcdc.Relay, func() error, error) {
+	pub, nc, err := e.publisher(ctx, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := e.relayPool(ctx, 6)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	var p outbox.Publisher = pub
+	if wrap != nil {
+		p = wrap(pub)
+	}
+	cfg := outbox.RelayConfig{Schema: s.schema, Publisher: p, Logger: quietLogger(), ID: "bench-cdc", DisableNotify: true}
+	ids, err := outbox.NewRelay(pool, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.ID, cfg.ReconcileAfter, cfg.DisableNotify = "bench-cdc-net", 10*time.Second, false
+	net, err := outbox.NewRelay(pool, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := outboxcdc.New(outboxcdc.Config{DatabaseURL: e.o.databaseURL, Pool: pool, Schema: s.schema, Relay: ids, SafetyNet: net, Logger: quietLogger()})
+	if err != nil {
+		return nil, nil, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	stop := func() error {
+		cancel()
+		err := <-done
+		nc.Close()
+		pool.Close()
+		return err
+	}
+	for !c.Stats().Streaming() {
+		select {
+		case err := <-done:
+			cancel()
+			nc.Close()
+			pool.Close()
+			return nil, nil, fmt.Errorf("cdc relay stopped before streaming: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return c, stop, nil
+}
+
+// cdcLatencyRun is latencyRun with a CDC relay instead of the woken polling
+// relay.
+func cdcLatencyRun(ctx context.Context, e *env) (lat []time.Duration, offered float64, err error) {
+	s, cleanup, err := e.newSpace(ctx, "cdc-latency")
+	if err != nil {
+		return nil, 0, err
+	}
+	defer cleanup()
+	if err := createOrders(ctx, e, s.schema); err != nil {
+		return nil, 0, err
+	}
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: s.schema})
+	if err != nil {
+		return nil, 0, err
+	}
+	wpool, err := e.pool(ctx, 16)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer wpool.Close()
+	rec := &ackRecorder{acks: map[uuid.UUID]time.Time{}}
+	c, stop, err := startCDC(ctx, e, s, func(p outbox.Publisher) outbox.Publisher { rec.next = p; return rec })
+	if err != nil {
+		return nil, 0, err
+	}
+	defer func() { _ = stop() }()
+	var mu sync.Mutex
+	commits := map[uuid.UUID]time.Time{}
+	sent, elapsed, err := offerLoad(ctx, e.sz.latencyRate, e.sz.latencyDur, 16, func() error {
+		var id uuid.UUID
+		err := pgx.BeginFunc(ctx, wpool, func(tx pgx.Tx) error {
+			oid, _ := uuid.NewV7()
+			if _, err := tx.Exec(ctx, `INSERT INTO `+s.schema+`.orders (order_id, customer_id, total_cents) VALUES ($1, $2, $3)`, oid, "customer-42", 12345); err != nil {
+				return err
+			}
+			recs, err := w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: oid.String(), Type: "OrderCreated", Payload: []byte(payload)})
+			if err == nil {
+				id = recs[0].ID
+			}
+			return err
+		})
+		committed := time.Now()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		commits[id] = committed
+		mu.Unlock()
+		return nil
+	})
+	offered = float64(sent) / elapsed.Seconds()
+	if err != nil {
+		return nil, 0, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for rec.count() < len(commits) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.logf("cdc latency: the stream published %d, left %d to the safety net", c.Stats().Published(), c.Stats().Left())
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	missing := 0
+	for id, t := range commits {
+		a, ok := rec.acks[id]
+		if !ok {
+			missing++
+			continue
+		}
+		lat = append(lat, a.Sub(t))
+	}
+	if missing > 0 {
+		return nil, 0, fmt.Errorf("%d of %d events not acknowledged 30s after the load ended", missing, len(commits))
+	}
+	return lat, offered, nil
+}
+
+// cdcWriteRun measures the library write path at 16 clients with a polling
+// relay running (no slot) and with a CDC relay streaming, alternating the
+// two writeRounds times, and returns the tx/s of each.
+func cdcWriteRun(ctx context.Context, e *env) (map[string]float64, error) {
+	counts := map[string]int{}
+	durs := map[string]time.Duration{}
+	for round := 0; round < e.sz.writeRounds; round++ {
+		for _, mode := range []string{"polling", "cdc"} {
+			n, d, err := cdcWriteOnce(ctx, e, mode, round)
+			if err != nil {
+				return nil, fmt.Errorf("write %s: %w", mode, err)
+			}
+			counts[mode] += n
+			durs[mode] += d
+		}
+	}
+	rates := map[string]float64{}
+	for m, n := range counts {
+		rates[m] = float64(n) / durs[m].Seconds()
+	}
+	return rates, nil
+}
+
+// cdcWriteOnce runs one closed loop of the write path on a fresh space with
+// the mode's relay running.
+func cdcWriteOnce(ctx context.Context, e *env, mode string, round int) (int, time.Duration, error) {
+	s, cleanup, err := e.newSpace(ctx, fmt.Sprintf("cdc-write-%s-%d", mode, round))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer cleanup()
+	if err := createOrders(ctx, e, s.schema); err != nil {
+		return 0, 0, err
+	}
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: s.schema})
+	if err != nil {
+		return 0, 0, err
+	}
+	k := newWriteKinds(s.schema, w)
+	wpool, err := e.pool(ctx, 17)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer wpool.Close()
+	var stop func() error
+	if mode == "cdc" {
+		_, stop, err = startCDC(ctx, e, s, nil)
+	} else {
+		_, stop, err = startRelay(ctx, e, s, outbox.RelayConfig{}, nil)
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		_ = stop()
+		if mode == "cdc" {
+			// The slot outlives the relay: drop it, or it holds WAL for the
+			// rest of the run.
+			_, _ = e.admin.Exec(context.WithoutCancel(ctx), "SELECT pg_drop_replication_slot($1)", outboxcdc.SlotName(s.schema, outboxcdc.GroupDefault))
+		}
+	}()
+	if _, _, err := closedLoop(ctx, wpool, 16, 300*time.Millisecond, k.libEvent, nil); err != nil {
+		return 0, 0, err
+	}
+	t := time.Now()
+	n, _, err := closedLoop(ctx, wpool, 16, e.sz.notifyWriteDur, k.libEvent, nil)
+	return n, time.Since(t), err
+}

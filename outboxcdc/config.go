@@ -1,0 +1,184 @@
+package outboxcdc
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// Defaults for Config.
+const (
+	// GroupDefault is Config.Group's default.
+	GroupDefault = "default"
+	// BatchSizeDefault is Config.BatchSize's default.
+	BatchSizeDefault = outbox.BatchSizeDefault
+	// FlushIntervalDefault is Config.FlushInterval's default.
+	FlushIntervalDefault = 2 * time.Millisecond
+	// StatusIntervalDefault is Config.StatusInterval's default.
+	StatusIntervalDefault = 10 * time.Second
+	// RetryMinDefault and RetryMaxDefault are Config.RetryMin's and
+	// Config.RetryMax's defaults.
+	RetryMinDefault = 500 * time.Millisecond
+	RetryMaxDefault = 10 * time.Second
+)
+
+// Config configures a CDC relay.
+type Config struct {
+	// DatabaseURL is the PostgreSQL connection URL of the database holding
+	// the outbox tables. The replication connection is opened on it (with
+	// replication=database added); its user needs the REPLICATION attribute
+	// (or superuser). Required.
+	DatabaseURL string
+	// Pool runs the set-up statements (publication, slot) and the slot
+	// checks. Required.
+	Pool *pgxpool.Pool
+	// Schema is the schema holding the outbox tables. Defaults to "outbox".
+	Schema string
+	// Group names the relay group: the relays of one group share one slot
+	// (one streams, the others stand by). Defaults to GroupDefault.
+	Group string
+	// Slot is the replication slot's name. Defaults to SlotName(Schema,
+	// Group).
+	Slot string
+	// Publication is the publication's name. Defaults to
+	// PublicationName(Schema).
+	Publication string
+	// Relay publishes the ids read from the WAL (Relay.PublishIDs). It must
+	// not be running (its Run not called): the CDC path owns it. Required.
+	Relay *outbox.Relay
+	// SafetyNet, when set, is a polling relay Run runs beside the stream
+	// (build it with RelayConfig.ReconcileAfter set, and its own ID): it
+	// publishes whatever the CDC path left or could not read, such as the
+	// gap of an invalidated slot. When nil, the caller must run one (the
+	// command `outbox relay --mode cdc` does), or events left by the CDC
+	// path wait for a relay in `--mode reconcile` or polling elsewhere.
+	SafetyNet *outbox.Relay
+	// BatchSize is the most ids handed to one PublishIDs call. Defaults to
+	// BatchSizeDefault.
+	BatchSize int
+	// FlushInterval is how long committed ids wait for more before they are
+	// published: the most this adds to commit-to-publish latency. Defaults
+	// to FlushIntervalDefault.
+	FlushInterval time.Duration
+	// StatusInterval is how often the stream reports its confirmed position
+	// to PostgreSQL when nothing else makes it (keep it well under the
+	// server's wal_sender_timeout). Defaults to StatusIntervalDefault.
+	StatusInterval time.Duration
+	// RetryMin and RetryMax bound the backoff (with jitter) between
+	// attempts to stream: after an error, while another process streams
+	// the slot (standby), and before retrying a database error of
+	// PublishIDs. Default to RetryMinDefault and RetryMaxDefault.
+	RetryMin, RetryMax time.Duration
+	// Logger receives the relay's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Group == "" {
+		c.Group = GroupDefault
+	}
+	if c.Schema == "" {
+		c.Schema = pgident.DefaultSchema
+	}
+	if c.Slot == "" {
+		c.Slot = SlotName(c.Schema, c.Group)
+	}
+	if c.Publication == "" {
+		c.Publication = PublicationName(c.Schema)
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = BatchSizeDefault
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.FlushInterval, FlushIntervalDefault)
+	def(&c.StatusInterval, StatusIntervalDefault)
+	def(&c.RetryMin, RetryMinDefault)
+	def(&c.RetryMax, RetryMaxDefault)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.DatabaseURL == "":
+		return errors.New("outboxcdc: Config.DatabaseURL is required")
+	case c.Pool == nil:
+		return errors.New("outboxcdc: Config.Pool is required")
+	case c.Relay == nil:
+		return errors.New("outboxcdc: Config.Relay is required")
+	case c.BatchSize < 1:
+		return fmt.Errorf("outboxcdc: BatchSize %d must be positive", c.BatchSize)
+	case c.FlushInterval < 0 || c.StatusInterval < 0 || c.RetryMin < 0:
+		return errors.New("outboxcdc: durations must not be negative")
+	case c.RetryMax < c.RetryMin:
+		return fmt.Errorf("outboxcdc: RetryMax %s is below RetryMin %s", c.RetryMax, c.RetryMin)
+	}
+	return c.validateNames()
+}
+
+func (c Config) validateNames() error {
+	if _, err := pgident.NewSchema(c.Schema); err != nil {
+		return err
+	}
+	for _, n := range []struct{ what, name string }{{"slot", c.Slot}, {"publication", c.Publication}} {
+		if err := validName(n.name); err != nil {
+			return fmt.Errorf("outboxcdc: %s name %q: %w", n.what, n.name, err)
+		}
+	}
+	return nil
+}
+
+// SlotName is the default replication slot name of a relay group:
+// "outbox_<schema>_<group>", lower-cased, with every character other than
+// a-z, 0-9 and _ replaced by _ (what PostgreSQL allows in a slot name), and
+// shortened with a hash when longer than 63 bytes.
+func SlotName(schema, group string) string {
+	return identifier("outbox_" + schema + "_" + group)
+}
+
+// PublicationName is the default publication name for a schema's outbox
+// table: "outbox_<schema>_events", made an identifier like SlotName.
+func PublicationName(schema string) string {
+	return identifier("outbox_" + schema + "_events")
+}
+
+func identifier(s string) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	if len(b) <= 63 {
+		return string(b)
+	}
+	h := fnv.New32a()
+	h.Write(b)
+	return fmt.Sprintf("%s_%08x", b[:54], h.Sum32())
+}
+
+func validName(s string) error {
+	if s == "" || len(s) > 63 {
+		return errors.New("must be 1 to 63 bytes")
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return errors.New("may hold only a-z, 0-9 and _")
+		}
+	}
+	return nil
+}

@@ -1,0 +1,284 @@
+package outboxcdc
+
+// Running: set-up, streaming with reconnection, standing by while another
+// process streams the slot, recreating a slot PostgreSQL invalidated, and
+// the polling safety net beside it all.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Stats are a CDC relay's running totals.
+type Stats struct {
+	received, published, left, outages, invalidations, takeovers atomic.Int64
+	confirmed                                                    atomic.Uint64
+	streaming, standby                                           atomic.Bool
+}
+
+// Received counts the event ids read from committed transactions.
+func (s *Stats) Received() int64 { return s.received.Load() }
+
+// Published counts the events PublishIDs published.
+func (s *Stats) Published() int64 { return s.published.Load() }
+
+// Left counts the ids PublishIDs left to the polling path.
+func (s *Stats) Left() int64 { return s.left.Load() }
+
+// Outages counts the PublishIDs calls that found the destination
+// unavailable (the stream then keeps its position and retries).
+func (s *Stats) Outages() int64 { return s.outages.Load() }
+
+// Takeovers counts the times this relay started streaming after standing
+// by.
+func (s *Stats) Takeovers() int64 { return s.takeovers.Load() }
+
+// Invalidations counts the times the slot was found invalidated and
+// recreated.
+func (s *Stats) Invalidations() int64 { return s.invalidations.Load() }
+
+// Streaming reports whether this relay is streaming the slot now (false
+// while it stands by or reconnects).
+func (s *Stats) Streaming() bool { return s.streaming.Load() }
+
+// Confirmed is the last position reported to PostgreSQL as flushed.
+func (s *Stats) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) }
+
+// Relay is a change-data-capture relay: see the package documentation.
+type Relay struct {
+	cfg     Config
+	log     *slog.Logger
+	stats   Stats
+	started atomic.Bool
+	lastErr atomic.Pointer[error] // why the stream last ended
+}
+
+// Ready reports whether the relay does its job: nil while it streams the
+// slot or stands by for another process that does; otherwise why not (not
+// started, stopped, or the error that ended its last stream while it
+// reconnects). It does not cover the safety net (see outbox.Relay.Ready).
+func (r *Relay) Ready() error {
+	switch {
+	case r.stats.streaming.Load() || r.stats.standby.Load():
+		return nil
+	case !r.started.Load():
+		return errors.New("cdc relay not running")
+	}
+	if p := r.lastErr.Load(); p != nil {
+		return fmt.Errorf("cdc stream reconnecting: %w", *p)
+	}
+	return errors.New("cdc stream starting")
+}
+
+// New validates cfg and returns a CDC relay. Run starts it.
+func New(cfg Config) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{cfg: cfg, log: cfg.Logger.With(slog.String("slot", cfg.Slot))}, nil
+}
+
+// Stats returns the relay's running totals (live: read them any time).
+func (r *Relay) Stats() *Stats { return &r.stats }
+
+// Run sets up the publication and the slot (Setup), then streams the slot
+// until ctx ends, and runs cfg.SafetyNet beside it when set. A connection
+// that fails is opened again after a backoff; while another process streams
+// the slot, Run stands by and takes over when that process's connection
+// ends; a slot PostgreSQL invalidated is dropped and created again at the
+// current position. Set-up errors are retried too, except those retrying
+// cannot fix (wal_level, a slot or publication of the name that is not
+// ours, a missing right), which Run returns. The safety net runs from the
+// start, whatever the stream does. Run returns nil when ctx ends.
+func (r *Relay) Run(ctx context.Context) error {
+	r.started.Store(true)
+	defer r.started.Store(false)
+	// The safety net runs from the start: events are published even while
+	// the stream cannot be set up.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	netCtx, stopNet := context.WithCancel(ctx)
+	defer stopNet()
+	if r.cfg.SafetyNet != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.cfg.SafetyNet.Run(netCtx); err != nil {
+				r.log.Error("polling safety net stopped", slog.Any("error", err))
+			}
+		}()
+	}
+	for failures := 1; ; failures++ {
+		err := Setup(ctx, r.cfg)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil:
+		case fatal(err):
+			return err
+		default:
+			r.lastErr.Store(&err)
+			d := jitter(failures, r.cfg.RetryMin, r.cfg.RetryMax)
+			r.log.Warn("cdc set-up failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
+			sleep(ctx, d)
+			continue
+		}
+		break
+	}
+	r.log.Info("cdc relay started", slog.String("publication", r.cfg.Publication), slog.String("schema", r.cfg.Schema))
+	failures, standby := 0, false
+	for ctx.Err() == nil {
+		err := r.streamOnce(ctx, standby)
+		if ctx.Err() != nil {
+			break
+		}
+		if err != nil {
+			r.lastErr.Store(&err)
+		}
+		if isCode(err, "55006") { // object_in_use: the slot is active for another PID
+			if !standby {
+				r.log.Info("standing by: another process streams the slot", slog.Any("error", err))
+			}
+			standby = true
+			r.stats.standby.Store(true)
+			failures = 0
+			sleep(ctx, jitter(1, r.cfg.RetryMin, r.cfg.RetryMin*2))
+			continue
+		}
+		standby = false
+		r.stats.standby.Store(false)
+		if fatal(err) {
+			return err
+		}
+		if lost, lerr := r.recoverSlot(ctx); lerr != nil {
+			err = errors.Join(err, lerr)
+		} else if lost {
+			failures = 0
+			continue
+		}
+		failures++
+		d := jitter(failures, r.cfg.RetryMin, r.cfg.RetryMax)
+		r.log.Warn("cdc stream ended; reconnecting", slog.Any("error", err), slog.Duration("retry_in", d))
+		sleep(ctx, d)
+	}
+	r.stats.standby.Store(false)
+	r.log.Info("cdc relay stopped", slog.Int64("published", r.stats.published.Load()), slog.String("confirmed", r.stats.Confirmed().String()))
+	return nil
+}
+
+// fatal reports an error that retrying cannot fix: the server's wal_level,
+// a slot or publication of that name that is not ours, a missing right.
+func fatal(err error) bool {
+	return errors.Is(err, ErrWALLevel) || errors.Is(err, errForeignSlot) || errors.Is(err, errForeignPublication) ||
+		isCode(err, "42501") // insufficient_privilege
+}
+
+var (
+	errForeignSlot        = errors.New("not a pgoutput slot of this database")
+	errForeignPublication = errors.New("does not publish the outbox table")
+)
+
+// recoverSlot looks at the slot after its stream ended: a slot PostgreSQL
+// invalidated (wal_status lost: it needed WAL beyond
+// max_slot_wal_keep_size) is dropped and created again at the current
+// position; a slot that disappeared is created again. It reports whether it
+// did either.
+func (r *Relay) recoverSlot(ctx context.Context) (bool, error) {
+	info, err := slotInfo(ctx, r.cfg.Pool, r.cfg.Slot)
+	switch {
+	case err != nil:
+		return false, err
+	case info.exists && info.walStatus == "lost":
+		r.stats.invalidations.Add(1)
+		r.log.Error("replication slot invalidated by PostgreSQL (it needed WAL past max_slot_wal_keep_size); recreating it at the current position: events committed meanwhile are published by the polling safety net, none is lost")
+		return true, recreateLostSlot(ctx, r.cfg.Pool, r.cfg.Slot)
+	case !info.exists:
+		r.log.Warn("replication slot missing; creating it at the current position: events committed meanwhile are published by the polling safety net")
+		_, err := ensureSlot(ctx, r.cfg.Pool, r.cfg.Slot)
+		return true, err
+	}
+	return false, nil
+}
+
+// streamOnce opens a replication connection, starts streaming the slot from
+// its confirmed position and runs the stream until it fails or ctx ends.
+func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
+	info, err := slotInfo(ctx, r.cfg.Pool, r.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if info.exists && (info.plugin != "pgoutput" || !info.sameDatabase) {
+		return fmt.Errorf("outboxcdc: replication slot %s: %w", r.cfg.Slot, errForeignSlot)
+	}
+	if !info.exists || info.walStatus == "lost" {
+		return errors.New("replication slot missing or invalidated")
+	}
+	pc, err := pgconn.ParseConfig(r.cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("outboxcdc: parse the database URL: %w", redact(err))
+	}
+	pc.RuntimeParams["replication"] = "database"
+	pc.RuntimeParams["application_name"] = "outbox-cdc " + r.cfg.Relay.ID()
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return fmt.Errorf("outboxcdc: open the replication connection: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'"},
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return pgErr
+		}
+		return fmt.Errorf("outboxcdc: start replication: %w", err)
+	}
+	r.stats.standby.Store(false)
+	if wasStandby {
+		r.stats.takeovers.Add(1)
+		r.log.Info("took over the slot from the process that streamed it")
+	}
+	s := &stream{cfg: r.cfg, conn: conn, log: r.log, st: &r.stats, rels: map[uint32]int{}, confirmed: info.confirmed}
+	r.log.Info("cdc streaming", slog.String("from", info.confirmed.String()))
+	r.stats.streaming.Store(true)
+	defer r.stats.streaming.Store(false)
+	return s.run(ctx)
+}
+
+// redact keeps a URL parse error from echoing the URL (and its password).
+func redact(err error) error {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		return errors.New("invalid connection string")
+	}
+	return err
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// Run is New followed by Relay.Run.
+func Run(ctx context.Context, cfg Config) error {
+	r, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}

@@ -1,0 +1,165 @@
+package outboxcdc
+
+// Set-up: the publication on the outbox table's inserts and the relay
+// group's logical replication slot, both created when missing.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// ErrWALLevel is returned (wrapped) when the server's wal_level is not
+// logical.
+var ErrWALLevel = errors.New("logical decoding needs wal_level = logical")
+
+// Setup checks that the server can decode its WAL and creates, when missing,
+// the publication of the outbox table's inserts and the relay group's
+// permanent logical replication slot (pgoutput), in that order: a slot only
+// decodes publications that existed when it was created. It is idempotent
+// and safe to run from several processes at once. Run calls it.
+//
+// It needs a role that may create publications on the table (its owner)
+// and replication slots (REPLICATION or superuser).
+func Setup(ctx context.Context, cfg Config) error {
+	cfg = cfg.withDefaults()
+	if cfg.Pool == nil {
+		return errors.New("outboxcdc: Config.Pool is required")
+	}
+	if err := cfg.validateNames(); err != nil {
+		return err
+	}
+	if err := checkWALLevel(ctx, cfg.Pool); err != nil {
+		return err
+	}
+	if err := ensurePublication(ctx, cfg.Pool, cfg.Schema, cfg.Publication); err != nil {
+		return err
+	}
+	_, err := ensureSlot(ctx, cfg.Pool, cfg.Slot)
+	return err
+}
+
+func checkWALLevel(ctx context.Context, pool *pgxpool.Pool) error {
+	var level string
+	if err := pool.QueryRow(ctx, "SELECT current_setting('wal_level')").Scan(&level); err != nil {
+		return fmt.Errorf("outboxcdc: read wal_level: %w", err)
+	}
+	if level != "logical" {
+		return fmt.Errorf("outboxcdc: wal_level is %s: %w (set wal_level = logical in postgresql.conf or with ALTER SYSTEM, and restart PostgreSQL; also check max_replication_slots and max_wal_senders)", level, ErrWALLevel)
+	}
+	return nil
+}
+
+func ensurePublication(ctx context.Context, pool *pgxpool.Pool, schema, name string) error {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return err
+	}
+	var exists, covers bool
+	err = pool.QueryRow(ctx, `SELECT
+		EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+		EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox_events')`,
+		name, s.Name()).Scan(&exists, &covers)
+	if err != nil {
+		return fmt.Errorf("outboxcdc: look up publication %s: %w", name, err)
+	}
+	if exists {
+		if !covers {
+			return fmt.Errorf("outboxcdc: publication %s exists but %w %s.outbox_events", name, errForeignPublication, s.Name())
+		}
+		return nil
+	}
+	_, err = pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{name}.Sanitize()+` FOR TABLE `+s.Table("outbox_events")+
+		` WITH (publish = 'insert')`)
+	if isCode(err, "42710") { // duplicate_object: another process created it
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("outboxcdc: create publication %s: %w", name, err)
+	}
+	return nil
+}
+
+// ensureSlot creates the slot when it does not exist and reports whether it
+// did.
+func ensureSlot(ctx context.Context, pool *pgxpool.Pool, slot string) (created bool, err error) {
+	info, err := slotInfo(ctx, pool, slot)
+	if err != nil {
+		return false, err
+	}
+	if info.exists {
+		if info.plugin != "pgoutput" || !info.sameDatabase {
+			return false, fmt.Errorf("outboxcdc: replication slot %s exists but is %w", slot, errForeignSlot)
+		}
+		return false, nil
+	}
+	_, err = pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+	if isCode(err, "42710") {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("outboxcdc: create replication slot %s: %w", slot, err)
+	}
+	return true, nil
+}
+
+// slot is what pg_replication_slots says about a slot.
+type slot struct {
+	exists, sameDatabase, active bool
+	plugin, walStatus            string
+	activePID                    int
+	confirmed                    pglogrepl.LSN // confirmed_flush_lsn
+}
+
+func slotInfo(ctx context.Context, pool *pgxpool.Pool, name string) (slot, error) {
+	var s slot
+	var plugin, walStatus *string
+	var pid *int32
+	var confirmed *string
+	err := pool.QueryRow(ctx, `SELECT plugin, coalesce(database = current_database(), false), active, active_pid, wal_status,
+		confirmed_flush_lsn::text
+		FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&plugin, &s.sameDatabase, &s.active, &pid, &walStatus, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("outboxcdc: look up replication slot %s: %w", name, err)
+	}
+	s.exists = true
+	if plugin != nil {
+		s.plugin = *plugin
+	}
+	if walStatus != nil {
+		s.walStatus = *walStatus
+	}
+	if pid != nil {
+		s.activePID = int(*pid)
+	}
+	if confirmed != nil {
+		s.confirmed, _ = pglogrepl.ParseLSN(*confirmed)
+	}
+	return s, nil
+}
+
+// recreateLostSlot drops an invalidated slot and creates it again at the
+// current position. The events committed in between are never read from
+// the WAL: the polling safety net publishes them from the table.
+func recreateLostSlot(ctx context.Context, pool *pgxpool.Pool, name string) error {
+	if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil && !isCode(err, "42704") {
+		return fmt.Errorf("outboxcdc: drop invalidated replication slot %s: %w", name, err)
+	}
+	_, err := ensureSlot(ctx, pool, name)
+	return err
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}

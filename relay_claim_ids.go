@@ -1,0 +1,266 @@
+package outbox
+
+// Claiming given events: the seam between a change-data-capture relay
+// (package outboxcdc), which learns event ids from the WAL in commit order,
+// and the relay's claim, publish and settle machinery. The argument:
+// docs/design.md, "Change-data capture".
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/pgoutbox/outbox/internal/failpoint"
+)
+
+// PublishIDsResult is what one PublishIDs call did with its ids.
+type PublishIDsResult struct {
+	// Published counts the ids the destination acknowledged in this call
+	// (and that were marked published, unless another relay had taken them
+	// over meanwhile, which RelayStats.LeaseConflicts counts).
+	Published int
+	// Left counts the ids this call did not publish, left to the polling
+	// path: not claimable now (already published, leased by another relay,
+	// quarantined, backing off, behind an unpublished or quarantined event of
+	// their aggregate that was not among the ids, or unknown), failed and
+	// recorded with a backoff or a quarantine (see Failed), or claimed and
+	// released unattempted (the lease's time ran out, shutdown). The outbox
+	// table records all of them; a polling relay publishes each when it is
+	// due.
+	Left int
+	// Failed counts, among Left, the events whose publish failed.
+	Failed int
+	// Missing lists, among Left, the ids of which the table held no event
+	// when the call looked. PostgreSQL sends a commit to logical
+	// replication a moment before the transaction is visible to other
+	// sessions, so an id read from the WAL can be missing briefly: the
+	// caller should retry those shortly, and give up after a while (an
+	// event deleted by clean-up stays missing).
+	Missing []uuid.UUID
+	// Unavailable reports that the destination was unreachable for some
+	// event (see Unavailable): the caller should wait RetryIn and call again
+	// with the same ids before treating them as handled.
+	Unavailable bool
+	// RetryIn is the wait before the next call when Unavailable: the
+	// longest backoff recorded for the events that met the outage, so that
+	// they are due again when the call is repeated.
+	RetryIn time.Duration
+}
+
+// errPublishIDsRunning is returned by PublishIDs on a relay whose Run is
+// going.
+var errPublishIDsRunning = errors.New("outbox: PublishIDs on a relay whose Run is going; give it a Relay of its own")
+
+// PublishIDs publishes those of the given events that are claimable now, in
+// order per aggregate, and settles them, exactly as Run does with the events
+// it claims: the same lease, the same fenced marks, failure records,
+// backoff and quarantine, the same Publisher calls (waves, or one call to an
+// ordered pipeliner). It is how a change-data-capture relay publishes the
+// events it read from the WAL; the outbox table stays the truth.
+//
+// An event is claimed when it is unpublished, not quarantined, due, not
+// under a live lease, and either the head of its aggregate's lane (the
+// aggregate's previous event is published) or the contiguous successor of
+// a claimed event among ids. An aggregate's events are therefore never
+// claimed out of order, by this call or between it and any polling relay,
+// and the ids may come in any order. Whatever is not claimed is counted in
+// Left and left to the polling path (see PublishIDsResult.Left); so is an
+// event that fails.
+//
+// The error is for the database (claim or settle failed); the destination's
+// failures are in the result. Publishing goes on for up to ShutdownTimeout
+// after ctx ends, so acknowledged work is marked.
+//
+// PublishIDs calls are serialised, and PublishIDs refuses to run on a relay
+// whose Run is going (the two would share the relay's outage count): give a
+// CDC path a Relay of its own, with its own ID.
+func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResult, error) {
+	var res PublishIDsResult
+	ids = uniqueIDs(ids)
+	if len(ids) == 0 {
+		return res, nil
+	}
+	r.idsMu.Lock()
+	defer r.idsMu.Unlock()
+	if r.running.Load() {
+		return res, errPublishIDsRunning
+	}
+	start := time.Now()
+	b, missing, err := r.claimIDs(ctx, ids)
+	r.observeClaim(b, time.Since(start), err)
+	if err != nil {
+		return res, err
+	}
+	res.Missing = missing
+	res.Left = len(ids) - b.total
+	if b.total == 0 {
+		return res, nil
+	}
+	if err := failpoint.Hit("relay/after-claim"); err != nil {
+		res.Left = len(ids)
+		return res, r.release(context.WithoutCancel(ctx), b, allIDs(b))
+	}
+	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.ShutdownTimeout, cancel)
+		context.AfterFunc(workCtx, func() { t.Stop() })
+	})
+	defer stop()
+	var o outcome
+	if r.pipelined {
+		o, err = r.publishPipelined(workCtx, b)
+	} else {
+		o, err = r.publishWaves(workCtx, b)
+	}
+	if err != nil {
+		// A broken Publisher or a failpoint: the batch's lease expires, as
+		// with a crash, and the events go back to the table.
+		res.Left = len(ids)
+		return res, err
+	}
+	outagesBefore := r.outages
+	if err := r.settleOutcome(workCtx, b, o); err != nil {
+		res.Left = len(ids)
+		return res, err
+	}
+	res.Published = len(o.published)
+	res.Failed = len(o.failures)
+	res.Left = len(ids) - res.Published
+	if r.outages > outagesBefore {
+		// Wait until the events that met the outage are due again (their
+		// backoff, recorded in available_at), so that the retry claims
+		// them instead of leaving them to the polling path.
+		res.Unavailable = true
+		for _, f := range o.failures {
+			if f.outage {
+				res.RetryIn = max(res.RetryIn, f.delay)
+			}
+		}
+		if res.RetryIn == 0 {
+			res.RetryIn = backoff(r.outages, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
+		}
+	}
+	return res, nil
+}
+
+// claimIDs claims, under a new lease, those of ids that are claimable (see
+// claimIDsSQL), grouped into lanes in sequence order. It also returns the
+// ids that had no row just before the claim (and so none at the claim
+// either, a later snapshot: an event that became visible in between is
+// claimed or not like any other). Both statements go in one round trip.
+func (r *Relay) claimIDs(ctx context.Context, ids []uuid.UUID) (batch, []uuid.UUID, error) {
+	b := batch{token: uuid.New()}
+	start := time.Now()
+	args := uuidArgs(ids)
+	var q pgx.Batch
+	q.Queue(r.sql.missingIDs, args)
+	q.Queue(r.sql.claimIDs, args, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds())
+	res := r.pool.SendBatch(ctx, &q)
+	defer res.Close()
+	var absent [][16]byte
+	if err := res.QueryRow().Scan(&absent); err != nil {
+		return b, nil, fmt.Errorf("claim events by id: %w", err)
+	}
+	rows, err := res.Query()
+	if err != nil {
+		return b, nil, fmt.Errorf("claim events by id: %w", err)
+	}
+	takenOver, err := scanClaimed(rows, &b)
+	if err != nil {
+		return b, nil, err
+	}
+	if err := res.Close(); err != nil {
+		return b, nil, fmt.Errorf("claim events by id: %w", err)
+	}
+	var missing []uuid.UUID
+	for _, id := range absent {
+		missing = append(missing, id)
+	}
+	r.takenOver.Add(takenOver)
+	b.takenOver = int(takenOver)
+	if cut := orderLanes(b.lanes); len(cut) > 0 {
+		r.log.Error("claim by id returned a lane with a gap; releasing the events after it", slog.Int("events", len(cut)))
+		b.total -= len(cut)
+		if err := r.release(ctx, b, cut); err != nil {
+			return b, missing, err
+		}
+	}
+	if err := r.quarantineUndecodable(ctx, &b); err != nil {
+		return b, missing, err
+	}
+	b.deadline = start.Add(r.cfg.LeaseDuration * 8 / 10)
+	r.claimed.Add(int64(b.total))
+	return b, missing, nil
+}
+
+// missingIDsSQL returns, as one array, those of the ids ($1) that have no
+// event row.
+func missingIDsSQL(events string) string {
+	return `SELECT coalesce(array_agg(i.id), '{}') FROM unnest($1::uuid[]) AS i(id)
+WHERE NOT EXISTS (SELECT 1 FROM ` + events + ` e WHERE e.event_id = i.id)`
+}
+
+// claimIDsSQL is the claim of given events ($1, an array of ids; $2 to $4
+// as in the polling claim): one statement, returning the polling claim's
+// columns.
+//
+// It locks (SKIP LOCKED) those of the ids that are claimable, re-checked on
+// their newest row version. Per aggregate, the lowest locked sequence must be
+// the lane's head (isHead: its predecessor is published); the claim takes it
+// and the locked events that follow it without a gap. A lane whose lowest
+// candidate is not its head (an earlier event is unpublished: pending,
+// leased, backing off, quarantined, or locked by another claim), and a
+// lane's candidates after a gap, are not claimed. So a relay never holds k+1
+// without k, nor k+1 while k is unpublished, as with the polling claim; a
+// stale snapshot of the head check can only exclude more events.
+//
+// Unlike the polling claim, the UPDATE joins the candidates alone: the
+// candidates' estimate (one row, after the run filter) already makes
+// PostgreSQL look each one up by primary key, and the polling claim's
+// second condition (event_id = ANY of the candidates) made each of those
+// lookups walk the whole array: 130 ms instead of 20 ms for 1,000 ids.
+func claimIDsSQL(events string) string {
+	return `WITH locked AS (
+	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence
+	FROM ` + events + ` e
+	WHERE e.event_id = ANY ($1::uuid[])
+	  AND ` + claimable("e") + `
+	FOR UPDATE OF e SKIP LOCKED
+), lowest AS (
+	SELECT DISTINCT ON (l.aggregate_type, l.aggregate_id) l.aggregate_type, l.aggregate_id, l.aggregate_sequence
+	FROM locked l
+	ORDER BY l.aggregate_type, l.aggregate_id, l.aggregate_sequence
+), heads AS (
+	SELECT h.* FROM lowest h WHERE ` + isHead(events, "h") + `
+), candidates AS (
+	SELECT r.event_id, r.claimed_by, r.k = 0 AS head FROM (
+		SELECT l.event_id, l.claimed_by, l.aggregate_sequence - h.aggregate_sequence AS k,
+			row_number() OVER (PARTITION BY l.aggregate_type, l.aggregate_id ORDER BY l.aggregate_sequence) - 1 AS rn
+		FROM locked l
+		JOIN heads h ON h.aggregate_type = l.aggregate_type AND h.aggregate_id = l.aggregate_id) r
+	WHERE r.k = r.rn
+)
+UPDATE ` + events + ` e
+SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 millisecond'
+FROM candidates c
+WHERE e.event_id = c.event_id
+RETURNING ` + messageColumnsSkipped(events, "e", `CASE WHEN c.head THEN `+skippedFromSQL(events, "e")+` ELSE 0 END`) + `, e.attempt_count, c.claimed_by`
+}
+
+// uniqueIDs returns ids without repeats, keeping the first of each.
+func uniqueIDs(ids []uuid.UUID) []uuid.UUID {
+	seen := make(map[uuid.UUID]struct{}, len(ids))
+	out := ids[:0:0]
+	for _, id := range ids {
+		if _, ok := seen[id]; !ok {
+			seen[id] = struct{}{}
+			out = append(out, id)
+		}
+	}
+	return out
+}
