@@ -22,13 +22,13 @@ import (
 // The secrets the tests below hand to the outbox binary; none of them may
 // appear in anything it prints.
 const (
-	dbPassword      = "pw-db-S3CRET"
-	sslPassword     = "pw-ssl-S3CRET"
-	kafkaPassword   = "pw-kafka-S3CRET"
-	amqpPassword    = "pw-amqp-S3CRET"
-	webhookSecret   = "whsec_cHctd2ViaG9vay1TM0NSRVQtcHctd2ViaG9vaw=="
-	consoleTokenSecret    = "pw-console-S3CRET"
-	destinationPass = "pw-dest-S3CRET"
+	dbPassword         = "pw-db-S3CRET"
+	sslPassword        = "pw-ssl-S3CRET"
+	kafkaPassword      = "pw-kafka-S3CRET"
+	amqpPassword       = "pw-amqp-S3CRET"
+	webhookSecret      = "whsec_cHctd2ViaG9vay1TM0NSRVQtcHctd2ViaG9vaw=="
+	consoleTokenSecret = "pw-console-S3CRET"
+	destinationPass    = "pw-dest-S3CRET"
 )
 
 // secretEnv is the environment of a run: every secret variable the

@@ -7,14 +7,13 @@ import (
 	"io"
 	"text/tabwriter"
 
-	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/outboxcdc"
 )
 
 // statusWithCDC is `outbox status --json`: the outbox status with the CDC
 // slots beside its fields.
 type statusWithCDC struct {
-	outbox.Status
+	statusWithSideEffects
 	CDCSlots []outboxcdc.SlotStatus `json:"cdc_slots,omitempty"`
 }
 
