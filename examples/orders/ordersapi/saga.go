@@ -59,7 +59,7 @@ type SagaStep struct {
 }
 
 type sagaQueries struct {
-	start, step, setState, get, steps, confirm, counts string
+	start, step, setState, get, steps, confirm, counts, parked string
 }
 
 func newSagaQueries(app pgident.Schema) sagaQueries {
@@ -74,6 +74,8 @@ attention_since = CASE WHEN $3 THEN now() ELSE NULL END WHERE order_id = $1`,
 		steps:   `SELECT step, state, coalesce(reason, ''), coalesce(actor, ''), coalesce(event_id::text, ''), at FROM ` + steps + ` WHERE order_id = $1 ORDER BY seq`,
 		confirm: `UPDATE ` + orders + ` SET status = 'confirmed', confirmed_at = now() WHERE order_id = $1 AND status = 'created'`,
 		counts:  `SELECT state, count(*) FROM ` + sagas + ` GROUP BY state`,
+		parked: `SELECT order_id, coalesce(reason, ''), attention_since FROM ` + sagas + `
+WHERE state = 'needs_attention' ORDER BY attention_since LIMIT $1`,
 	}
 }
 
@@ -290,4 +292,26 @@ func (s *Service) ResolveSaga(ctx context.Context, orderID, as, reason, by strin
 		return nil, err
 	}
 	return s.Saga(ctx, orderID)
+}
+
+// Parked is a saga needing attention.
+type Parked struct {
+	OrderID string
+	Reason  string
+	Since   time.Time
+}
+
+// SagasNeedingAttention lists up to limit sagas parked as needs_attention,
+// oldest first.
+func (s *Service) SagasNeedingAttention(ctx context.Context, limit int) ([]Parked, error) {
+	rows, err := s.pool.Query(ctx, s.q.saga.parked, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list sagas needing attention: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Parked, error) {
+		var p Parked
+		err := r.Scan(&p.OrderID, &p.Reason, &p.Since)
+		p.Since = p.Since.UTC()
+		return p, err
+	})
 }

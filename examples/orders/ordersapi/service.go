@@ -218,7 +218,7 @@ WHERE order_id = $1 AND status IN ('created', 'confirmed') RETURNING customer_id
 			selectOrder: `SELECT customer_id, status, created_at, cancelled_at, coalesce(cancel_reason, '') FROM ` + orders + ` WHERE order_id = $1`,
 			total: `SELECT coalesce(sum(p.price_cents::bigint * i.quantity), 0) FROM unnest($1::text[], $2::int[]) AS i(sku, quantity)
 JOIN ` + products + ` p USING (sku)`,
-			saga: newSagaQueries(app),
+			saga:        newSagaQueries(app),
 			selectItems: `SELECT sku, quantity FROM ` + items + ` WHERE order_id = $1 ORDER BY position`,
 		},
 	}, nil
