@@ -23,6 +23,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/examples/orders/inventory"
 	"github.com/pgoutbox/outbox/examples/orders/ordersapi"
+	"github.com/pgoutbox/outbox/examples/orders/payments"
 	"github.com/pgoutbox/outbox/internal/chaos"
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
@@ -42,6 +43,10 @@ type demoFlags struct {
 	lostAcks    float64
 	seed        uint64
 	verbose     bool
+	// The saga (demo_saga.go).
+	noSaga         bool
+	providerMode   string
+	providerFaults string
 }
 
 func runDemo(ctx context.Context, args []string) error {
@@ -83,6 +88,9 @@ Exits non-zero if a check fails.`)
 	fs.Float64Var(&f.lostAcks, "lost-acks", 0.05, "fraction of consumer acks dropped after the commit (failpoint consumer/after-commit-before-ack), so redeliveries show the inbox deduplicating; ignored when OUTBOX_FAILPOINTS is set")
 	fs.Uint64Var(&f.seed, "seed", 0, "seed of the command mix (0: random)")
 	fs.BoolVar(&f.verbose, "verbose", false, "log the components' info messages too")
+	fs.BoolVar(&f.noSaga, "no-saga", false, "run without the order saga (payment provider, payments and saga consumers); a non-NATS destination runs without it anyway")
+	fs.StringVar(&f.providerMode, "provider-mode", "idempotent", "the payment provider's mode: idempotent, queryable (I6 checked in both) or neither (duplicate charges reported as a figure)")
+	fs.StringVar(&f.providerFaults, "provider-faults", "drop-response:p=0.05", "faults of the payment provider, as 'orders provider --fault' takes them, ';'-separated (\"\": none); a dropped response is an ambiguous outcome the payments consumer resolves")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -126,6 +134,7 @@ type demoRun struct {
 	closePub func()
 	consumer *inventory.Consumer
 	driver   *chaos.Driver
+	saga     *demoSaga // nil without the saga
 }
 
 func (d *demoRun) printf(format string, args ...any) {
@@ -161,7 +170,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("database url: %w", err)
 	}
-	pcfg.MaxConns = int32(d.flags.concurrency + inventory.WorkersDefault + 8)
+	pcfg.MaxConns = int32(d.flags.concurrency + inventory.WorkersDefault + 8 + 4*payments.WorkersDefault)
 	if d.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return fmt.Errorf("connect to database: %w", err)
 	}
@@ -181,8 +190,15 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 		}
 	}()
 	defer setEnv(append(chaos.DestinationEnv(d.dest, chaos.RoleRelay), chaos.DestinationEnv(d.dest, chaos.RoleConsumer)...))()
+	d.where.Saga = !d.flags.noSaga && sagaSupported(d.dest)
 	if err := d.setUp(ctx); err != nil {
 		return err
+	}
+	if d.where.Saga {
+		if err := d.setUpSaga(ctx); err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, d.saga.close()) }()
 	}
 
 	// The lost acks: the failpoint between the consumer's commit and its ack.
@@ -227,6 +243,12 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	g.Go(func() error { return componentDone("relay", gctx, d.relay.Run(gctx)) })
 	d.printf("  order API %s, relay %s, inventory consumer (durable consumer or group %s, %d workers) running\n",
 		baseURL, d.relay.ID(), inventory.DurableDefault, inventory.WorkersDefault)
+	if d.saga != nil {
+		d.runSaga(gctx, g)
+		d.printf("  saga: payment provider (mode %s), payments consumer, saga consumer running\n", d.saga.mode)
+	} else {
+		d.printf("  saga: off (%s)\n", map[bool]string{true: "--no-saga", false: "its consumers read NATS JetStream only"}[d.flags.noSaga])
+	}
 
 	waitCtx, cancelWait := context.WithTimeout(gctx, d.flags.timeout)
 	defer cancelWait()
@@ -238,7 +260,11 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	p, convErr := chaos.WaitConverged(waitCtx, d.pool, d.dest, d.where)
 	if convErr == nil {
 		d.printf("  [%5.1fs] converged: all %d events published and applied\n", time.Since(d.start).Seconds(), p.Events)
-	} else {
+		if d.saga != nil {
+			convErr = d.waitSaga(waitCtx)
+		}
+	}
+	if convErr != nil {
 		convErr = fmt.Errorf("within --timeout %s: %w", d.flags.timeout, convErr)
 	}
 	cancelWait()
@@ -305,7 +331,7 @@ func (d *demoRun) setUp(ctx context.Context) error {
 	}
 	d.consumer, err = inventory.New(d.pool, inventory.Config{
 		Schema: d.where.Schema, Stream: consOpts.NATSStream, SubjectPrefix: consOpts.NATSSubjectPrefix,
-		AckWait: 5 * time.Second, SessionTimeout: session, Logger: d.log,
+		AckWait: 5 * time.Second, SessionTimeout: session, Logger: d.log, SagaEvents: d.where.Saga,
 	})
 	return err
 }
@@ -404,6 +430,11 @@ func (d *demoRun) report(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if d.saga != nil {
+		if err := d.checkSaga(ctx, rep); err != nil {
+			return err
+		}
+	}
 	var p50, p99, pmax, a50, a99 float64
 	if err := d.pool.QueryRow(ctx, `SELECT
 	coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)), 0),
@@ -426,6 +457,7 @@ WHERE e.published_at IS NOT NULL`, inventory.InboxConsumerDefault).Scan(&p50, &p
 	chaos.Line(d.out, "early, retried", cons.Early, "delivered before their predecessor: redelivered later")
 	chaos.Line(d.out, "commit-to-publish lag", ms(p50), fmt.Sprintf("p50; p99 %s, max %s (occurred_at -> published_at)", ms(p99), ms(pmax)))
 	chaos.Line(d.out, "commit-to-apply lag", ms(a50), fmt.Sprintf("p50; p99 %s", ms(a99)))
+	rep.WriteSaga(d.out)
 	rep.WriteViolations(d.out)
 	elapsed := time.Since(d.start).Round(10 * time.Millisecond)
 	if n := rep.Total(); n > 0 {

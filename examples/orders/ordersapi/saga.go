@@ -59,7 +59,7 @@ type SagaStep struct {
 }
 
 type sagaQueries struct {
-	start, step, setState, get, steps, confirm, counts, parked string
+	start, step, setState, get, steps, confirm, counts, parked, lockOrder string
 }
 
 func newSagaQueries(app pgident.Schema) sagaQueries {
@@ -74,6 +74,8 @@ attention_since = CASE WHEN $3 THEN now() ELSE NULL END WHERE order_id = $1`,
 		steps:   `SELECT step, state, coalesce(reason, ''), coalesce(actor, ''), coalesce(event_id::text, ''), at FROM ` + steps + ` WHERE order_id = $1 ORDER BY seq`,
 		confirm: `UPDATE ` + orders + ` SET status = 'confirmed', confirmed_at = now() WHERE order_id = $1 AND status = 'created'`,
 		counts:  `SELECT state, count(*) FROM ` + sagas + ` GROUP BY state`,
+		// The order row is locked before the saga row, as Cancel does.
+		lockOrder: `SELECT 1 FROM ` + orders + ` WHERE order_id = $1 FOR UPDATE`,
 		parked: `SELECT order_id, coalesce(reason, ''), attention_since FROM ` + sagas + `
 WHERE state = 'needs_attention' ORDER BY attention_since LIMIT $1`,
 	}
@@ -147,6 +149,9 @@ func (s *Service) cancelTx(ctx context.Context, tx pgx.Tx, orderID, reason strin
 // needs_attention (RefundFailed). Other events change nothing.
 func (s *Service) ApplySagaEvent(ctx context.Context, tx pgx.Tx, msg outbox.Message) error {
 	orderID, id := msg.AggregateID, msg.ID
+	if _, err := tx.Exec(ctx, s.q.saga.lockOrder, orderID); err != nil {
+		return fmt.Errorf("lock order: %w", err)
+	}
 	state, err := s.sagaState(ctx, tx, orderID)
 	if err != nil {
 		return err

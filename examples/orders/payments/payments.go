@@ -95,6 +95,7 @@ type Consumer struct {
 	inbox          *inbox.Inbox
 	writer         *outbox.Writer
 	charge, refund *sideeffect.Caller
+	admin          *sideeffect.Admin
 	log            *slog.Logger
 	q              struct{ ensure, lock, set string }
 
@@ -167,7 +168,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Consumer{pool: pool, cfg: cfg, inbox: in, writer: w, log: cfg.Logger}
+	admin, err := sideeffect.NewAdmin(pool, sideeffect.AdminConfig{Schema: cfg.Schema})
+	if err != nil {
+		return nil, err
+	}
+	c := &Consumer{pool: pool, cfg: cfg, inbox: in, writer: w, admin: admin, log: cfg.Logger}
 	if c.charge, err = c.caller(ChargeName, chargeLookup(cfg.Provider, cfg.Mode)); err != nil {
 		return nil, err
 	}
@@ -250,7 +255,7 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg outbox.Message, del
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
 			return fmt.Errorf("decode %s payload: %w", msg.Type, err)
 		}
-		return c.chargeOrder(ctx, tx, msg.AggregateID, p.TotalCents)
+		return c.chargeOrder(ctx, tx, msg.AggregateID, p.TotalCents, delivery)
 	case orderevents.OrderCancelled:
 		return c.refundOrder(ctx, tx, msg.AggregateID, delivery)
 	}
@@ -298,12 +303,23 @@ func (c *Consumer) record(ctx context.Context, tx pgx.Tx, typ string, p ordereve
 
 // chargeOrder charges an order whose stock is reserved, unless it was
 // cancelled first.
-func (c *Consumer) chargeOrder(ctx context.Context, tx pgx.Tx, orderID string, amount int64) error {
+func (c *Consumer) chargeOrder(ctx context.Context, tx pgx.Tx, orderID string, amount int64, delivery int) error {
 	r, fresh, err := c.lockRow(ctx, tx, orderID)
 	if err != nil {
 		return err
 	}
-	if !fresh && r.cancelled {
+	cancelled := !fresh && r.cancelled
+	if cancelled {
+		// An earlier delivery may have called the provider before the
+		// cancellation came (its outcome unknown, its transaction rolled
+		// back): then its outcome is learnt, and a charge refunded.
+		_, err := c.admin.Attempt(ctx, ChargeName, ChargeKey(orderID))
+		if err != nil && !errors.Is(err, sideeffect.ErrNotFound) {
+			return err
+		}
+		cancelled = errors.Is(err, sideeffect.ErrNotFound)
+	}
+	if cancelled {
 		c.skipped.Add(1)
 		return c.record(ctx, tx, orderevents.PaymentFailed, orderevents.PaymentPayload{OrderID: orderID, AmountCents: amount,
 			Reason: "order cancelled before the charge"})
@@ -337,7 +353,13 @@ func (c *Consumer) chargeOrder(ctx context.Context, tx pgx.Tx, orderID string, a
 	if err := c.set(ctx, tx, orderID, "captured", amount, ch.ID, "", "", false); err != nil {
 		return err
 	}
-	return c.record(ctx, tx, orderevents.PaymentCaptured, orderevents.PaymentPayload{OrderID: orderID, AmountCents: amount, ChargeID: ch.ID})
+	if err := c.record(ctx, tx, orderevents.PaymentCaptured, orderevents.PaymentPayload{OrderID: orderID, AmountCents: amount, ChargeID: ch.ID}); err != nil {
+		return err
+	}
+	if r.cancelled {
+		return c.refundOrder(ctx, tx, orderID, delivery) // cancelled meanwhile: compensate now
+	}
+	return nil
 }
 
 // refundOrder compensates a cancelled order's charge.
