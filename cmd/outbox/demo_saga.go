@@ -90,7 +90,7 @@ func (d *demoRun) setUpSaga(ctx context.Context) error {
 		SubjectPrefix: opts.NATSSubjectPrefix, Provider: s.client, Mode: mode, AckWait: 30 * time.Second,
 		// Mode neither: call again after a lost response, so that the
 		// duplicates it causes are measured.
-		BlindRetry: mode == provider.ModeNeither,
+		BlindRetry:  mode == provider.ModeNeither,
 		CallTimeout: 5 * time.Second, CheckInterval: 100 * time.Millisecond, Logger: d.log}); err != nil {
 		return err
 	}
@@ -119,7 +119,9 @@ func (d *demoRun) waitSaga(ctx context.Context) error {
 	return nil
 }
 
-func (s *demoSaga) ledger(ctx context.Context) (provider.Ledger, error) { return s.client.Ledger(ctx, "") }
+func (s *demoSaga) ledger(ctx context.Context) (provider.Ledger, error) {
+	return s.client.Ledger(ctx, "")
+}
 
 // checkSaga adds I6, I7 and the saga's figures to rep.
 func (d *demoRun) checkSaga(ctx context.Context, rep *chaos.Report) error {
