@@ -41,7 +41,18 @@ consumer, killed and restarted like any process); the run says so. A webhook run
 one consumer process whatever --consumers says, as it has one endpoint. Then it lets everything recover and checks I1-I5
 and request idempotency on PostgreSQL and the destination. It prints one line per
 figure and per invariant and exits non-zero on any violation. The same seed gives
-the same schedule of faults (--print-schedule lists it).`
+the same schedule of faults (--print-schedule lists it).
+
+--saga adds the order saga (NATS only): the payment provider ("orders provider",
+--provider-mode), the payments consumer ("orders payments") and the saga consumer
+("orders saga run"); inventory records its saga events. Its faults: kills of the
+three (a provider crash), the payments consumer killed or failing between the
+provider call and its record (sideeffect/after-call-before-record) or before the
+call, and provider faults set through its control listener for a few seconds:
+timeouts after commit, dropped responses, 500s after commit. It then also waits
+for every saga to settle and checks I6 (no order charged twice, from the
+provider's ledger; a figure in mode neither) and I7 (every order confirmed,
+cancelled with nothing charged, or parked with a reason).`
 
 func runChaos(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "chaos", chaosUsage)
@@ -62,6 +73,8 @@ func runChaos(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.RecoverTimeout, "recover-timeout", 3*time.Minute, "how long to wait, after the faults, for everything to be published and applied")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the schema, the broker's storage and the logs")
 	fs.BoolVar(&cfg.Verbose, "verbose", false, "copy the processes' output to stderr")
+	fs.BoolVar(&cfg.Saga, "saga", false, "also run the order saga (payment provider, payments and saga consumers; NATS only): kill them, kill payments between the provider call and its record, inject provider timeouts after commit, dropped responses and 500s, and check I6 and I7")
+	fs.StringVar(&cfg.ProviderMode, "provider-mode", "idempotent", "with --saga: the provider's mode, idempotent or queryable (I6 checked) or neither (duplicate charges reported)")
 	printSchedule := fs.Bool("print-schedule", false, "print the fault schedule of --seed and --duration, and exit")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -76,9 +89,9 @@ func runChaos(ctx context.Context, args []string) error {
 		cfg.Seed = rand.Uint64()%1_000_000 + 1
 	}
 	if *printSchedule {
-		sys := chaos.NewSystem(chaos.SystemConfig{Relays: cfg.Relays, Consumers: cfg.Consumers})
+		sys := chaos.NewSystem(chaos.SystemConfig{Relays: cfg.Relays, Consumers: cfg.Consumers, Saga: cfg.Saga})
 		s := chaos.NewSchedule(chaos.ScheduleConfig{Seed: cfg.Seed, Duration: cfg.Duration, Members: sys.Names(), Every: cfg.Every, Lease: cfg.Lease,
-			NoBroker: cfg.Destination != "nats" && cfg.Destination != "kafka" && cfg.Destination != "amqp"})
+			NoBroker: cfg.Destination != "nats" && cfg.Destination != "kafka" && cfg.Destination != "amqp", Saga: cfg.Saga})
 		fmt.Printf("seed %d, %s: schedule %s, %d faults\n%s", cfg.Seed, cfg.Duration, s.Digest(), len(s), s)
 		return nil
 	}

@@ -41,6 +41,13 @@ type SystemConfig struct {
 	AckWait time.Duration
 	// Sink receives every process's output lines.
 	Sink Sink
+	// Saga adds the order saga's processes (system_saga.go): the payment
+	// provider in ProviderMode on ProviderPort (its control listener on
+	// ProviderControlPort), the payments consumer and the saga consumer;
+	// the inventory consumers record their saga events.
+	Saga                              bool
+	ProviderMode                      string
+	ProviderPort, ProviderControlPort int
 }
 
 // Exit records how one incarnation of a member ended.
@@ -102,6 +109,11 @@ func NewSystem(cfg SystemConfig) *System {
 		n := fmt.Sprintf("consumer-%d", i)
 		s.members[n] = &member{name: n, role: RoleConsumer}
 	}
+	if cfg.Saga {
+		for _, m := range sagaMembers {
+			s.members[m[0]] = &member{name: m[0], role: m[1]}
+		}
+	}
 	return s
 }
 
@@ -147,6 +159,8 @@ func (s *System) spec(m *member) ProcessSpec {
 	case RoleAPI:
 		return ProcessSpec{Name: name, Path: c.Bins.Orders,
 			Args: append([]string{"api", "--listen", "127.0.0.1:" + strconv.Itoa(c.APIPort), "--shutdown-timeout", "5s"}, db...)}
+	case RolePayments, RoleSaga, RoleProvider:
+		return s.sagaSpec(m, name)
 	case RoleRelay:
 		args := append([]string{"relay", "--id", fmt.Sprintf("%s.%d", m.name, m.incarnation),
 			"--lease", c.Lease.String(), "--poll-interval", "100ms", "--retry-min", "100ms", "--retry-max", "2s",
@@ -154,6 +168,9 @@ func (s *System) spec(m *member) ProcessSpec {
 		return ProcessSpec{Name: name, Path: c.Bins.Outbox, Args: append(args, dest(RoleRelay)...)}
 	default:
 		args := append([]string{"inventory", "--ack-wait", c.AckWait.String(), "--workers", "2"}, db...)
+		if c.Saga {
+			args = append(args, "--saga-events")
+		}
 		return ProcessSpec{Name: name, Path: c.Bins.Orders, Args: append(args, dest(RoleConsumer)...)}
 	}
 }
