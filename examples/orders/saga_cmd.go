@@ -80,6 +80,10 @@ the provider's --mode. Stops on SIGINT/SIGTERM.`)
 		return err
 	}
 	log := logger()
+	if cfg.Workers <= 0 {
+		cfg.Workers = payments.WorkersDefault
+	}
+	common.DatabaseURL = withPoolMaxConns(common.DatabaseURL, payments.PoolSize(cfg.Workers))
 	pool, err := common.Connect(ctx)
 	if err != nil {
 		return err
@@ -271,4 +275,20 @@ func sagaResolve(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("order %s: saga %s (resolved by %s: %s)\n", *order, sg.State, *by, *reason)
 	return nil
+}
+
+// withPoolMaxConns sets pool_max_conns in a database URL (or key=value
+// connection string) that does not set it.
+func withPoolMaxConns(dsn string, n int32) string {
+	if strings.Contains(dsn, "pool_max_conns") {
+		return dsn
+	}
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		return fmt.Sprintf("%s%spool_max_conns=%d", dsn, sep, n)
+	}
+	return fmt.Sprintf("%s pool_max_conns=%d", dsn, n)
 }

@@ -346,6 +346,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	}
 	progress, convErr := WaitConverged(rctx, pool, r.dest, r.where)
 	if convErr == nil && cfg.Saga {
+		r.printf("[%5.1fs] order events published and applied; waiting for the sagas to settle\n", r.elapsed())
 		_, convErr = WaitSagaSettled(rctx, pool, r.where, r.ledger, provider.Mode(cfg.ProviderMode))
 	}
 	cancel()

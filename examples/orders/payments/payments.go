@@ -156,6 +156,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if cfg.Mode == "" {
 		cfg.Mode = provider.ModeIdempotent
 	}
+	if need := PoolSize(cfg.Workers); pool.Config().MaxConns < need {
+		return nil, fmt.Errorf("payments: the pool has %d connections, %d workers need %d: each delivery holds one in its inbox transaction while the side-effect helper records the call with another (pool_max_conns in the database URL)",
+			pool.Config().MaxConns, cfg.Workers, need)
+	}
 	app, err := pgident.NewSchema(cfg.AppSchema)
 	if err != nil {
 		return nil, err
@@ -202,6 +206,12 @@ func (c *Consumer) caller(name string, lookup sideeffect.Lookup) (*sideeffect.Ca
 	}
 	return sideeffect.New(c.pool, sc)
 }
+
+// PoolSize is the least pool size of a consumer with workers workers: per
+// aggregate type consumed (2), each worker holds a connection in its inbox
+// transaction while the side-effect helper takes another; two more for the
+// reconcilers.
+func PoolSize(workers int) int32 { return int32(2*2*workers + 2) }
 
 // Callers are the helper's callers of the charges and the refunds, for
 // Reconcile and status.
