@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox/examples/orders/provider"
+	"github.com/pgoutbox/outbox/sideeffect"
 )
 
 // Roles of the saga's processes (SystemConfig.Saga).
@@ -87,11 +88,18 @@ func (s *System) setProviderFaults(ctx context.Context, spec string) error {
 // Fault.For.
 const FaultProvider FaultKind = "provider"
 
-// providerFaults draws the provider faults of a saga run: about one every
-// 4×Every, each for 2-6s.
+// providerFaults draws the saga's own faults: the payments consumer
+// crashing between a provider call and its record twice (early and
+// midway), and provider faults, about one every 4×Every, each for 2-6s.
 func providerFaults(cfg ScheduleConfig, warmup, end time.Duration) Schedule {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x70726f7669646572))
 	var s Schedule
+	for _, at := range []time.Duration{warmup + time.Second, warmup + (end-warmup)/2} {
+		if at < end {
+			s = append(s, Fault{At: at, Kind: FaultFailpoint, Target: "payments",
+				Rule: fmt.Sprintf("%s=crash@%d", sideeffect.FailpointAfterCallBeforeRecord, 1+rng.IntN(5)), For: 5 * time.Second})
+		}
+	}
 	for at := warmup; ; {
 		at += min(time.Duration(rng.ExpFloat64()*float64(4*cfg.Every)), 12*cfg.Every) + 50*time.Millisecond
 		if at >= end {
