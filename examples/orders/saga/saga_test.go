@@ -49,7 +49,18 @@ type env struct {
 func newEnv(t *testing.T, mode provider.Mode) *env {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	pool, schema := outboxtest.Schema(t)
+	_, schema := outboxtest.Schema(t)
+	// A pool of its own, large enough for payments (payments.PoolSize).
+	pcfg, err := pgxpool.ParseConfig(outboxtest.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 32
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
 	var w io.Writer = io.Discard
 	if testing.Verbose() && os.Getenv("SAGA_TEST_LOG") != "" {
 		w = os.Stderr
@@ -149,20 +160,20 @@ func newEnv(t *testing.T, mode provider.Mode) *env {
 	return &env{t: t, pool: pool, schema: schema, api: api, prov: prov, client: client, payments: pay}
 }
 
-func (e *env) order(items ...ordersapi.Item) ordersapi.Order {
-	e.t.Helper()
+func (e *env) order(t *testing.T, items ...ordersapi.Item) ordersapi.Order {
+	t.Helper()
 	o, _, err := e.api.Create(context.Background(), "", ordersapi.CreateRequest{CustomerID: "c-saga", Items: items})
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return o
 }
 
 // waitSaga waits until the order's saga is in state and returns the order.
-func (e *env) waitSaga(id, state string) ordersapi.Order {
-	e.t.Helper()
+func (e *env) waitSaga(t *testing.T, id, state string) ordersapi.Order {
+	t.Helper()
 	var o ordersapi.Order
-	outboxtest.Eventually(e.t, waitFor, "saga of order "+id+" reaches "+state, func() bool {
+	outboxtest.Eventually(t, waitFor, "saga of order "+id+" reaches "+state, func() bool {
 		var err error
 		o, err = e.api.Get(context.Background(), id)
 		return err == nil && o.Saga != nil && o.Saga.State == state
@@ -171,11 +182,11 @@ func (e *env) waitSaga(id, state string) ordersapi.Order {
 }
 
 // ledger is the provider's ledger total of the order's charge reference.
-func (e *env) ledger(id string) provider.LedgerTotal {
-	e.t.Helper()
+func (e *env) ledger(t *testing.T, id string) provider.LedgerTotal {
+	t.Helper()
 	l, err := e.client.Ledger(context.Background(), payments.ChargeKey(id))
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if len(l.Totals) == 0 {
 		return provider.LedgerTotal{}
@@ -184,11 +195,11 @@ func (e *env) ledger(id string) provider.LedgerTotal {
 }
 
 // reservations counts the order's inventory rows by status.
-func (e *env) reservations(id string) map[string]int {
-	e.t.Helper()
+func (e *env) reservations(t *testing.T, id string) map[string]int {
+	t.Helper()
 	rows, err := e.pool.Query(context.Background(), "SELECT status, count(*) FROM "+e.schema+".inventory_reservations WHERE order_id = $1 GROUP BY status", id)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	defer rows.Close()
 	out := map[string]int{}
@@ -196,7 +207,7 @@ func (e *env) reservations(id string) map[string]int {
 		var s string
 		var n int
 		if err := rows.Scan(&s, &n); err != nil {
-			e.t.Fatal(err)
+			t.Fatal(err)
 		}
 		out[s] = n
 	}
@@ -231,15 +242,15 @@ func testSaga(t *testing.T, mode provider.Mode) {
 	ctx := context.Background()
 
 	t.Run("confirm", func(t *testing.T) {
-		o := e.order(ordersapi.Item{SKU: "SKU-1001", Quantity: 2})
-		o = e.waitSaga(o.ID, ordersapi.SagaConfirmed)
+		o := e.order(t, ordersapi.Item{SKU: "SKU-1001", Quantity: 2})
+		o = e.waitSaga(t, o.ID, ordersapi.SagaConfirmed)
 		if o.Status != ordersapi.StatusConfirmed || o.TotalCents != 2*2490 {
 			t.Errorf("order %s: status %s total %d, want confirmed 4980", o.ID, o.Status, o.TotalCents)
 		}
-		if l := e.ledger(o.ID); l.Charges != 1 || l.Net != 2*2490 {
+		if l := e.ledger(t, o.ID); l.Charges != 1 || l.Net != 2*2490 {
 			t.Errorf("ledger %+v, want one charge of 4980", l)
 		}
-		if r := e.reservations(o.ID); r["reserved"] != 1 {
+		if r := e.reservations(t, o.ID); r["reserved"] != 1 {
 			t.Errorf("reservations %v, want 1 reserved", r)
 		}
 		t.Logf("steps: %s", steps(o))
@@ -249,50 +260,50 @@ func testSaga(t *testing.T, mode provider.Mode) {
 		if _, err := e.pool.Exec(ctx, "INSERT INTO "+e.schema+".inventory_stock (sku, on_hand) VALUES ('SKU-1008', 1)"); err != nil {
 			t.Fatal(err)
 		}
-		o := e.order(ordersapi.Item{SKU: "SKU-1001", Quantity: 1}, ordersapi.Item{SKU: "SKU-1008", Quantity: 2})
-		o = e.waitSaga(o.ID, ordersapi.SagaCancelled)
+		o := e.order(t, ordersapi.Item{SKU: "SKU-1001", Quantity: 1}, ordersapi.Item{SKU: "SKU-1008", Quantity: 2})
+		o = e.waitSaga(t, o.ID, ordersapi.SagaCancelled)
 		if o.Status != ordersapi.StatusCancelled || !strings.HasPrefix(o.CancelReason, "stock rejected: SKU-1008") {
 			t.Errorf("order %s: status %s reason %q, want cancelled for SKU-1008's stock", o.ID, o.Status, o.CancelReason)
 		}
-		if r := e.reservations(o.ID); r["rejected"] != 2 || r["reserved"] != 0 {
+		if r := e.reservations(t, o.ID); r["rejected"] != 2 || r["reserved"] != 0 {
 			t.Errorf("reservations %v, want 2 rejected", r)
 		}
 		// Nothing was charged, ever: wait for payments to have seen both
 		// events, then look at the ledger.
 		waitPayment(t, e, o.ID, "cancelled_before_charge")
-		if l := e.ledger(o.ID); l.Charges != 0 {
+		if l := e.ledger(t, o.ID); l.Charges != 0 {
 			t.Errorf("ledger %+v, want no charge", l)
 		}
 	})
 
 	t.Run("payment declined", func(t *testing.T) {
-		o := e.order(ordersapi.Item{SKU: "SKU-1003", Quantity: 20}) // 1180.00 eur
-		o = e.waitSaga(o.ID, ordersapi.SagaCancelled)
+		o := e.order(t, ordersapi.Item{SKU: "SKU-1003", Quantity: 20}) // 1180.00 eur
+		o = e.waitSaga(t, o.ID, ordersapi.SagaCancelled)
 		if !strings.HasPrefix(o.CancelReason, "payment failed: declined") {
 			t.Errorf("reason %q, want payment failed: declined", o.CancelReason)
 		}
 		outboxtest.Eventually(t, waitFor, "stock of the declined order released", func() bool {
-			r := e.reservations(o.ID)
+			r := e.reservations(t, o.ID)
 			return r["released"] == 1 && r["reserved"] == 0
 		})
-		if l := e.ledger(o.ID); l.Charges != 0 {
+		if l := e.ledger(t, o.ID); l.Charges != 0 {
 			t.Errorf("ledger %+v, want no capture", l)
 		}
 	})
 
 	t.Run("cancel after capture refunds", func(t *testing.T) {
-		o := e.order(ordersapi.Item{SKU: "SKU-1005", Quantity: 1})
-		e.waitSaga(o.ID, ordersapi.SagaConfirmed)
+		o := e.order(t, ordersapi.Item{SKU: "SKU-1005", Quantity: 1})
+		e.waitSaga(t, o.ID, ordersapi.SagaConfirmed)
 		if _, err := e.api.Cancel(ctx, o.ID); err != nil {
 			t.Fatal(err)
 		}
 		outboxtest.Eventually(t, waitFor, "charge refunded", func() bool {
-			l := e.ledger(o.ID)
+			l := e.ledger(t, o.ID)
 			return l.Charges == 1 && l.Refunds == 1 && l.Net == 0
 		})
 		outboxtest.Eventually(t, waitFor, "stock released and refund in the history", func() bool {
 			o, _ = e.api.Get(ctx, o.ID)
-			return e.reservations(o.ID)["released"] == 1 && hasStep(o, orderevents.PaymentRefunded)
+			return e.reservations(t, o.ID)["released"] == 1 && hasStep(o, orderevents.PaymentRefunded)
 		})
 		if o.Saga.State != ordersapi.SagaCancelled || o.CancelReason != ordersapi.ReasonCustomer {
 			t.Errorf("saga %s, reason %q; want cancelled by the customer", o.Saga.State, o.CancelReason)
@@ -300,8 +311,8 @@ func testSaga(t *testing.T, mode provider.Mode) {
 	})
 
 	t.Run("refund fails, saga parked, operator resolves", func(t *testing.T) {
-		o := e.order(ordersapi.Item{SKU: "SKU-1006", Quantity: 1})
-		e.waitSaga(o.ID, ordersapi.SagaConfirmed)
+		o := e.order(t, ordersapi.Item{SKU: "SKU-1006", Quantity: 1})
+		e.waitSaga(t, o.ID, ordersapi.SagaConfirmed)
 		if err := e.prov.SetFaults(provider.Faults{Rules: []provider.Rule{{Fault: provider.FaultErrorBeforeCommit, On: "refunds"}}}); err != nil {
 			t.Fatal(err)
 		}
@@ -309,11 +320,11 @@ func testSaga(t *testing.T, mode provider.Mode) {
 		if _, err := e.api.Cancel(ctx, o.ID); err != nil {
 			t.Fatal(err)
 		}
-		o = e.waitSaga(o.ID, ordersapi.SagaNeedsAttention)
+		o = e.waitSaga(t, o.ID, ordersapi.SagaNeedsAttention)
 		if !strings.HasPrefix(o.Saga.Reason, "refund failed: still failing after 3 attempts") {
 			t.Errorf("saga reason %q", o.Saga.Reason)
 		}
-		if l := e.ledger(o.ID); l.Net != 2990 {
+		if l := e.ledger(t, o.ID); l.Net != 2990 {
 			t.Errorf("ledger %+v: the refund must not have happened", l)
 		}
 		counts, err := e.api.SagaCounts(ctx)
