@@ -72,7 +72,13 @@ webhook server. It drives commands over HTTP
 with the chaos harness's driver (creates, cancellations, rollbacks,
 idempotent retries, reused keys), waits until every committed event was
 published and applied, prints a report and checks the invariants I1-I5 with
-the same checker as "outbox chaos". Each run uses a fresh schema and stream
+the same checker as "outbox chaos". On NATS it also runs the order saga
+(docs/saga.md): a fake payment provider (--provider-mode, dropping 5% of its
+responses: --provider-faults), the payments consumer charging and refunding
+through the side-effect helper, and the saga consumer confirming or cancelling
+the orders; it waits until every saga settled and checks I6 (no order charged
+twice, from the provider's ledger; a figure in mode neither) and I7 (every
+order confirmed, cancelled with nothing charged, or parked with a reason). Each run uses a fresh schema and stream
 (with its subject prefix), topic, or exchange (with its queues) of its own, removed at
 the end unless --keep.
 Exits non-zero if a check fails.`)
