@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgoutbox/outbox/examples/orders/ordersapi"
 	"github.com/pgoutbox/outbox/examples/orders/payments"
@@ -17,6 +20,7 @@ import (
 	"github.com/pgoutbox/outbox/examples/orders/saga"
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
+	"github.com/pgoutbox/outbox/outboxprom"
 )
 
 // natsJS connects to the NATS destination URL (nats:// or tls://): the saga
@@ -163,6 +167,7 @@ func sagaRun(ctx context.Context, args []string) error {
 	var cfg saga.Config
 	fs.StringVar(&cfg.Durable, "durable", cli.Env("SAGA_DURABLE", saga.DurableDefault), "JetStream durable consumer name prefix (env SAGA_DURABLE)")
 	fs.IntVar(&cfg.Workers, "workers", saga.WorkersDefault, "messages processed at once per aggregate type")
+	metrics := fs.String("metrics-listen", cli.Env("SAGA_METRICS_LISTEN", ""), "address to serve /metrics on (orders_sagas{state}, orders_saga_needs_attention_oldest_seconds); empty: none (env SAGA_METRICS_LISTEN)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -188,6 +193,18 @@ func sagaRun(ctx context.Context, args []string) error {
 	cons, err := saga.New(pool, svc, cfg)
 	if err != nil {
 		return err
+	}
+	if *metrics != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(saga.Collector(svc))
+		ln, err := net.Listen("tcp", *metrics)
+		if err != nil {
+			return fmt.Errorf("metrics listen: %w", err)
+		}
+		srv := &http.Server{Handler: outboxprom.Handler(reg, nil), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		cfg.Logger.Info("saga metrics listening", "addr", ln.Addr().String())
 	}
 	return cons.Run(ctx, js)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/examples/orders/inventory"
@@ -331,6 +332,12 @@ func testSaga(t *testing.T, mode provider.Mode) {
 		if err != nil || counts[ordersapi.SagaNeedsAttention] != 1 {
 			t.Errorf("saga counts %v (%v), want one needing attention", counts, err)
 		}
+		if n := gauge(t, e.api, "orders_sagas", ordersapi.SagaNeedsAttention); n != 1 {
+			t.Errorf("orders_sagas{state=needs_attention} = %v, want 1", n)
+		}
+		if n := gauge(t, e.api, "orders_saga_needs_attention_oldest_seconds", ""); n <= 0 {
+			t.Errorf("orders_saga_needs_attention_oldest_seconds = %v, want > 0", n)
+		}
 		if _, err := e.api.ResolveSaga(ctx, o.ID, ordersapi.SagaConfirmed, "", "ops"); err == nil {
 			t.Error("resolve without a reason succeeded")
 		}
@@ -359,4 +366,28 @@ func waitPayment(t *testing.T, e *env, orderID, status string) {
 		err := e.pool.QueryRow(context.Background(), "SELECT status, cancelled FROM "+e.schema+".payments WHERE order_id = $1", orderID).Scan(&got, &cancelled)
 		return err == nil && got == status && cancelled
 	})
+}
+
+// gauge reads a gauge of saga.Collector (the sample with label state, or
+// the only one when state is "").
+func gauge(t *testing.T, svc *ordersapi.Service, name, state string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(saga.Collector(svc))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if state == "" || (len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == state) {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no %s{state=%q}", name, state)
+	return 0
 }
