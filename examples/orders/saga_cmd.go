@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -138,8 +139,9 @@ func runSaga(ctx context.Context, args []string) error {
 	})
 }
 
-// sagaService connects and returns the order service (its tables migrated).
-func sagaService(ctx context.Context, common cli.Common, appSchema string) (*ordersapi.Service, func(), error) {
+// sagaService connects and returns the order service (its tables migrated)
+// and its pool.
+func sagaService(ctx context.Context, common cli.Common, appSchema string) (*ordersapi.Service, *pgxpool.Pool, error) {
 	pool, err := common.Connect(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -152,7 +154,7 @@ func sagaService(ctx context.Context, common cli.Common, appSchema string) (*ord
 		pool.Close()
 		return nil, nil, err
 	}
-	return svc, pool.Close, nil
+	return svc, pool, nil
 }
 
 func sagaRun(ctx context.Context, args []string) error {
@@ -174,22 +176,17 @@ func sagaRun(ctx context.Context, args []string) error {
 	if dest.URL == "" {
 		return errors.New("no destination: set --destination or OUTBOX_DESTINATION (nats://127.0.0.1:4222)")
 	}
-	svc, closePool, err := sagaService(ctx, common, *appSchema)
+	svc, pool, err := sagaService(ctx, common, *appSchema)
 	if err != nil {
 		return err
 	}
-	defer closePool()
+	defer pool.Close()
 	js, closeNC, err := natsJS(dest.URL, "orders-saga")
 	if err != nil {
 		return err
 	}
 	defer closeNC()
 	cfg.Schema, cfg.Stream, cfg.SubjectPrefix, cfg.Logger = common.Schema, dest.NATSStream, dest.NATSSubjectPrefix, logger()
-	pool, err := common.Connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	cons, err := saga.New(pool, svc, cfg)
 	if err != nil {
 		return err
@@ -221,11 +218,11 @@ func sagaShow(ctx context.Context, args []string) error {
 	if *order == "" {
 		return cli.Usagef(fs, "--order is required")
 	}
-	svc, closePool, err := sagaService(ctx, common, *appSchema)
+	svc, pool, err := sagaService(ctx, common, *appSchema)
 	if err != nil {
 		return err
 	}
-	defer closePool()
+	defer pool.Close()
 	o, err := svc.Get(ctx, *order)
 	if err != nil {
 		return err
@@ -244,11 +241,11 @@ func sagaStatus(ctx context.Context, args []string) error {
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	svc, closePool, err := sagaService(ctx, common, *appSchema)
+	svc, pool, err := sagaService(ctx, common, *appSchema)
 	if err != nil {
 		return err
 	}
-	defer closePool()
+	defer pool.Close()
 	counts, err := svc.SagaCounts(ctx)
 	if err != nil {
 		return err
@@ -281,11 +278,11 @@ func sagaResolve(ctx context.Context, args []string) error {
 	if *order == "" || *as == "" || *reason == "" {
 		return cli.Usagef(fs, "--order, --as and --reason are required")
 	}
-	svc, closePool, err := sagaService(ctx, common, *appSchema)
+	svc, pool, err := sagaService(ctx, common, *appSchema)
 	if err != nil {
 		return err
 	}
-	defer closePool()
+	defer pool.Close()
 	sg, err := svc.ResolveSaga(ctx, *order, *as, *reason, *by)
 	if err != nil {
 		return err
