@@ -51,7 +51,18 @@ PostgreSQL's server binaries, initdb and pg_ctl; --database-url is not used), an
 adds the CDC stream's boundaries (cdc/before-publish, cdc/before-confirm) to the
 relays' failpoints, and to the faults, in turn about every 12s, PostgreSQL crashes
 (immediate shutdown, down 1-3s) and slot invalidations (the cluster runs with
-max_slot_wal_keep_size=1MB; two WAL switches and a checkpoint invalidate the slot).`
+max_slot_wal_keep_size=1MB; two WAL switches and a checkpoint invalidate the slot).
+
+--saga adds the order saga (NATS only): the payment provider ("orders provider",
+--provider-mode), the payments consumer ("orders payments") and the saga consumer
+("orders saga run"); inventory records its saga events. Its faults: kills of the
+three (a provider crash), the payments consumer killed or failing between the
+provider call and its record (sideeffect/after-call-before-record) or before the
+call, and provider faults set through its control listener for a few seconds:
+timeouts after commit, dropped responses, 500s after commit. It then also waits
+for every saga to settle and checks I6 (no order charged twice, from the
+provider's ledger; a figure in mode neither) and I7 (every order confirmed,
+cancelled with nothing charged, or parked with a reason).`
 
 func runChaos(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "chaos", chaosUsage)
@@ -72,6 +83,8 @@ func runChaos(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.RecoverTimeout, "recover-timeout", 3*time.Minute, "how long to wait, after the faults, for everything to be published and applied")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the schema, the broker's storage and the logs")
 	fs.BoolVar(&cfg.Verbose, "verbose", false, "copy the processes' output to stderr")
+	fs.BoolVar(&cfg.Saga, "saga", false, "also run the order saga (payment provider, payments and saga consumers; NATS only): kill them, kill payments between the provider call and its record, inject provider timeouts after commit, dropped responses and 500s, and check I6 and I7")
+	fs.StringVar(&cfg.ProviderMode, "provider-mode", "idempotent", "with --saga: the provider's mode, idempotent or queryable (I6 checked) or neither (duplicate charges reported)")
 	printSchedule := fs.Bool("print-schedule", false, "print the fault schedule of --seed and --duration, and exit")
 	mode := fs.String("mode", cli.Env("OUTBOX_CHAOS_MODE", "polling"), "relay mode: polling, or cdc (on a private cluster with wal_level=logical; env OUTBOX_CHAOS_MODE)")
 	if err := cli.Parse(fs, args); err != nil {
@@ -90,7 +103,7 @@ func runChaos(ctx context.Context, args []string) error {
 		cfg.Seed = rand.Uint64()%1_000_000 + 1
 	}
 	if *printSchedule {
-		sys := chaos.NewSystem(chaos.SystemConfig{Relays: cfg.Relays, Consumers: cfg.Consumers})
+		sys := chaos.NewSystem(chaos.SystemConfig{Relays: cfg.Relays, Consumers: cfg.Consumers, Saga: cfg.Saga})
 		sc := cfg.ScheduleConfig(sys.Names(), cfg.Destination != "nats" && cfg.Destination != "kafka" && cfg.Destination != "amqp")
 		sc.Postgres = cfg.CDC // the private cluster of a real run
 		s := chaos.NewSchedule(sc)

@@ -23,6 +23,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/examples/orders/inventory"
 	"github.com/pgoutbox/outbox/examples/orders/ordersapi"
+	"github.com/pgoutbox/outbox/examples/orders/payments"
 	"github.com/pgoutbox/outbox/internal/chaos"
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
@@ -45,6 +46,10 @@ type demoFlags struct {
 	seed        uint64
 	verbose     bool
 	mode        string // polling or cdc
+	// The saga (demo_saga.go).
+	noSaga         bool
+	providerMode   string
+	providerFaults string
 }
 
 func runDemo(ctx context.Context, args []string) error {
@@ -70,7 +75,13 @@ webhook server. It drives commands over HTTP
 with the chaos harness's driver (creates, cancellations, rollbacks,
 idempotent retries, reused keys), waits until every committed event was
 published and applied, prints a report and checks the invariants I1-I5 with
-the same checker as "outbox chaos". Each run uses a fresh schema and stream
+the same checker as "outbox chaos". On NATS it also runs the order saga
+(docs/saga.md): a fake payment provider (--provider-mode, dropping 5% of its
+responses: --provider-faults), the payments consumer charging and refunding
+through the side-effect helper, and the saga consumer confirming or cancelling
+the orders; it waits until every saga settled and checks I6 (no order charged
+twice, from the provider's ledger; a figure in mode neither) and I7 (every
+order confirmed, cancelled with nothing charged, or parked with a reason). Each run uses a fresh schema and stream
 (with its subject prefix), topic, or exchange (with its queues) of its own, removed at
 the end unless --keep.
 --mode cdc runs the relay as change-data capture (package outboxcdc: a logical
@@ -92,6 +103,9 @@ Exits non-zero if a check fails.`)
 	fs.Uint64Var(&f.seed, "seed", 0, "seed of the command mix (0: random)")
 	fs.BoolVar(&f.verbose, "verbose", false, "log the components' info messages too")
 	fs.StringVar(&f.mode, "mode", "polling", "relay mode: polling, or cdc (on a private PostgreSQL cluster with wal_level=logical)")
+	fs.BoolVar(&f.noSaga, "no-saga", false, "run without the order saga (payment provider, payments and saga consumers); a non-NATS destination runs without it anyway")
+	fs.StringVar(&f.providerMode, "provider-mode", "idempotent", "the payment provider's mode: idempotent, queryable (I6 checked in both) or neither (duplicate charges reported as a figure)")
+	fs.StringVar(&f.providerFaults, "provider-faults", "drop-response:p=0.05", "faults of the payment provider, as 'orders provider --fault' takes them, ';'-separated (\"\": none); a dropped response is an ambiguous outcome the payments consumer resolves")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -138,6 +152,7 @@ type demoRun struct {
 	closePub func()
 	consumer *inventory.Consumer
 	driver   *chaos.Driver
+	saga     *demoSaga // nil without the saga
 }
 
 func (d *demoRun) printf(format string, args ...any) {
@@ -186,7 +201,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("database url: %w", err)
 	}
-	pcfg.MaxConns = int32(d.flags.concurrency + inventory.WorkersDefault + 8)
+	pcfg.MaxConns = int32(d.flags.concurrency + inventory.WorkersDefault + 8 + 4*payments.WorkersDefault)
 	if d.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return fmt.Errorf("connect to database: %w", err)
 	}
@@ -206,8 +221,15 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 		}
 	}()
 	defer setEnv(append(chaos.DestinationEnv(d.dest, chaos.RoleRelay), chaos.DestinationEnv(d.dest, chaos.RoleConsumer)...))()
+	d.where.Saga = !d.flags.noSaga && sagaSupported(d.dest)
 	if err := d.setUp(ctx); err != nil {
 		return err
+	}
+	if d.where.Saga {
+		if err := d.setUpSaga(ctx); err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, d.saga.close()) }()
 	}
 
 	// The lost acks: the failpoint between the consumer's commit and its ack.
@@ -256,6 +278,12 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	}
 	d.printf("  order API %s, relay %s, inventory consumer (durable consumer or group %s, %d workers) running\n",
 		baseURL, d.relay.ID(), inventory.DurableDefault, inventory.WorkersDefault)
+	if d.saga != nil {
+		d.runSaga(gctx, g)
+		d.printf("  saga: payment provider (mode %s), payments consumer, saga consumer running\n", d.saga.mode)
+	} else {
+		d.printf("  saga: off (%s)\n", map[bool]string{true: "--no-saga", false: "its consumers read NATS JetStream only"}[d.flags.noSaga])
+	}
 
 	waitCtx, cancelWait := context.WithTimeout(gctx, d.flags.timeout)
 	defer cancelWait()
@@ -267,7 +295,11 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	p, convErr := chaos.WaitConverged(waitCtx, d.pool, d.dest, d.where)
 	if convErr == nil {
 		d.printf("  [%5.1fs] converged: all %d events published and applied\n", time.Since(d.start).Seconds(), p.Events)
-	} else {
+		if d.saga != nil {
+			convErr = d.waitSaga(waitCtx)
+		}
+	}
+	if convErr != nil {
 		convErr = fmt.Errorf("within --timeout %s: %w", d.flags.timeout, convErr)
 	}
 	cancelWait()
@@ -334,7 +366,7 @@ func (d *demoRun) setUp(ctx context.Context) error {
 	}
 	d.consumer, err = inventory.New(d.pool, inventory.Config{
 		Schema: d.where.Schema, Stream: consOpts.NATSStream, SubjectPrefix: consOpts.NATSSubjectPrefix,
-		AckWait: 5 * time.Second, SessionTimeout: session, Logger: d.log,
+		AckWait: 5 * time.Second, SessionTimeout: session, Logger: d.log, SagaEvents: d.where.Saga,
 	})
 	return err
 }
@@ -462,6 +494,11 @@ func (d *demoRun) report(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if d.saga != nil {
+		if err := d.checkSaga(ctx, rep); err != nil {
+			return err
+		}
+	}
 	var p50, p99, pmax, a50, a99 float64
 	if err := d.pool.QueryRow(ctx, `SELECT
 	coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)), 0),
@@ -490,6 +527,7 @@ WHERE e.published_at IS NOT NULL`, inventory.InboxConsumerDefault).Scan(&p50, &p
 	chaos.Line(d.out, "early, retried", cons.Early, "delivered before their predecessor: redelivered later")
 	chaos.Line(d.out, "commit-to-publish lag", ms(p50), fmt.Sprintf("p50; p99 %s, max %s (occurred_at -> published_at)", ms(p99), ms(pmax)))
 	chaos.Line(d.out, "commit-to-apply lag", ms(a50), fmt.Sprintf("p50; p99 %s", ms(a99)))
+	rep.WriteSaga(d.out)
 	rep.WriteViolations(d.out)
 	elapsed := time.Since(d.start).Round(10 * time.Millisecond)
 	if n := rep.Total(); n > 0 {

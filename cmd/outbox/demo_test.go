@@ -89,6 +89,49 @@ func TestDemoEmbeddedNATS(t *testing.T) {
 	if schemaExists(t, schema) {
 		t.Errorf("schema %s was not dropped", schema)
 	}
+	checkSagaReport(t, report, "idempotent")
+}
+
+// checkSagaReport checks the saga's part of a demo report: I6 and I7 hold
+// (mode neither: I6 is not checked, the duplicate charges are a figure),
+// and the saga's figures are there.
+func checkSagaReport(t *testing.T, report, mode string) {
+	t.Helper()
+	for _, inv := range []string{"I6", "I7"} {
+		if !regexp.MustCompile(`(?m)^violations ` + inv + `\s+0\s`).MatchString(report) {
+			t.Errorf("the report does not say %s has no violations", inv)
+		}
+	}
+	m := regexp.MustCompile(`(?m)^saga orders\s+(\d+)\s+(\d+) confirmed, (\d+) cancelled, (\d+) parked \(needs attention\), 0 not terminal`).FindStringSubmatch(report)
+	if m == nil || m[1] == "0" || m[2] == "0" {
+		t.Error("the report has no saga line with confirmed orders and none left pending")
+	}
+	if !regexp.MustCompile(`(?m)^provider charges\s+[1-9]\d*\s+captured, in the provider's ledger \(mode ` + mode + `\)`).MatchString(report) {
+		t.Errorf("the report has no provider charges line of mode %s", mode)
+	}
+	for _, figure := range []string{"provider refunds", "ambiguous calls"} {
+		if !strings.Contains(report, "\n"+figure+" ") {
+			t.Errorf("the report has no %q line", figure)
+		}
+	}
+	if dup := strings.Contains(report, "\nduplicate charges "); dup != (mode == "neither") {
+		t.Errorf("duplicate charges figure printed: %v, mode %s", dup, mode)
+	}
+}
+
+// TestDemoSagaModes runs the saga with the provider in modes queryable
+// (lookups resolve the dropped responses; I6 and I7 hold) and neither
+// (blind retries: the duplicate charges are reported as a figure).
+func TestDemoSagaModes(t *testing.T) {
+	for _, mode := range []string{"queryable", "neither"} {
+		t.Run(mode, func(t *testing.T) {
+			report, _, _ := runDemoTest(t, "--orders", "80", "--destination", "", "--provider-mode", mode, "--provider-faults", "drop-response:p=0.2")
+			checkSagaReport(t, report, mode)
+			if m := regexp.MustCompile(`(?m)^ambiguous calls\s+(\d+)`).FindStringSubmatch(report); m == nil || m[1] == "0" {
+				t.Error("no ambiguous call: the dropped responses did not happen")
+			}
+		})
+	}
 }
 
 // TestDemoCDC runs "outbox demo --mode cdc": on a private cluster with

@@ -113,6 +113,7 @@ func runInventory(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Workers, "workers", inventory.WorkersDefault, "messages processed at once (NATS), or partitions (Kafka)")
 	fs.DurationVar(&cfg.AckWait, "ack-wait", inventory.AckWaitDefault, "how long JetStream waits for an ack before redelivering (and the bound on handling one event)")
 	fs.DurationVar(&cfg.SessionTimeout, "session-timeout", inventory.SessionTimeoutDefault, "Kafka: how long the group waits for a silent member before moving its partitions")
+	fs.BoolVar(&cfg.SagaEvents, "saga-events", cli.Env("INVENTORY_SAGA_EVENTS", "") == "true", "record StockReserved/StockRejected through the outbox for the order saga (env INVENTORY_SAGA_EVENTS=true)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}

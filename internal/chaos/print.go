@@ -35,7 +35,7 @@ func (r *Report) WriteFigures(w io.Writer) {
 // WriteViolations writes, per invariant, the number of violations and the
 // first of them.
 func (r *Report) WriteViolations(w io.Writer) {
-	for _, inv := range Invariants {
+	for _, inv := range r.invariants() {
 		Line(w, "violations "+inv, r.Count(inv), Descriptions[inv])
 		for _, v := range r.Violations[inv] {
 			fmt.Fprintf(w, "    - %s\n", v)

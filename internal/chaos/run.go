@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/examples/orders/ordersdb"
+	"github.com/pgoutbox/outbox/examples/orders/provider"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
@@ -72,6 +73,12 @@ type Config struct {
 	// Out receives the report; Logs the processes' output when Verbose.
 	Out, Logs io.Writer
 	Verbose   bool
+	// Saga runs the order saga too (NATS destinations only): the payment
+	// provider in ProviderMode (default idempotent), the payments and the
+	// saga consumers, with their faults (kills, the payments' side-effect
+	// failpoints, provider faults), and checks I6 and I7.
+	Saga         bool
+	ProviderMode string
 }
 
 func (c Config) withDefaults() Config {
@@ -102,6 +109,9 @@ func (c Config) withDefaults() Config {
 	if c.Destination == "" {
 		c.Destination = "nats"
 	}
+	if c.ProviderMode == "" {
+		c.ProviderMode = string(provider.ModeIdempotent)
+	}
 	if c.Out == nil {
 		c.Out = io.Discard
 	}
@@ -131,6 +141,7 @@ func (c Config) ScheduleConfig(members []string, noBroker bool) ScheduleConfig {
 		sc.RelayFailpoints = CDCRelayFailpoints
 	}
 	sc.Postgres = c.Postgres != nil
+	sc.Saga = c.Saga
 	return sc
 }
 
@@ -163,6 +174,8 @@ type Stats struct {
 	// CDCStreams counts the relays' "cdc streaming" lines (a relay started
 	// streaming the slot), CDCTakeovers those by a relay that stood by.
 	CDCStreams, CDCTakeovers int
+	// ProviderFaults counts the provider faults set (saga runs).
+	ProviderFaults int
 }
 
 // Result is a finished run.
@@ -216,7 +229,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	var suffix [3]byte
 	_, _ = rand.Read(suffix[:])
 	tag := fmt.Sprintf("%d_%x", cfg.Seed, suffix)
-	r := &run{cfg: cfg, where: Where{Schema: "chaos_" + tag}.withDefaults()}
+	r := &run{cfg: cfg, where: Where{Schema: "chaos_" + tag, Saga: cfg.Saga}.withDefaults()}
 	res = &Result{Seed: cfg.Seed}
 
 	logDir, err := os.MkdirTemp("", "outbox-chaos-")
@@ -273,7 +286,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 			err = errors.Join(err, fmt.Errorf("drop schema %s: %w", r.where.Schema, derr))
 		}
 	}()
-	for _, set := range []ordersdb.Set{ordersdb.Orders, ordersdb.Inventory} {
+	for _, set := range []ordersdb.Set{ordersdb.Orders, ordersdb.Inventory, ordersdb.Payments} {
 		if _, err := ordersdb.Migrate(ctx, pool, r.where.Schema, set); err != nil {
 			return res, err
 		}
@@ -288,10 +301,15 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	}
 	defer func() { err = errors.Join(err, r.dest.Close(cfg.Keep)) }()
 	consumers, fewer := maxConsumers(r.dest, cfg.Consumers)
+	if cfg.Saga && !sagaDestination(r.dest) {
+		return res, fmt.Errorf("the saga runs on NATS only (its consumers read JetStream), not on %s", r.dest.Name())
+	}
 
-	port, err := FreePort()
-	if err != nil {
-		return res, err
+	var ports [3]int
+	for i := range ports {
+		if ports[i], err = FreePort(); err != nil {
+			return res, err
+		}
 	}
 	var relayArgs []string
 	if cfg.CDC {
@@ -299,8 +317,9 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	}
 	r.sys = NewSystem(SystemConfig{
 		Bins: cfg.Bins, DatabaseURL: cfg.DatabaseURL, Schema: r.where.Schema,
-		Destination: r.dest, APIPort: port,
+		Destination: r.dest, APIPort: ports[0],
 		Relays: cfg.Relays, Consumers: consumers, Lease: cfg.Lease, AckWait: 2 * time.Second, Sink: sink,
+		Saga: cfg.Saga, ProviderMode: cfg.ProviderMode, ProviderPort: ports[1], ProviderControlPort: ports[2],
 		RelayArgs: relayArgs,
 	})
 	defer r.sys.KillAll()
@@ -321,6 +340,9 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	}
 	r.printf("  schedule %s: %d faults (%d kills, %d failpoints, %d pauses, %d broker restarts, %d postgres restarts, %d slot invalidations)\n", r.sched.Digest(), len(r.sched),
 		r.sched.Count(FaultKill), r.sched.Count(FaultFailpoint), r.sched.Count(FaultPause), r.sched.Count(FaultBroker), r.sched.Count(FaultPostgres), r.sched.Count(FaultSlot))
+	if cfg.Saga {
+		r.printf("  saga: provider mode %s, %d provider faults (%s)\n", cfg.ProviderMode, r.sched.Count(FaultProvider), strings.Join(ProviderFaults, ", "))
+	}
 
 	for _, n := range r.sys.Names() {
 		if err := r.sys.Start(n, "", 0); err != nil {
@@ -371,7 +393,14 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	}
 	r.opMu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, cfg.RecoverTimeout)
+	if cfg.Saga {
+		r.clearProviderFaults(rctx)
+	}
 	progress, convErr := WaitConverged(rctx, pool, r.dest, r.where)
+	if convErr == nil && cfg.Saga {
+		r.printf("[%5.1fs] order events published and applied; waiting for the sagas to settle\n", r.elapsed())
+		_, convErr = WaitSagaSettled(rctx, pool, r.where, r.ledger, provider.Mode(cfg.ProviderMode))
+	}
 	cancel()
 	r.stats.Recovery = time.Since(recStart)
 	if convErr != nil {
@@ -390,6 +419,15 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	report, err := Check(cctx, pool, r.dest, r.where, driver.Ledger, int(r.outOfOrder.Load()))
 	if err != nil {
 		return res, err
+	}
+	if cfg.Saga {
+		l, err := r.ledger(cctx)
+		if err != nil {
+			return res, fmt.Errorf("provider ledger: %w", err)
+		}
+		if err := CheckSaga(cctx, pool, r.where, l, provider.Mode(cfg.ProviderMode), report); err != nil {
+			return res, err
+		}
 	}
 	res.Report = report
 	for _, bad := range r.sys.StopAll(15 * time.Second) {
@@ -559,6 +597,8 @@ func (r *run) inject(ctx context.Context) {
 				continue
 			}
 			r.count(func(s *Stats) { s.SlotFaults++ })
+		case FaultProvider:
+			r.provider(ctx, f, &pending)
 		case FaultBroker:
 			if err := r.dest.Stop(); err != nil {
 				r.printf("  stop the broker: %v\n", err)
@@ -659,6 +699,10 @@ func (r *run) report(res *Result) {
 		line("cdc streams", s.CDCStreams, fmt.Sprintf("times a relay started streaming the slot; %d after standing by", s.CDCTakeovers))
 	}
 	line("recovery", s.Recovery.Round(time.Millisecond), "from the end of the faults to all published and applied")
+	if rep.Saga != nil {
+		line("provider faults", s.ProviderFaults, "timeouts after commit, dropped responses, 500 after commit (control listener)")
+	}
+	rep.WriteSaga(r.cfg.Out)
 	rep.WriteViolations(r.cfg.Out)
 	if n := rep.Total(); n > 0 {
 		r.printf("seed %d: FAILED, %d violations (schedule %s)\n", res.Seed, n, res.Schedule.Digest())

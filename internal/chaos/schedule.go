@@ -119,6 +119,9 @@ type ScheduleConfig struct {
 	// (FaultPostgres, FaultSlot), drawn from a generator of their own so
 	// that the other faults stay the seed's.
 	Postgres bool
+	// Saga adds provider faults (FaultProvider), drawn apart so that the
+	// rest of the schedule is the same as without.
+	Saga bool
 }
 
 // Failpoints lists the boundaries armed per role by the chaos run.
@@ -126,6 +129,9 @@ var Failpoints = map[string][]string{
 	RoleAPI:      {"order/before-commit", "order/after-commit-before-response"},
 	RoleRelay:    {"relay/during-claim", "relay/after-claim", "relay/before-publish", "relay/after-ack-before-mark"},
 	RoleConsumer: {"consumer/after-commit-before-ack"},
+	// Between the provider call and its record (the payments consumer is
+	// killed there, or returns without recording), and before the call.
+	RolePayments: {"sideeffect/after-call-before-record", "sideeffect/after-call-before-record", "sideeffect/before-call"},
 }
 
 // CDCRelayFailpoints are the boundaries armed in the relays of a run in CDC
@@ -140,6 +146,12 @@ func roleOf(name string) string {
 		return RoleRelay
 	case strings.HasPrefix(name, "consumer"):
 		return RoleConsumer
+	case name == "payments":
+		return RolePayments
+	case name == "saga":
+		return RoleSaga
+	case name == "provider":
+		return RoleProvider
 	}
 	return RoleAPI
 }
@@ -191,6 +203,10 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 			s = append(s, pause(at))
 		case r < 45:
 			target := members[rng.IntN(len(members))]
+			if len(Failpoints[roleOf(target)]) == 0 {
+				s = append(s, Fault{At: at, Kind: FaultKill, Target: target})
+				continue
+			}
 			s = append(s, Fault{At: at, Kind: FaultFailpoint, Target: target, Rule: failpointRule(rng, roleOf(target), cfg.RelayFailpoints),
 				For: dur(2*time.Second, 6*time.Second)})
 		default:
@@ -208,6 +224,10 @@ func NewSchedule(cfg ScheduleConfig) Schedule {
 	}
 	if cfg.Postgres {
 		s = append(s, postgresFaults(cfg, warmup, end)...)
+		sort.SliceStable(s, func(i, j int) bool { return s[i].At < s[j].At })
+	}
+	if cfg.Saga {
+		s = append(s, providerFaults(cfg, warmup, end)...)
 		sort.SliceStable(s, func(i, j int) bool { return s[i].At < s[j].At })
 	}
 	if cfg.NoBroker {

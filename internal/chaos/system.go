@@ -43,6 +43,13 @@ type SystemConfig struct {
 	Sink Sink
 	// RelayArgs are extra flags of the relays (e.g. --mode cdc).
 	RelayArgs []string
+	// Saga adds the order saga's processes (system_saga.go): the payment
+	// provider in ProviderMode on ProviderPort (its control listener on
+	// ProviderControlPort), the payments consumer and the saga consumer;
+	// the inventory consumers record their saga events.
+	Saga                              bool
+	ProviderMode                      string
+	ProviderPort, ProviderControlPort int
 }
 
 // Exit records how one incarnation of a member ended.
@@ -104,6 +111,11 @@ func NewSystem(cfg SystemConfig) *System {
 		n := fmt.Sprintf("consumer-%d", i)
 		s.members[n] = &member{name: n, role: RoleConsumer}
 	}
+	if cfg.Saga {
+		for _, m := range sagaMembers {
+			s.members[m[0]] = &member{name: m[0], role: m[1]}
+		}
+	}
 	return s
 }
 
@@ -149,6 +161,8 @@ func (s *System) spec(m *member) ProcessSpec {
 	case RoleAPI:
 		return ProcessSpec{Name: name, Path: c.Bins.Orders,
 			Args: append([]string{"api", "--listen", "127.0.0.1:" + strconv.Itoa(c.APIPort), "--shutdown-timeout", "5s"}, db...)}
+	case RolePayments, RoleSaga, RoleProvider:
+		return s.sagaSpec(m, name)
 	case RoleRelay:
 		args := append([]string{"relay", "--id", fmt.Sprintf("%s.%d", m.name, m.incarnation),
 			"--lease", c.Lease.String(), "--poll-interval", "100ms", "--retry-min", "100ms", "--retry-max", "2s",
@@ -157,6 +171,9 @@ func (s *System) spec(m *member) ProcessSpec {
 		return ProcessSpec{Name: name, Path: c.Bins.Outbox, Args: append(args, dest(RoleRelay)...)}
 	default:
 		args := append([]string{"inventory", "--ack-wait", c.AckWait.String(), "--workers", "2"}, db...)
+		if c.Saga {
+			args = append(args, "--saga-events")
+		}
 		return ProcessSpec{Name: name, Path: c.Bins.Orders, Args: append(args, dest(RoleConsumer)...)}
 	}
 }

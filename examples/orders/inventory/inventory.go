@@ -103,6 +103,11 @@ type Config struct {
 	// nil verifies against the system's roots. Run sets it from the
 	// destination URL's ca_file, cert_file and key_file.
 	AMQPTLS *tls.Config
+	// SagaEvents makes the consumer record the saga's StockReserved or
+	// StockRejected (aggregate type orderevents.InventoryAggregateType) for
+	// each OrderCreated, through the outbox in Schema, in the inbox
+	// transaction that reserves the stock. Off, it records no events.
+	SagaEvents bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// TracerProvider receives the inbox's CONSUMER span of each delivery
@@ -172,6 +177,8 @@ type Stats struct {
 	// Anomalies counts cancellations that found no reservation to release;
 	// with the inbox's ordering it stays 0.
 	Anomalies int64
+	// StockRejected counts orders rejected for want of stock on hand.
+	StockRejected int64
 }
 
 // Consumer reserves and releases stock for order events.
@@ -182,12 +189,14 @@ type Consumer struct {
 	log   *slog.Logger
 	q     queries
 	trace trace.Tracer
+	// writer records the saga events (Config.SagaEvents), else nil.
+	writer *outbox.Writer
 
-	delivered, applied, duplicates, early, errs, rejected, anomalies atomic.Int64
+	delivered, applied, duplicates, early, errs, rejected, anomalies, stockRejected atomic.Int64
 }
 
 type queries struct {
-	reserve, addStock, release, lockStock, subStock string
+	reserve, addStock, release, lockStock, subStock, overdrawn, reject, wasRejected string
 }
 
 // New returns a consumer. Run it on a destination with Run (or RunNATS,
@@ -205,10 +214,20 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	var w *outbox.Writer
+	if cfg.SagaEvents {
+		if w, err = outbox.NewWriter(outbox.WriterConfig{Schema: cfg.Schema}); err != nil {
+			return nil, err
+		}
+	}
 	stock, res := app.Table("inventory_stock"), app.Table("inventory_reservations")
 	return &Consumer{
-		pool: pool, cfg: cfg, inbox: in, log: cfg.Logger, trace: tracer(cfg.TracerProvider),
+		pool: pool, cfg: cfg, inbox: in, log: cfg.Logger, trace: tracer(cfg.TracerProvider), writer: w,
 		q: queries{
+			overdrawn: `SELECT sku, reserved, on_hand FROM ` + stock + ` WHERE sku = ANY($1) AND on_hand IS NOT NULL AND reserved > on_hand ORDER BY sku`,
+			reject: `INSERT INTO ` + res + ` (order_id, sku, quantity, status, event_id)
+SELECT $1, sku, quantity, 'rejected', $4 FROM unnest($2::text[], $3::int[]) AS i(sku, quantity)`,
+			wasRejected: `SELECT EXISTS (SELECT 1 FROM ` + res + ` WHERE order_id = $1 AND status = 'rejected')`,
 			reserve: `INSERT INTO ` + res + ` (order_id, sku, quantity, status, event_id)
 SELECT $1, sku, quantity, 'reserved', $4 FROM unnest($2::text[], $3::int[]) AS i(sku, quantity)`,
 			// SKUs are locked in a fixed order, so concurrent orders cannot deadlock.
@@ -244,7 +263,8 @@ func (c *Consumer) Inbox() *inbox.Inbox { return c.inbox }
 // Stats returns the consumer's running totals.
 func (c *Consumer) Stats() Stats {
 	return Stats{Delivered: c.delivered.Load(), Applied: c.applied.Load(), Duplicates: c.duplicates.Load(),
-		Early: c.early.Load(), Errors: c.errs.Load(), Rejected: c.rejected.Load(), Anomalies: c.anomalies.Load()}
+		Early: c.early.Load(), Errors: c.errs.Load(), Rejected: c.rejected.Load(), Anomalies: c.anomalies.Load(),
+		StockRejected: c.stockRejected.Load()}
 }
 
 // Handle applies one event through the inbox and counts the outcome.
@@ -281,12 +301,31 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg outbox.Message) (er
 		for i, it := range p.Items {
 			skus[i], qtys[i] = it.SKU, int32(it.Quantity)
 		}
-		if _, err := tx.Exec(ctx, c.q.reserve, msg.AggregateID, skus, qtys, msg.ID); err != nil {
-			return fmt.Errorf("reserve: %w", err)
-		}
+		// The stock rows are locked (in SKU order) by addStock; a SKU
+		// overdrawn past its on_hand rejects the whole order.
 		if _, err := tx.Exec(ctx, c.q.addStock, skus, qtys); err != nil {
 			return fmt.Errorf("reserve stock: %w", err)
 		}
+		short, err := c.overdrawn(ctx, tx, skus)
+		if err != nil {
+			return err
+		}
+		if short != "" {
+			if _, err := tx.Exec(ctx, c.q.subStock, skus, qtys); err != nil {
+				return fmt.Errorf("reject stock: %w", err)
+			}
+			if _, err := tx.Exec(ctx, c.q.reject, msg.AggregateID, skus, qtys, msg.ID); err != nil {
+				return fmt.Errorf("reject: %w", err)
+			}
+			c.stockRejected.Add(1)
+			return c.record(ctx, tx, orderevents.StockRejected, orderevents.StockPayload{
+				OrderID: msg.AggregateID, Items: p.Items, TotalCents: p.TotalCents, Reason: short})
+		}
+		if _, err := tx.Exec(ctx, c.q.reserve, msg.AggregateID, skus, qtys, msg.ID); err != nil {
+			return fmt.Errorf("reserve: %w", err)
+		}
+		return c.record(ctx, tx, orderevents.StockReserved, orderevents.StockPayload{
+			OrderID: msg.AggregateID, Items: p.Items, TotalCents: p.TotalCents})
 	case orderevents.OrderCancelled:
 		rows, err := tx.Query(ctx, c.q.release, msg.AggregateID)
 		if err != nil {
@@ -303,6 +342,13 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg outbox.Message) (er
 			return fmt.Errorf("release: %w", err)
 		}
 		if len(skus) == 0 {
+			var rejected bool
+			if err := tx.QueryRow(ctx, c.q.wasRejected, msg.AggregateID).Scan(&rejected); err != nil {
+				return fmt.Errorf("release: %w", err)
+			}
+			if rejected {
+				return nil // nothing was reserved
+			}
 			// The inbox applies an order's events in sequence, so the
 			// reservation of its OrderCreated must be here.
 			c.anomalies.Add(1)
@@ -322,6 +368,39 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg outbox.Message) (er
 		// An event this consumer does not care about still advances the
 		// order's high-water mark, or the order's later events would wait
 		// for it forever.
+	}
+	return nil
+}
+
+// overdrawn names the first SKU whose reservations exceed its stock on
+// hand, as a reason ("" when none does).
+func (c *Consumer) overdrawn(ctx context.Context, tx pgx.Tx, skus []string) (string, error) {
+	var sku string
+	var reserved, onHand int64
+	err := tx.QueryRow(ctx, c.q.overdrawn, skus).Scan(&sku, &reserved, &onHand)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("check stock on hand: %w", err)
+	}
+	return fmt.Sprintf("%s: %d on hand, %d asked for in all", sku, onHand, reserved), nil
+}
+
+// record writes a saga event about the order in the inbox transaction, when
+// Config.SagaEvents is on.
+func (c *Consumer) record(ctx context.Context, tx pgx.Tx, typ string, payload orderevents.StockPayload) error {
+	if c.writer == nil {
+		return nil
+	}
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return err
+	}
+	_, err = c.writer.InsertTx(ctx, tx, outbox.Event{
+		AggregateType: orderevents.InventoryAggregateType, AggregateID: payload.OrderID, Type: typ, Payload: b})
+	if err != nil {
+		return fmt.Errorf("record %s: %w", typ, err)
 	}
 	return nil
 }

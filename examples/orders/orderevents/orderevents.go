@@ -31,6 +31,9 @@ type OrderCreatedPayload struct {
 	CustomerID string    `json:"customer_id"`
 	Items      []Item    `json:"items"`
 	CreatedAt  time.Time `json:"created_at"`
+	// TotalCents is the order's amount in cents (the catalogue prices times
+	// the quantities): what payments charges. Currency is "eur".
+	TotalCents int64 `json:"total_cents,omitempty"`
 }
 
 // OrderCancelledPayload is the payload of an OrderCancelled event.
@@ -38,4 +41,7 @@ type OrderCancelledPayload struct {
 	OrderID     string    `json:"order_id"`
 	CustomerID  string    `json:"customer_id"`
 	CancelledAt time.Time `json:"cancelled_at"`
+	// Reason says why: "customer" for a cancellation through the API, or
+	// the saga's reason ("stock rejected: ...", "payment failed: ...").
+	Reason string `json:"reason,omitempty"`
 }

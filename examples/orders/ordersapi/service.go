@@ -54,6 +54,7 @@ const (
 // Order statuses.
 const (
 	StatusCreated   = "created"
+	StatusConfirmed = "confirmed"
 	StatusCancelled = "cancelled"
 )
 
@@ -80,6 +81,13 @@ type Order struct {
 	Items       []Item     `json:"items"`
 	CreatedAt   time.Time  `json:"created_at"`
 	CancelledAt *time.Time `json:"cancelled_at,omitempty"`
+	// CancelReason says why the order was cancelled ("customer", or the
+	// saga's reason).
+	CancelReason string `json:"cancel_reason,omitempty"`
+	// TotalCents is the order's amount (catalogue prices times quantities).
+	TotalCents int64 `json:"total_cents"`
+	// Saga is the order's saga: its state and history (docs/saga.md).
+	Saga *Saga `json:"saga,omitempty"`
 }
 
 // ErrorKind classifies the errors the service returns for requests it refuses.
@@ -163,6 +171,8 @@ type Service struct {
 
 type queries struct {
 	insertKey, selectKey, insertOrder, insertItems, unknownSKUs, cancel, selectOrder, selectItems string
+	total                                                                                         string
+	saga                                                                                          sagaQueries
 }
 
 // New returns a service over pool. Call Migrate before the first request
@@ -203,9 +213,12 @@ ON CONFLICT (idempotency_key) DO NOTHING RETURNING true`,
 			insertItems: `INSERT INTO ` + items + ` (order_id, sku, quantity, position)
 SELECT $1, sku, quantity, position FROM unnest($2::text[], $3::int[]) WITH ORDINALITY AS i(sku, quantity, position)`,
 			unknownSKUs: `SELECT sku FROM unnest($1::text[]) AS i(sku) WHERE NOT EXISTS (SELECT 1 FROM ` + products + ` p WHERE p.sku = i.sku)`,
-			cancel: `UPDATE ` + orders + ` SET status = 'cancelled', cancelled_at = now()
-WHERE order_id = $1 AND status = 'created' RETURNING customer_id, cancelled_at`,
-			selectOrder: `SELECT customer_id, status, created_at, cancelled_at FROM ` + orders + ` WHERE order_id = $1`,
+			cancel: `UPDATE ` + orders + ` SET status = 'cancelled', cancelled_at = now(), cancel_reason = $2
+WHERE order_id = $1 AND status IN ('created', 'confirmed') RETURNING customer_id, cancelled_at`,
+			selectOrder: `SELECT customer_id, status, created_at, cancelled_at, coalesce(cancel_reason, '') FROM ` + orders + ` WHERE order_id = $1`,
+			total: `SELECT coalesce(sum(p.price_cents::bigint * i.quantity), 0) FROM unnest($1::text[], $2::int[]) AS i(sku, quantity)
+JOIN ` + products + ` p USING (sku)`,
+			saga:        newSagaQueries(app),
 			selectItems: `SELECT sku, quantity FROM ` + items + ` WHERE order_id = $1 ORDER BY position`,
 		},
 	}, nil
@@ -342,8 +355,20 @@ func (s *Service) Create(ctx context.Context, idempotencyKey string, req CreateR
 	}
 	wrote = true
 	order.CreatedAt = order.CreatedAt.UTC()
+	skus := make([]string, len(req.Items))
+	qtys := make([]int32, len(req.Items))
+	for i, it := range req.Items {
+		skus[i], qtys[i] = it.SKU, int32(it.Quantity)
+	}
+	if err = tx.QueryRow(ctx, s.q.total, skus, qtys).Scan(&order.TotalCents); err != nil {
+		return Order{}, false, fmt.Errorf("order total: %w", err)
+	}
+	if err = s.sagaStart(ctx, tx, order.ID); err != nil {
+		return Order{}, false, err
+	}
 	payload, err := json.Marshal(orderevents.OrderCreatedPayload{
-		OrderID: order.ID, CustomerID: order.CustomerID, Items: order.Items, CreatedAt: order.CreatedAt})
+		OrderID: order.ID, CustomerID: order.CustomerID, Items: order.Items, CreatedAt: order.CreatedAt,
+		TotalCents: order.TotalCents})
 	if err != nil {
 		return Order{}, false, err
 	}
@@ -355,11 +380,6 @@ func (s *Service) Create(ctx context.Context, idempotencyKey string, req CreateR
 		Type: orderevents.OrderCreated, Payload: payload,
 	}); err != nil {
 		return Order{}, false, err
-	}
-	skus := make([]string, len(req.Items))
-	qtys := make([]int32, len(req.Items))
-	for i, it := range req.Items {
-		skus[i], qtys[i] = it.SKU, int32(it.Quantity)
 	}
 	if _, err = tx.Exec(ctx, s.q.insertItems, order.ID, skus, qtys); err != nil {
 		var pgErr *pgconn.PgError
@@ -436,13 +456,14 @@ func (s *Service) Cancel(ctx context.Context, orderID string) (order Order, err 
 			}
 		}
 	}()
-	var customerID string
-	var cancelledAt time.Time
-	err = tx.QueryRow(ctx, s.q.cancel, orderID).Scan(&customerID, &cancelledAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	done, err := s.cancelTx(ctx, tx, orderID, ReasonCustomer, nil)
+	if err != nil {
+		return Order{}, fmt.Errorf("cancel order: %w", err)
+	}
+	if !done {
 		_ = tx.Rollback(ctx)
 		var status string
-		err = s.pool.QueryRow(ctx, s.q.selectOrder, orderID).Scan(nil, &status, nil, nil)
+		err = s.pool.QueryRow(ctx, s.q.selectOrder, orderID).Scan(nil, &status, nil, nil, nil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return Order{}, s.refusal(refuse(NotFound, "order %q does not exist", orderID))
 		}
@@ -451,21 +472,7 @@ func (s *Service) Cancel(ctx context.Context, orderID string) (order Order, err 
 		}
 		return Order{}, s.refusal(refuse(NotCancellable, "order %s is already %s", orderID, status))
 	}
-	if err != nil {
-		return Order{}, fmt.Errorf("cancel order: %w", err)
-	}
 	wrote = true
-	payload, err := json.Marshal(orderevents.OrderCancelledPayload{
-		OrderID: orderID, CustomerID: customerID, CancelledAt: cancelledAt.UTC()})
-	if err != nil {
-		return Order{}, err
-	}
-	if _, err = s.writer.InsertTx(ctx, tx, outbox.Event{
-		AggregateType: orderevents.AggregateType, AggregateID: orderID,
-		Type: orderevents.OrderCancelled, Payload: payload,
-	}); err != nil {
-		return Order{}, err
-	}
 	if err = failpoint.Hit(FailpointBeforeCommit); err != nil {
 		return Order{}, err
 	}
@@ -501,8 +508,19 @@ func (s *Service) Get(ctx context.Context, orderID string) (Order, error) {
 	if err := checkOrderID(orderID); err != nil {
 		return Order{}, err
 	}
+	// One snapshot for the order, its items and its saga, so that they agree.
+	var o Order
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var err error
+		o, err = s.get(ctx, tx, orderID)
+		return err
+	})
+	return o, err
+}
+
+func (s *Service) get(ctx context.Context, db querier, orderID string) (Order, error) {
 	o := Order{ID: orderID}
-	err := s.pool.QueryRow(ctx, s.q.selectOrder, orderID).Scan(&o.CustomerID, &o.Status, &o.CreatedAt, &o.CancelledAt)
+	err := db.QueryRow(ctx, s.q.selectOrder, orderID).Scan(&o.CustomerID, &o.Status, &o.CreatedAt, &o.CancelledAt, &o.CancelReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Order{}, refuse(NotFound, "order %q does not exist", orderID)
 	}
@@ -514,7 +532,7 @@ func (s *Service) Get(ctx context.Context, orderID string) (Order, error) {
 		t := o.CancelledAt.UTC()
 		o.CancelledAt = &t
 	}
-	rows, err := s.pool.Query(ctx, s.q.selectItems, orderID)
+	rows, err := db.Query(ctx, s.q.selectItems, orderID)
 	if err != nil {
 		return Order{}, fmt.Errorf("read order items: %w", err)
 	}
@@ -525,6 +543,17 @@ func (s *Service) Get(ctx context.Context, orderID string) (Order, error) {
 	})
 	if err != nil {
 		return Order{}, fmt.Errorf("read order items: %w", err)
+	}
+	skus := make([]string, len(o.Items))
+	qtys := make([]int32, len(o.Items))
+	for i, it := range o.Items {
+		skus[i], qtys[i] = it.SKU, int32(it.Quantity)
+	}
+	if err := db.QueryRow(ctx, s.q.total, skus, qtys).Scan(&o.TotalCents); err != nil {
+		return Order{}, fmt.Errorf("order total: %w", err)
+	}
+	if o.Saga, err = s.saga(ctx, db, orderID); err != nil {
+		return Order{}, err
 	}
 	return o, nil
 }

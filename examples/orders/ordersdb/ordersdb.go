@@ -1,7 +1,8 @@
 // Package ordersdb holds the example order system's own database
 // migrations: the business tables of the order API (products, orders,
 // order_items, order_idempotency_keys), of the inventory consumer
-// (inventory_stock, inventory_reservations) and of the fake payment provider
+// (inventory_stock, inventory_reservations), of the payments consumer
+// (payments) and of the fake payment provider
 // (provider_charges, provider_refunds, provider_idempotency_keys,
 // provider_ledger).
 //
@@ -46,6 +47,8 @@ const (
 	Inventory Set = "inventory"
 	// Provider are the fake payment provider's tables (its own schema).
 	Provider Set = "provider"
+	// Payments are the payments consumer's tables.
+	Payments Set = "payments"
 )
 
 // Migration is one versioned migration file of a set.

@@ -1,0 +1,166 @@
+// Package natsloop runs the saga consumers' JetStream loop (payments and the
+// order service's saga consumer): a durable pull consumer filtered on some
+// aggregate types, workers that hand each decoded event to a handler, and
+// an ack only once the handler says the event is settled; otherwise a nak
+// with the handler's delay, so JetStream delivers it again.
+package natsloop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/outboxnats"
+)
+
+// Config configures Run.
+type Config struct {
+	Stream, SubjectPrefix, Durable, Description string
+	// AggregateTypes are the aggregate types consumed.
+	AggregateTypes []string
+	Workers        int
+	AckWait        time.Duration
+	Logger         *slog.Logger
+}
+
+// Handler handles one delivery (delivery counts from 1): nil settles it (ack);
+// an error asks for a redelivery after retry.
+type Handler func(ctx context.Context, msg outbox.Message, delivery int) (retry time.Duration, err error)
+
+// Run consumes until ctx ends, recreating the message iterators after a
+// failure and waiting for the stream while it does not exist. Each
+// aggregate type has a durable consumer of its own, "<Durable>-<type>"
+// (a consumer with several filter subjects needs nats-server 2.10).
+func Run(ctx context.Context, js jetstream.JetStream, cfg Config, h Handler) error {
+	errs := make(chan error, len(cfg.AggregateTypes))
+	for _, t := range cfg.AggregateTypes {
+		go func() { errs <- runOne(ctx, js, cfg, t, h) }()
+	}
+	var first error
+	for range cfg.AggregateTypes {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func runOne(ctx context.Context, js jetstream.JetStream, cfg Config, aggregateType string, h Handler) error {
+	cc := jetstream.ConsumerConfig{
+		Durable: cfg.Durable + "-" + aggregateType, Description: cfg.Description,
+		FilterSubject: outboxnats.AggregateTypeFilter(cfg.SubjectPrefix, aggregateType),
+		DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: cfg.AckWait, MaxDeliver: -1,
+	}
+	log := cfg.Logger
+	for attempt := 1; ctx.Err() == nil; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		cons, err := js.CreateOrUpdateConsumer(cctx, cfg.Stream, cc)
+		cancel()
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrStreamNotFound) && ctx.Err() == nil {
+				log.Warn("create consumer", slog.Any("error", err))
+			}
+			sleep(ctx, Backoff(attempt, 100*time.Millisecond, 5*time.Second))
+			continue
+		}
+		err = consume(ctx, cons, cfg, h)
+		if ctx.Err() != nil {
+			break
+		}
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			return fmt.Errorf("%s: %w", cfg.Durable, err)
+		}
+		log.Warn("message iterator ended; restarting", slog.Any("error", err))
+		sleep(ctx, Backoff(attempt, 250*time.Millisecond, 5*time.Second))
+	}
+	return nil
+}
+
+func consume(ctx context.Context, cons jetstream.Consumer, cfg Config, h Handler) error {
+	it, err := cons.Messages(jetstream.PullMaxMessages(16 * cfg.Workers))
+	if err != nil {
+		return fmt.Errorf("pull messages: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Drain)
+	defer stop()
+	defer it.Stop()
+	work := make(chan jetstream.Msg)
+	var wg sync.WaitGroup
+	for range cfg.Workers {
+		wg.Go(func() {
+			for m := range work {
+				process(ctx, m, cfg, h)
+			}
+		})
+	}
+	defer func() { close(work); wg.Wait() }()
+	for {
+		m, err := it.Next()
+		switch {
+		case err == nil:
+			work <- m
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		case errors.Is(err, jetstream.ErrNoHeartbeat):
+			cfg.Logger.Warn("no heartbeat from the broker; waiting", slog.Any("error", err))
+		default:
+			cfg.Logger.Warn("pull messages", slog.Any("error", err))
+		}
+	}
+}
+
+func process(ctx context.Context, m jetstream.Msg, cfg Config, h Handler) {
+	delivered := 1
+	if md, err := m.Metadata(); err == nil {
+		delivered = int(md.NumDelivered)
+	}
+	msg, err := outboxnats.Decode(m.Headers(), m.Data())
+	if err != nil {
+		cfg.Logger.Error("undecodable message terminated", slog.String("subject", m.Subject()), slog.Any("error", err))
+		_ = m.TermWithReason("undecodable: " + err.Error())
+		return
+	}
+	// The event is handled to the end even when ctx ends, within AckWait.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.AckWait)
+	defer cancel()
+	retry, err := h(hctx, msg, delivered)
+	if err != nil {
+		cfg.Logger.Warn("handle event failed; redelivering", slog.String("event_id", msg.ID.String()),
+			slog.String("type", msg.Type), slog.String("order_id", msg.AggregateID), slog.Int("delivery", delivered),
+			slog.Duration("retry_in", retry), slog.Any("error", err))
+		_ = m.NakWithDelay(retry)
+		return
+	}
+	if err := m.Ack(); err != nil {
+		cfg.Logger.Warn("ack failed; the redelivery will be a duplicate", slog.String("event_id", msg.ID.String()), slog.Any("error", err))
+	}
+}
+
+// Backoff doubles base for each attempt after the first, up to max.
+func Backoff(attempt int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

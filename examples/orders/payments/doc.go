@@ -1,0 +1,25 @@
+// Package payments is the example's payments consumer, the saga's second
+// step (docs/saga.md). It reads two aggregate types from the destination:
+//
+//   - StockReserved (aggregate type "inventory"): it charges the order's
+//     total at the payment provider through a sideeffect.Caller, with the
+//     idempotency key "<order id>/charge" (also the charge's reference, so
+//     that the provider's ledger and the queryable mode's lookup find it),
+//     and records PaymentCaptured or PaymentFailed;
+//   - OrderCancelled (aggregate type "order"): when the order's charge was
+//     captured it refunds it, key "<order id>/refund", and records
+//     PaymentRefunded; a cancellation that comes before the charge makes the
+//     later StockReserved charge nothing (PaymentFailed, "order cancelled").
+//
+// Each event is applied through the inbox, and its event (aggregate type
+// "payment") is recorded through the outbox in the inbox transaction, with
+// the payments row. The provider call's own record is the side-effect
+// helper's, committed apart: a redelivery after a crash finds it and never
+// charges with a new key. An ambiguous outcome is not acknowledged: the
+// event comes again and the helper resolves it (lookup, or the same key).
+//
+// A refund that keeps failing is retried with the redelivery's backoff; at
+// Config.RefundAttempts deliveries, or at once when the provider declines
+// it or the helper parks it, the consumer records RefundFailed, which parks
+// the saga as needs_attention in the order service.
+package payments

@@ -1,0 +1,457 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/examples/orders/internal/natsloop"
+	"github.com/pgoutbox/outbox/examples/orders/orderevents"
+	"github.com/pgoutbox/outbox/examples/orders/ordersdb"
+	"github.com/pgoutbox/outbox/examples/orders/provider"
+	"github.com/pgoutbox/outbox/inbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/outboxmigrate"
+	"github.com/pgoutbox/outbox/outboxnats"
+	"github.com/pgoutbox/outbox/sideeffect"
+)
+
+// Defaults of Config.
+const (
+	DurableDefault        = "payments"
+	InboxConsumerDefault  = "payments"
+	WorkersDefault        = 4
+	AckWaitDefault        = 60 * time.Second
+	RefundAttemptsDefault = 8
+	RetryDelayDefault     = 250 * time.Millisecond
+	RetryDelayMax         = 10 * time.Second
+	// The side-effect helper's names (side_effects.name).
+	ChargeName = "payments.charge"
+	RefundName = "payments.refund"
+)
+
+// Config configures a Consumer.
+type Config struct {
+	// Schema holds the outbox, inbox and side_effects tables. Defaults to
+	// "outbox".
+	Schema string
+	// AppSchema holds the payments table. Defaults to Schema.
+	AppSchema string
+	// Stream and SubjectPrefix locate the events in NATS JetStream.
+	Stream, SubjectPrefix string
+	// Durable is the JetStream durable consumer; InboxConsumer the inbox's
+	// consumer name.
+	Durable, InboxConsumer string
+	Workers                int
+	// AckWait bounds the handling of one delivery (a charge and its
+	// record); it must exceed CallTimeout.
+	AckWait time.Duration
+	// Provider is the payment provider's client; Mode is the provider's
+	// mode, which decides the helper's mode and lookups.
+	Provider *provider.Client
+	Mode     provider.Mode
+	// BlindRetry, in mode neither only, calls the provider again after an
+	// unknown outcome (a counted possible duplicate) instead of parking it.
+	BlindRetry bool
+	// CallTimeout, CheckInterval and MaxChecks are the helper's
+	// (sideeffect.Config).
+	CallTimeout   time.Duration
+	CheckInterval time.Duration
+	MaxChecks     int
+	// RefundAttempts bounds the deliveries of an OrderCancelled whose
+	// refund stays unknown; then RefundFailed is recorded. Defaults to
+	// RefundAttemptsDefault.
+	RefundAttempts int
+	// RetryDelay is the first redelivery delay; it doubles up to
+	// RetryDelayMax.
+	RetryDelay time.Duration
+	// Observer receives the helper's observations (metrics). Optional.
+	Observer sideeffect.Observer
+	Logger   *slog.Logger
+}
+
+// Stats are the consumer's running totals.
+type Stats struct {
+	Captured, Declined, Refunded, RefundFailed, SkippedCancelled int64
+	// Retried counts deliveries handed back for a redelivery (unknown
+	// outcomes, errors, early events).
+	Retried int64
+}
+
+// Consumer charges and refunds orders. It is safe for concurrent use.
+type Consumer struct {
+	pool           *pgxpool.Pool
+	cfg            Config
+	inbox          *inbox.Inbox
+	writer         *outbox.Writer
+	charge, refund *sideeffect.Caller
+	admin          *sideeffect.Admin
+	log            *slog.Logger
+	q              struct{ ensure, lock, set string }
+
+	captured, declined, refunded, refundFailed, skipped, retried atomic.Int64
+}
+
+// Migrate applies the outbox migrations (inbox, side_effects) to schema and
+// the payments table to appSchema (schema when empty).
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema, appSchema string) error {
+	if _, err := outboxmigrate.Migrate(ctx, pool, schema); err != nil {
+		return err
+	}
+	if appSchema == "" {
+		appSchema = schema
+	}
+	_, err := ordersdb.Migrate(ctx, pool, appSchema, ordersdb.Payments)
+	return err
+}
+
+// New returns a consumer; Run it, or hand it events with Handle.
+func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
+	if pool == nil || cfg.Provider == nil {
+		return nil, errors.New("payments: New needs a pool and a provider client")
+	}
+	if cfg.Schema == "" {
+		cfg.Schema = pgident.DefaultSchema
+	}
+	if cfg.AppSchema == "" {
+		cfg.AppSchema = cfg.Schema
+	}
+	if cfg.Stream == "" {
+		cfg.Stream = outboxnats.StreamDefault
+	}
+	if cfg.SubjectPrefix == "" {
+		cfg.SubjectPrefix = outboxnats.SubjectPrefixDefault
+	}
+	if cfg.Durable == "" {
+		cfg.Durable = DurableDefault
+	}
+	if cfg.InboxConsumer == "" {
+		cfg.InboxConsumer = InboxConsumerDefault
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = WorkersDefault
+	}
+	if cfg.AckWait <= 0 {
+		cfg.AckWait = AckWaitDefault
+	}
+	if cfg.RefundAttempts <= 0 {
+		cfg.RefundAttempts = RefundAttemptsDefault
+	}
+	if cfg.RetryDelay <= 0 {
+		cfg.RetryDelay = RetryDelayDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = provider.ModeIdempotent
+	}
+	if need := PoolSize(cfg.Workers); pool.Config().MaxConns < need {
+		return nil, fmt.Errorf("payments: the pool has %d connections, %d workers need %d: each delivery holds one in its inbox transaction while the side-effect helper records the call with another (pool_max_conns in the database URL)",
+			pool.Config().MaxConns, cfg.Workers, need)
+	}
+	app, err := pgident.NewSchema(cfg.AppSchema)
+	if err != nil {
+		return nil, err
+	}
+	in, err := inbox.New(pool, inbox.Config{Consumer: cfg.InboxConsumer, Schema: cfg.Schema})
+	if err != nil {
+		return nil, err
+	}
+	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: cfg.Schema})
+	if err != nil {
+		return nil, err
+	}
+	admin, err := sideeffect.NewAdmin(pool, sideeffect.AdminConfig{Schema: cfg.Schema})
+	if err != nil {
+		return nil, err
+	}
+	c := &Consumer{pool: pool, cfg: cfg, inbox: in, writer: w, admin: admin, log: cfg.Logger}
+	if c.charge, err = c.caller(ChargeName, chargeLookup(cfg.Provider, cfg.Mode)); err != nil {
+		return nil, err
+	}
+	if c.refund, err = c.caller(RefundName, refundLookup(cfg.Provider, cfg.Mode)); err != nil {
+		return nil, err
+	}
+	t := app.Table("payments")
+	c.q.ensure = `INSERT INTO ` + t + ` (order_id, status) VALUES ($1, 'cancelled_before_charge') ON CONFLICT (order_id) DO NOTHING RETURNING true`
+	c.q.lock = `SELECT status, cancelled, coalesce(charge_id, ''), amount_cents FROM ` + t + ` WHERE order_id = $1 FOR UPDATE`
+	c.q.set = `UPDATE ` + t + ` SET status = $2, amount_cents = $3, charge_id = coalesce(NULLIF($4, ''), charge_id),
+refund_id = coalesce(NULLIF($5, ''), refund_id), reason = NULLIF($6, ''), cancelled = cancelled OR $7, updated_at = now() WHERE order_id = $1`
+	return c, nil
+}
+
+func (c *Consumer) caller(name string, lookup sideeffect.Lookup) (*sideeffect.Caller, error) {
+	sc := sideeffect.Config{Name: name, Schema: c.cfg.Schema, Lookup: lookup, CallTimeout: c.cfg.CallTimeout,
+		CheckInterval: c.cfg.CheckInterval, MaxChecks: c.cfg.MaxChecks, Observer: c.cfg.Observer, Logger: c.log}
+	switch c.cfg.Mode {
+	case provider.ModeIdempotent:
+		sc.Mode = sideeffect.Idempotent
+	case provider.ModeQueryable:
+		sc.Mode = sideeffect.Queryable
+	case provider.ModeNeither:
+		sc.Mode, sc.BlindRetry = sideeffect.Neither, c.cfg.BlindRetry
+	default:
+		return nil, fmt.Errorf("payments: unknown provider mode %q", c.cfg.Mode)
+	}
+	return sideeffect.New(c.pool, sc)
+}
+
+// PoolSize is the least pool size of a consumer with workers workers: per
+// aggregate type consumed (2), each worker holds a connection in its inbox
+// transaction while the side-effect helper takes another; two more for the
+// reconcilers.
+func PoolSize(workers int) int32 { return int32(2*2*workers + 2) }
+
+// Callers are the helper's callers of the charges and the refunds, for
+// Reconcile and status.
+func (c *Consumer) Callers() []*sideeffect.Caller { return []*sideeffect.Caller{c.charge, c.refund} }
+
+// Stats returns the running totals.
+func (c *Consumer) Stats() Stats {
+	return Stats{Captured: c.captured.Load(), Declined: c.declined.Load(), Refunded: c.refunded.Load(),
+		RefundFailed: c.refundFailed.Load(), SkippedCancelled: c.skipped.Load(), Retried: c.retried.Load()}
+}
+
+// errEarly: an earlier event of the aggregate is not applied yet.
+var errEarly = errors.New("an earlier event of the order is not applied yet")
+
+// Handle applies one delivery (delivery counts from 1) through the inbox.
+// A nil error settles it; else it is to be delivered again after the
+// returned delay.
+func (c *Consumer) Handle(ctx context.Context, msg outbox.Message, delivery int) (time.Duration, error) {
+	out, err := c.inbox.Handle(ctx, msg, func(ctx context.Context, tx pgx.Tx) error {
+		return c.apply(ctx, tx, msg, delivery)
+	})
+	if err == nil && out == inbox.Early {
+		err = errEarly
+	}
+	if err != nil {
+		c.retried.Add(1)
+		return natsloop.Backoff(delivery, c.cfg.RetryDelay, RetryDelayMax), err
+	}
+	return 0, nil
+}
+
+// Run consumes StockReserved and OrderCancelled from NATS JetStream until
+// ctx ends, and reconciles the helper's unknown attempts meanwhile.
+func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
+	for _, sc := range c.Callers() {
+		go func() { _ = sc.Reconcile(ctx) }()
+	}
+	c.log.Info("payments consumer starting", slog.String("durable", c.cfg.Durable), slog.String("mode", string(c.cfg.Mode)))
+	return natsloop.Run(ctx, js, natsloop.Config{
+		Stream: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix, Durable: c.cfg.Durable,
+		Description:    "example payments consumer (charges reserved orders, refunds cancelled ones)",
+		AggregateTypes: []string{orderevents.InventoryAggregateType, orderevents.AggregateType},
+		Workers:        c.cfg.Workers, AckWait: c.cfg.AckWait, Logger: c.log,
+	}, c.Handle)
+}
+
+func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg outbox.Message, delivery int) error {
+	switch msg.Type {
+	case orderevents.StockReserved:
+		var p orderevents.StockPayload
+		if err := json.Unmarshal(msg.Payload, &p); err != nil {
+			return fmt.Errorf("decode %s payload: %w", msg.Type, err)
+		}
+		return c.chargeOrder(ctx, tx, msg.AggregateID, p.TotalCents, delivery)
+	case orderevents.OrderCancelled:
+		return c.refundOrder(ctx, tx, msg.AggregateID, delivery)
+	}
+	return nil
+}
+
+type row struct {
+	status, chargeID string
+	cancelled        bool
+	amount           int64
+}
+
+// lockRow creates the order's row if missing (as cancelled_before_charge,
+// to be overwritten) and locks it; fresh says it was just created.
+func (c *Consumer) lockRow(ctx context.Context, tx pgx.Tx, orderID string) (r row, fresh bool, err error) {
+	err = tx.QueryRow(ctx, c.q.ensure, orderID).Scan(&fresh)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return row{}, false, fmt.Errorf("payments row: %w", err)
+	}
+	if err := tx.QueryRow(ctx, c.q.lock, orderID).Scan(&r.status, &r.cancelled, &r.chargeID, &r.amount); err != nil {
+		return row{}, false, fmt.Errorf("payments row: %w", err)
+	}
+	return r, fresh, nil
+}
+
+func (c *Consumer) set(ctx context.Context, tx pgx.Tx, orderID, status string, amount int64, chargeID, refundID, reason string, cancelled bool) error {
+	if _, err := tx.Exec(ctx, c.q.set, orderID, status, amount, chargeID, refundID, reason, cancelled); err != nil {
+		return fmt.Errorf("payments row: %w", err)
+	}
+	return nil
+}
+
+func (c *Consumer) record(ctx context.Context, tx pgx.Tx, typ string, p orderevents.PaymentPayload) error {
+	p.Currency = orderevents.Currency
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	if _, err := c.writer.InsertTx(ctx, tx, outbox.Event{
+		AggregateType: orderevents.PaymentAggregateType, AggregateID: p.OrderID, Type: typ, Payload: b}); err != nil {
+		return fmt.Errorf("record %s: %w", typ, err)
+	}
+	return nil
+}
+
+// chargeOrder charges an order whose stock is reserved, unless it was
+// cancelled first.
+func (c *Consumer) chargeOrder(ctx context.Context, tx pgx.Tx, orderID string, amount int64, delivery int) error {
+	r, fresh, err := c.lockRow(ctx, tx, orderID)
+	if err != nil {
+		return err
+	}
+	cancelled := !fresh && r.cancelled
+	if cancelled {
+		// An earlier delivery may have called the provider before the
+		// cancellation came (its outcome unknown, its transaction rolled
+		// back): then its outcome is learnt, and a charge refunded.
+		_, err := c.admin.Attempt(ctx, ChargeName, ChargeKey(orderID))
+		if err != nil && !errors.Is(err, sideeffect.ErrNotFound) {
+			return err
+		}
+		cancelled = errors.Is(err, sideeffect.ErrNotFound)
+	}
+	if cancelled {
+		c.skipped.Add(1)
+		return c.record(ctx, tx, orderevents.PaymentFailed, orderevents.PaymentPayload{OrderID: orderID, AmountCents: amount,
+			Reason: "order cancelled before the charge"})
+	}
+	req := provider.ChargeRequest{Reference: ChargeKey(orderID), Amount: amount, Currency: orderevents.Currency}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	res, err := c.charge.Do(ctx, ChargeKey(orderID), body, func(ctx context.Context, key string) ([]byte, error) {
+		ch, err := c.cfg.Provider.Charge(ctx, key, req)
+		return outcome(ch, err)
+	})
+	if err != nil {
+		return err // unknown, in progress or parked: the event comes again
+	}
+	var ch provider.Charge
+	_ = json.Unmarshal(res.Response, &ch)
+	if res.State == sideeffect.Failed {
+		reason := ch.FailureCode
+		if reason == "" {
+			reason = res.Error
+		}
+		c.declined.Add(1)
+		if err := c.set(ctx, tx, orderID, "failed", amount, "", "", reason, false); err != nil {
+			return err
+		}
+		return c.record(ctx, tx, orderevents.PaymentFailed, orderevents.PaymentPayload{OrderID: orderID, AmountCents: amount, Reason: "declined: " + reason})
+	}
+	c.captured.Add(1)
+	if err := c.set(ctx, tx, orderID, "captured", amount, ch.ID, "", "", false); err != nil {
+		return err
+	}
+	if err := c.record(ctx, tx, orderevents.PaymentCaptured, orderevents.PaymentPayload{OrderID: orderID, AmountCents: amount, ChargeID: ch.ID}); err != nil {
+		return err
+	}
+	if r.cancelled {
+		return c.refundOrder(ctx, tx, orderID, delivery) // cancelled meanwhile: compensate now
+	}
+	return nil
+}
+
+// refundOrder compensates a cancelled order's charge.
+func (c *Consumer) refundOrder(ctx context.Context, tx pgx.Tx, orderID string, delivery int) error {
+	r, _, err := c.lockRow(ctx, tx, orderID)
+	if err != nil {
+		return err
+	}
+	if r.status != "captured" {
+		// Nothing charged (yet): a later StockReserved charges nothing.
+		return c.set(ctx, tx, orderID, r.status, r.amount, "", "", "", true)
+	}
+	req := provider.RefundRequest{Charge: r.chargeID}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	res, err := c.refund.Do(ctx, RefundKey(orderID), body, func(ctx context.Context, key string) ([]byte, error) {
+		rf, err := c.cfg.Provider.Refund(ctx, key, req)
+		return outcome(rf, err)
+	})
+	var reason string
+	switch {
+	case err == nil && res.State == sideeffect.Succeeded:
+		var rf provider.Refund
+		_ = json.Unmarshal(res.Response, &rf)
+		c.refunded.Add(1)
+		if err := c.set(ctx, tx, orderID, "refunded", r.amount, "", rf.ID, "", true); err != nil {
+			return err
+		}
+		return c.record(ctx, tx, orderevents.PaymentRefunded, orderevents.PaymentPayload{OrderID: orderID,
+			AmountCents: r.amount, ChargeID: r.chargeID, RefundID: rf.ID})
+	case err == nil: // Failed: the provider refused the refund for good
+		var rf provider.Refund
+		_ = json.Unmarshal(res.Response, &rf)
+		reason = "refused by the provider: " + rf.FailureCode + res.Error
+	case errors.Is(err, sideeffect.ErrParked):
+		reason = "its outcome is unknown and parked (outbox sideeffect parked)"
+	case delivery >= c.cfg.RefundAttempts:
+		reason = fmt.Sprintf("still failing after %d attempts: %v", delivery, err)
+	default:
+		return err // retried with the redelivery's backoff
+	}
+	c.refundFailed.Add(1)
+	c.log.Error("refund failed; the saga needs attention", slog.String("order_id", orderID), slog.String("reason", reason))
+	if err := c.set(ctx, tx, orderID, "refund_failed", r.amount, "", "", reason, true); err != nil {
+		return err
+	}
+	return c.record(ctx, tx, orderevents.RefundFailed, orderevents.PaymentPayload{OrderID: orderID,
+		AmountCents: r.amount, ChargeID: r.chargeID, Reason: reason})
+}
+
+// ChargeKey is the idempotency key, and the reference, of an order's
+// charge; RefundKey the key of its refund.
+func ChargeKey(orderID string) string { return sideeffect.Key(orderID, "charge") }
+
+// RefundKey is the idempotency key of an order's refund.
+func RefundKey(orderID string) string { return sideeffect.Key(orderID, "refund") }
+
+// outcome classifies a provider client's answer for the helper: a definite
+// refusal is Rejected (recorded as failed, never called again), an
+// ambiguous one a plain error (unknown).
+func outcome(v any, err error) ([]byte, error) {
+	b, merr := json.Marshal(v)
+	if merr != nil {
+		return nil, merr
+	}
+	switch {
+	case err == nil:
+		return b, nil
+	case errors.Is(err, provider.ErrDeclined), errors.Is(err, provider.ErrInvalid), errors.Is(err, provider.ErrKeyReused),
+		errors.Is(err, provider.ErrNotFound):
+		return b, sideeffect.Rejected(err)
+	}
+	var api *provider.APIError
+	if !errors.As(err, &api) {
+		// Failed before the request was sent (it could not be built).
+		return nil, sideeffect.NotSent(err)
+	}
+	return nil, err
+}
+
+// HTTPClient is the provider client's HTTP client: no timeout of its own
+// (the helper's CallTimeout bounds each call).
+func HTTPClient() *http.Client { return &http.Client{} }
