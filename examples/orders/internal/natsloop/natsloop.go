@@ -2,7 +2,8 @@
 // order service's saga consumer): a durable pull consumer filtered on some
 // aggregate types, workers that hand each decoded event to a handler, and
 // an ack only once the handler says the event is settled; otherwise a nak
-// with the handler's delay, so JetStream delivers it again.
+// with the handler's delay, so JetStream delivers it again. Settings are
+// the settings (and the defaulting) those consumers and inventory share.
 package natsloop
 
 import (
