@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgcluster"
@@ -233,70 +231,25 @@ func cdcLatencyRun(ctx context.Context, e *env) (lat []time.Duration, offered fl
 		return nil, 0, err
 	}
 	defer cleanup()
-	if err := createOrders(ctx, e, s.schema); err != nil {
-		return nil, 0, err
-	}
-	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: s.schema})
+	load, err := newOrderLoad(ctx, e, s)
 	if err != nil {
 		return nil, 0, err
 	}
-	wpool, err := e.pool(ctx, 16)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer wpool.Close()
+	defer load.Close()
 	rec := &ackRecorder{acks: map[uuid.UUID]time.Time{}}
 	c, stop, err := startCDC(ctx, e, s, func(p outbox.Publisher) outbox.Publisher { rec.next = p; return rec })
 	if err != nil {
 		return nil, 0, err
 	}
 	defer func() { _ = stop() }()
-	var mu sync.Mutex
-	commits := map[uuid.UUID]time.Time{}
-	sent, elapsed, err := offerLoad(ctx, e.sz.latencyRate, e.sz.latencyDur, 16, func() error {
-		var id uuid.UUID
-		err := pgx.BeginFunc(ctx, wpool, func(tx pgx.Tx) error {
-			oid, _ := uuid.NewV7()
-			if _, err := tx.Exec(ctx, `INSERT INTO `+s.schema+`.orders (order_id, customer_id, total_cents) VALUES ($1, $2, $3)`, oid, "customer-42", 12345); err != nil {
-				return err
-			}
-			recs, err := w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: oid.String(), Type: "OrderCreated", Payload: []byte(payload)})
-			if err == nil {
-				id = recs[0].ID
-			}
-			return err
-		})
-		committed := time.Now()
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		commits[id] = committed
-		mu.Unlock()
-		return nil
-	})
-	offered = float64(sent) / elapsed.Seconds()
+	commits, offered, _, err := load.offer(ctx, nil)
 	if err != nil {
 		return nil, 0, err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for rec.count() < len(commits) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	lat, err = rec.latencies(commits)
 	e.logf("cdc latency: the stream published %d, left %d to the safety net", c.Stats().Published(), c.Stats().Left())
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	missing := 0
-	for id, t := range commits {
-		a, ok := rec.acks[id]
-		if !ok {
-			missing++
-			continue
-		}
-		lat = append(lat, a.Sub(t))
-	}
-	if missing > 0 {
-		return nil, 0, fmt.Errorf("%d of %d events not acknowledged 30s after the load ended", missing, len(commits))
+	if err != nil {
+		return nil, 0, err
 	}
 	return lat, offered, nil
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
 )
@@ -40,6 +39,32 @@ func (a *ackRecorder) count() int {
 	return len(a.acks)
 }
 
+// latencies waits up to 30s for a to have seen every event of commits
+// acknowledged and returns their commit-to-ack latencies; an event still
+// not acknowledged then is an error.
+func (a *ackRecorder) latencies(commits map[uuid.UUID]time.Time) ([]time.Duration, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for a.count() < len(commits) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var lat []time.Duration
+	missing := 0
+	for id, c := range commits {
+		ack, ok := a.acks[id]
+		if !ok {
+			missing++
+			continue
+		}
+		lat = append(lat, ack.Sub(c))
+	}
+	if missing > 0 {
+		return nil, fmt.Errorf("%d of %d events not acknowledged 30s after the load ended", missing, len(commits))
+	}
+	return lat, nil
+}
+
 // latencyRun offers rate events/s (one order + one event per transaction,
 // through the library) for d, with an in-process relay at its defaults,
 // polling only or woken by a Notifier, and returns commit→ack latencies.
@@ -66,18 +91,11 @@ func latencyRunTo(ctx context.Context, e *env, name string, wake bool,
 			return pub, nc.Close, nil
 		}
 	}
-	if err := createOrders(ctx, e, s.schema); err != nil {
-		return nil, 0, err
-	}
-	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: s.schema})
+	load, err := newOrderLoad(ctx, e, s)
 	if err != nil {
 		return nil, 0, err
 	}
-	wpool, err := e.pool(ctx, 16)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer wpool.Close()
+	defer load.Close()
 	rec := &ackRecorder{acks: map[uuid.UUID]time.Time{}}
 	ph := &phases{}
 	pub, closePub, err := open(ctx, s)
@@ -92,62 +110,24 @@ func latencyRunTo(ctx context.Context, e *env, name string, wake bool,
 	defer func() { _ = stopRelay() }()
 	var notifier *outbox.Notifier
 	if wake {
-		if notifier, err = outbox.NewNotifier(wpool, outbox.NotifierConfig{Schema: s.schema, Logger: quietLogger()}); err != nil {
+		if notifier, err = outbox.NewNotifier(load.pool, outbox.NotifierConfig{Schema: s.schema, Logger: quietLogger()}); err != nil {
 			return nil, 0, err
 		}
 		defer notifier.Close()
 	}
 	time.Sleep(300 * time.Millisecond) // relay started and listening
 
-	var mu sync.Mutex
-	commits := map[uuid.UUID]time.Time{}
-	sent, elapsed, err := offerLoad(ctx, e.sz.latencyRate, e.sz.latencyDur, 16, func() error {
-		var id uuid.UUID
-		err := pgx.BeginFunc(ctx, wpool, func(tx pgx.Tx) error {
-			oid, _ := uuid.NewV7()
-			if _, err := tx.Exec(ctx, `INSERT INTO `+s.schema+`.orders (order_id, customer_id, total_cents) VALUES ($1, $2, $3)`, oid, "customer-42", 12345); err != nil {
-				return err
-			}
-			recs, err := w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: oid.String(), Type: "OrderCreated", Payload: []byte(payload)})
-			if err == nil {
-				id = recs[0].ID
-			}
-			return err
-		})
-		committed := time.Now()
-		if err != nil {
-			return err
-		}
-		if notifier != nil {
-			notifier.Notify()
-		}
-		mu.Lock()
-		commits[id] = committed
-		mu.Unlock()
-		return nil
-	})
-	offered = float64(sent) / elapsed.Seconds()
+	var afterCommit func()
+	if notifier != nil {
+		afterCommit = notifier.Notify
+	}
+	commits, offered, elapsed, err := load.offer(ctx, afterCommit)
 	e.logf("%s: relay %s", name, ph.String(elapsed))
 	if err != nil {
 		return nil, 0, err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for rec.count() < len(commits) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	missing := 0
-	for id, c := range commits {
-		a, ok := rec.acks[id]
-		if !ok {
-			missing++
-			continue
-		}
-		lat = append(lat, a.Sub(c))
-	}
-	if missing > 0 {
-		return nil, 0, fmt.Errorf("%d of %d events not acknowledged 30s after the load ended", missing, len(commits))
+	if lat, err = rec.latencies(commits); err != nil {
+		return nil, 0, err
 	}
 	return lat, offered, nil
 }

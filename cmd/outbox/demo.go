@@ -365,8 +365,9 @@ func (d *demoRun) setUp(ctx context.Context) error {
 		return err
 	}
 	d.consumer, err = inventory.New(d.pool, inventory.Config{
-		Schema: d.where.Schema, Stream: consOpts.NATSStream, SubjectPrefix: consOpts.NATSSubjectPrefix,
-		AckWait: 5 * time.Second, SessionTimeout: session, Logger: d.log, SagaEvents: d.where.Saga,
+		Settings: inventory.Settings{Schema: d.where.Schema, Stream: consOpts.NATSStream, SubjectPrefix: consOpts.NATSSubjectPrefix,
+			AckWait: 5 * time.Second, Logger: d.log},
+		SessionTimeout: session, SagaEvents: d.where.Saga,
 	})
 	return err
 }

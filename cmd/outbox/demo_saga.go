@@ -86,16 +86,16 @@ func (d *demoRun) setUpSaga(ctx context.Context) error {
 	if s.js, err = jetstream.New(nc); err != nil {
 		return err
 	}
-	if s.payments, err = payments.New(d.pool, payments.Config{Schema: d.where.Schema, Stream: opts.NATSStream,
-		SubjectPrefix: opts.NATSSubjectPrefix, Provider: s.client, Mode: mode, AckWait: 30 * time.Second,
+	if s.payments, err = payments.New(d.pool, payments.Config{Settings: payments.Settings{Schema: d.where.Schema, Stream: opts.NATSStream,
+		SubjectPrefix: opts.NATSSubjectPrefix, AckWait: 30 * time.Second, Logger: d.log}, Provider: s.client, Mode: mode,
 		// Mode neither: call again after a lost response, so that the
 		// duplicates it causes are measured.
 		BlindRetry:  mode == provider.ModeNeither,
-		CallTimeout: 5 * time.Second, CheckInterval: 100 * time.Millisecond, Logger: d.log}); err != nil {
+		CallTimeout: 5 * time.Second, CheckInterval: 100 * time.Millisecond}); err != nil {
 		return err
 	}
-	if s.saga, err = saga.New(d.pool, d.api, saga.Config{Schema: d.where.Schema, Stream: opts.NATSStream,
-		SubjectPrefix: opts.NATSSubjectPrefix, Logger: d.log}); err != nil {
+	if s.saga, err = saga.New(d.pool, d.api, saga.Config{Settings: saga.Settings{Schema: d.where.Schema, Stream: opts.NATSStream,
+		SubjectPrefix: opts.NATSSubjectPrefix, Logger: d.log}}); err != nil {
 		return err
 	}
 	d.saga = s

@@ -15,6 +15,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/pgoutbox/outbox/examples/orders/internal/natsloop"
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
 	"github.com/pgoutbox/outbox/outboxamqp"
 )
@@ -104,9 +105,9 @@ func (c *Consumer) RunAMQP(ctx context.Context, amqpURL, exchange, routingKey st
 			failures = 0 // it ran a while: start the delays again
 		}
 		failures++
-		d := retryDelay(failures, 250*time.Millisecond, 5*time.Second)
+		d := natsloop.Backoff(failures, 250*time.Millisecond, 5*time.Second)
 		c.log.Warn("amqp session ended; reconnecting", slog.Any("error", err), slog.Duration("retry_in", d))
-		sleep(ctx, d)
+		natsloop.Sleep(ctx, d)
 	}
 	c.log.Info("inventory consumer stopped", slog.Any("stats", c.Stats()))
 	return nil
@@ -206,7 +207,7 @@ func (c *Consumer) processAMQP(ctx context.Context, d amqp.Delivery, attempts *s
 	// again, or dropAck: the failpoint skips the ack as a crash there
 	// would, and the broker delivers the message again.
 	attempts.Store(d.MessageId, delivery)
-	sleep(ctx, wait)
+	natsloop.Sleep(ctx, wait)
 	_ = d.Nack(false, true)
 }
 

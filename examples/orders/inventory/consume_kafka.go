@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/examples/orders/internal/natsloop"
 	"github.com/pgoutbox/outbox/outboxkafka"
 )
 
@@ -49,9 +50,9 @@ func (c *Consumer) RunKafka(ctx context.Context, brokers []string, topic string,
 			continue
 		}
 		failures++
-		d := retryDelay(failures, 250*time.Millisecond, 5*time.Second)
+		d := natsloop.Backoff(failures, 250*time.Millisecond, 5*time.Second)
 		c.log.Warn("kafka session ended; rejoining", slog.Any("error", err), slog.Duration("retry_in", d))
-		sleep(ctx, d)
+		natsloop.Sleep(ctx, d)
 	}
 	c.log.Info("inventory consumer stopped", slog.Any("stats", c.Stats()))
 	return nil
@@ -94,7 +95,7 @@ func (c *Consumer) kafkaSession(ctx context.Context, brokers []string, topic str
 			}
 		})
 		if fetchFailed && fs.NumRecords() == 0 {
-			sleep(ctx, 250*time.Millisecond) // the client retries; do not spin on its errors
+			natsloop.Sleep(ctx, 250*time.Millisecond) // the client retries; do not spin on its errors
 		}
 		done, dropped := c.kafkaBatch(ctx, fs)
 		if len(done) > 0 {
@@ -168,7 +169,7 @@ func (c *Consumer) kafkaPartition(ctx context.Context, recs []*kgo.Record) (last
 			if ctx.Err() != nil {
 				return last, false // delivered again to whoever has the partition next
 			}
-			sleep(ctx, d)
+			natsloop.Sleep(ctx, d)
 		}
 		last = r
 	}

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgoutbox/outbox/examples/orders/internal/natsloop"
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
 	"github.com/pgoutbox/outbox/outboxnats"
 )
@@ -52,7 +52,7 @@ func (c *Consumer) RunNATS(ctx context.Context, js jetstream.JetStream) error {
 		if err != nil {
 			break // ctx ended
 		}
-		err = c.consume(ctx, cons)
+		err = natsloop.Consume(ctx, cons, c.cfg.Workers, c.log, c.process)
 		if ctx.Err() != nil {
 			break
 		}
@@ -60,9 +60,9 @@ func (c *Consumer) RunNATS(ctx context.Context, js jetstream.JetStream) error {
 			return fmt.Errorf("inventory: %w", err)
 		}
 		failures++
-		d := retryDelay(failures, 250*time.Millisecond, 5*time.Second)
+		d := natsloop.Backoff(failures, 250*time.Millisecond, 5*time.Second)
 		c.log.Warn("message iterator ended; restarting", slog.Any("error", err), slog.Duration("retry_in", d))
-		sleep(ctx, d)
+		natsloop.Sleep(ctx, d)
 	}
 	c.log.Info("inventory consumer stopped", slog.Any("stats", c.Stats()))
 	return nil
@@ -81,7 +81,7 @@ func (c *Consumer) ensureConsumer(ctx context.Context, js jetstream.JetStream) (
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		d := retryDelay(attempt, 100*time.Millisecond, 5*time.Second)
+		d := natsloop.Backoff(attempt, 100*time.Millisecond, 5*time.Second)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			if attempt == 1 {
 				c.log.Info("stream does not exist yet; waiting for the relay to create it", slog.String("stream", c.cfg.Stream))
@@ -89,51 +89,7 @@ func (c *Consumer) ensureConsumer(ctx context.Context, js jetstream.JetStream) (
 		} else {
 			c.log.Warn("create consumer", slog.Any("error", err), slog.Duration("retry_in", d))
 		}
-		sleep(ctx, d)
-	}
-}
-
-// consume runs the workers over one message iterator until ctx ends (nil)
-// or the iterator fails.
-func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
-	// A buffer of a few messages per worker keeps the workers busy; it is
-	// far below what they process within the ack wait.
-	it, err := cons.Messages(jetstream.PullMaxMessages(16 * c.cfg.Workers))
-	if err != nil {
-		return fmt.Errorf("pull messages: %w", err)
-	}
-	// On shutdown, stop pulling but hand out what is buffered: those
-	// messages are processed and acked rather than left to time out.
-	stop := context.AfterFunc(ctx, it.Drain)
-	defer stop()
-	defer it.Stop()
-
-	work := make(chan jetstream.Msg)
-	var wg sync.WaitGroup
-	for range c.cfg.Workers {
-		wg.Go(func() {
-			for m := range work {
-				c.process(ctx, m)
-			}
-		})
-	}
-	defer func() { close(work); wg.Wait() }()
-	for {
-		m, err := it.Next()
-		switch {
-		case err == nil:
-			work <- m
-		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		case errors.Is(err, jetstream.ErrNoHeartbeat):
-			// The broker is unreachable; the iterator recovers by itself.
-			c.log.Warn("no heartbeat from the broker; waiting", slog.Any("error", err))
-		default:
-			c.log.Warn("pull messages", slog.Any("error", err))
-		}
+		natsloop.Sleep(ctx, d)
 	}
 }
 

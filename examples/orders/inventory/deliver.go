@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/examples/orders/internal/natsloop"
 	"github.com/pgoutbox/outbox/inbox"
 	"github.com/pgoutbox/outbox/internal/failpoint"
 )
@@ -37,7 +38,7 @@ func (c *Consumer) deliver(ctx context.Context, msg outbox.Message, delivery int
 	defer cancel()
 	out, err := c.Handle(hctx, msg)
 	if err != nil {
-		d := retryDelay(delivery, c.cfg.RetryDelay, RetryDelayMax)
+		d := natsloop.Backoff(delivery, c.cfg.RetryDelay, RetryDelayMax)
 		c.log.Warn("apply event failed; redelivering", slog.String("event_id", msg.ID.String()),
 			slog.String("order_id", msg.AggregateID), slog.Int64("sequence", msg.Sequence),
 			slog.Int("delivery", delivery), slog.Duration("retry_in", d), slog.Any("error", err))
@@ -45,7 +46,7 @@ func (c *Consumer) deliver(ctx context.Context, msg outbox.Message, delivery int
 	}
 	if out == inbox.Early {
 		// An earlier event of this order is not applied yet: let it arrive.
-		return again, retryDelay(delivery, c.cfg.EarlyDelay, 10*time.Second)
+		return again, natsloop.Backoff(delivery, c.cfg.EarlyDelay, 10*time.Second)
 	}
 	if out == inbox.Duplicate {
 		// Worth a line: a duplicate means a failure upstream (a lost ack, a
@@ -57,22 +58,4 @@ func (c *Consumer) deliver(ctx context.Context, msg outbox.Message, delivery int
 		return dropAck, c.cfg.EarlyDelay
 	}
 	return settle, 0
-}
-
-// retryDelay doubles base for each attempt after the first, up to max.
-func retryDelay(attempt int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	return min(d, max)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

@@ -32,12 +32,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/examples/orders/internal/natsloop"
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
 	"github.com/pgoutbox/outbox/examples/orders/ordersdb"
 	"github.com/pgoutbox/outbox/inbox"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/outboxmigrate"
-	"github.com/pgoutbox/outbox/outboxnats"
 )
 
 // Defaults for Config.
@@ -62,32 +62,19 @@ const (
 // committed offset.
 const FailpointAfterCommitBeforeAck = "consumer/after-commit-before-ack"
 
+// Settings are the settings the example NATS consumers share.
+type Settings = natsloop.Settings
+
 // Config configures a Consumer.
 type Config struct {
-	// Schema holds the inbox tables. Defaults to "outbox".
-	Schema string
+	// Settings are the consumer's settings: Schema holds the inbox tables
+	// (and the outbox of SagaEvents); Durable also names the Kafka consumer
+	// group and the RabbitMQ queue AMQPQueue(exchange, Durable); Workers
+	// counts messages (NATS) or partitions (Kafka) processed at once; half
+	// of AckWait (1s to 10s) is the AMQP heartbeat.
+	Settings
 	// AppSchema holds the inventory tables. Defaults to Schema.
 	AppSchema string
-	// Stream is the JetStream stream the order events are in. Defaults to
-	// outboxnats.StreamDefault.
-	Stream string
-	// SubjectPrefix is the events' subject prefix; the consumer filters on
-	// "<prefix>.order.>". Defaults to outboxnats.SubjectPrefixDefault.
-	SubjectPrefix string
-	// Durable names the JetStream durable consumer, the Kafka consumer
-	// group, or the RabbitMQ queue AMQPQueue(exchange, Durable). Defaults
-	// to DurableDefault.
-	Durable string
-	// InboxConsumer is the consumer name in the inbox tables. Defaults to
-	// InboxConsumerDefault.
-	InboxConsumer string
-	// Workers is how many messages (NATS), or partitions (Kafka), are
-	// processed at once. Defaults to WorkersDefault.
-	Workers int
-	// AckWait is how long JetStream waits for an ack before redelivering;
-	// it also bounds the handling of one delivery, and half of it (1s to
-	// 10s) is the AMQP heartbeat. Defaults to AckWaitDefault.
-	AckWait time.Duration
 	// SessionTimeout is how long the Kafka group waits for a silent member
 	// before it hands the member's partitions to another; a rebalance waits
 	// twice as long for the members to rejoin. Defaults to
@@ -96,9 +83,6 @@ type Config struct {
 	// EarlyDelay is the redelivery delay of an event that arrived before an
 	// earlier event of its order was applied. Defaults to EarlyDelayDefault.
 	EarlyDelay time.Duration
-	// RetryDelay is the first redelivery delay after a failure; it doubles
-	// with each delivery up to RetryDelayMax. Defaults to RetryDelayDefault.
-	RetryDelay time.Duration
 	// AMQPTLS is the TLS configuration of an amqps:// broker (RunAMQP);
 	// nil verifies against the system's roots. Run sets it from the
 	// destination URL's ca_file, cert_file and key_file.
@@ -108,8 +92,6 @@ type Config struct {
 	// each OrderCreated, through the outbox in Schema, in the inbox
 	// transaction that reserves the stock. Off, it records no events.
 	SagaEvents bool
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
 	// TracerProvider receives the inbox's CONSUMER span of each delivery
 	// (and the webhook receiver's), continuing the trace of the order
 	// request, and a "reserve stock" or "release stock" span inside it. Nil
@@ -119,41 +101,16 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Schema == "" {
-		c.Schema = pgident.DefaultSchema
-	}
+	c.Settings = natsloop.WithDefaults(c.Settings, Settings{Durable: DurableDefault, InboxConsumer: InboxConsumerDefault,
+		Workers: WorkersDefault, AckWait: AckWaitDefault, RetryDelay: RetryDelayDefault})
 	if c.AppSchema == "" {
 		c.AppSchema = c.Schema
-	}
-	if c.Stream == "" {
-		c.Stream = outboxnats.StreamDefault
-	}
-	if c.SubjectPrefix == "" {
-		c.SubjectPrefix = outboxnats.SubjectPrefixDefault
-	}
-	if c.Durable == "" {
-		c.Durable = DurableDefault
-	}
-	if c.InboxConsumer == "" {
-		c.InboxConsumer = InboxConsumerDefault
-	}
-	if c.Workers <= 0 {
-		c.Workers = WorkersDefault
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = AckWaitDefault
 	}
 	if c.SessionTimeout <= 0 {
 		c.SessionTimeout = SessionTimeoutDefault
 	}
 	if c.EarlyDelay <= 0 {
 		c.EarlyDelay = EarlyDelayDefault
-	}
-	if c.RetryDelay <= 0 {
-		c.RetryDelay = RetryDelayDefault
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	return c
 }

@@ -78,8 +78,8 @@ func (e *amqpEnv) destination() string { return e.url + "?exchange=" + url.Query
 
 func (e *amqpEnv) consumer() *inventory.Consumer {
 	e.t.Helper()
-	c, err := inventory.New(e.pool, inventory.Config{Schema: e.schema, Durable: "inv", Workers: 2, AckWait: 2 * time.Second,
-		EarlyDelay: 20 * time.Millisecond, RetryDelay: 50 * time.Millisecond})
+	c, err := inventory.New(e.pool, inventory.Config{Settings: inventory.Settings{Schema: e.schema, Durable: "inv", Workers: 2,
+		AckWait: 2 * time.Second, RetryDelay: 50 * time.Millisecond}, EarlyDelay: 20 * time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestAMQPNeverPrintsThePassword(t *testing.T) {
 	t.Parallel()
 	pool, schema := outboxtest.Schema(t)
 	var logs syncBuffer
-	c, err := inventory.New(pool, inventory.Config{Schema: schema, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	c, err := inventory.New(pool, inventory.Config{Settings: inventory.Settings{Schema: schema, Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,8 +55,8 @@ func newKafkaEnv(t *testing.T) *kafkaEnv {
 // consumer returns a new consumer (a new member of the group "inv").
 func (e *kafkaEnv) consumer() *inventory.Consumer {
 	e.t.Helper()
-	c, err := inventory.New(e.pool, inventory.Config{Schema: e.schema, Durable: "inv", Workers: 2,
-		SessionTimeout: 2 * time.Second, EarlyDelay: 20 * time.Millisecond, RetryDelay: 50 * time.Millisecond})
+	c, err := inventory.New(e.pool, inventory.Config{Settings: inventory.Settings{Schema: e.schema, Durable: "inv", Workers: 2,
+		RetryDelay: 50 * time.Millisecond}, SessionTimeout: 2 * time.Second, EarlyDelay: 20 * time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -64,8 +64,9 @@ func newEnv(t *testing.T) *env {
 		}
 	})
 	e.cons, err = inventory.New(pool, inventory.Config{
-		Schema: schema, Stream: e.stream, SubjectPrefix: e.prefix, Durable: "inventory-test",
-		AckWait: 5 * time.Second, EarlyDelay: 20 * time.Millisecond, RetryDelay: 50 * time.Millisecond,
+		Settings: inventory.Settings{Schema: schema, Stream: e.stream, SubjectPrefix: e.prefix, Durable: "inventory-test",
+			AckWait: 5 * time.Second, RetryDelay: 50 * time.Millisecond},
+		EarlyDelay: 20 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -56,8 +56,8 @@ func newWebhookEnv(t *testing.T, secret string, run func(ctx context.Context, c 
 	if err := inventory.Migrate(ctx, pool, schema, ""); err != nil {
 		t.Fatal(err)
 	}
-	c, err := inventory.New(pool, inventory.Config{Schema: schema, AckWait: 5 * time.Second,
-		EarlyDelay: 20 * time.Millisecond, RetryDelay: 50 * time.Millisecond})
+	c, err := inventory.New(pool, inventory.Config{Settings: inventory.Settings{Schema: schema, AckWait: 5 * time.Second,
+		RetryDelay: 50 * time.Millisecond}, EarlyDelay: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestWebhookRunFromURL(t *testing.T) {
 func TestWebhookNeedsASecret(t *testing.T) {
 	t.Setenv(outboxwebhook.EnvSecret, "")
 	pool, schema := outboxtest.Schema(t)
-	c, err := inventory.New(pool, inventory.Config{Schema: schema})
+	c, err := inventory.New(pool, inventory.Config{Settings: inventory.Settings{Schema: schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

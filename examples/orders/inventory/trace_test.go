@@ -40,9 +40,9 @@ func TestTraceFromRequestToInventory(t *testing.T) {
 	e.createStream()
 	var err error
 	e.cons, err = inventory.New(e.pool, inventory.Config{
-		Schema: e.schema, Stream: e.stream, SubjectPrefix: e.prefix, Durable: "inventory-test",
-		AckWait: 5 * time.Second, EarlyDelay: 20 * time.Millisecond, RetryDelay: 50 * time.Millisecond,
-		TracerProvider: tp,
+		Settings: inventory.Settings{Schema: e.schema, Stream: e.stream, SubjectPrefix: e.prefix, Durable: "inventory-test",
+			AckWait: 5 * time.Second, RetryDelay: 50 * time.Millisecond},
+		EarlyDelay: 20 * time.Millisecond, TracerProvider: tp,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -22,7 +22,6 @@ import (
 	"github.com/pgoutbox/outbox/inbox"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/outboxmigrate"
-	"github.com/pgoutbox/outbox/outboxnats"
 	"github.com/pgoutbox/outbox/sideeffect"
 )
 
@@ -40,22 +39,18 @@ const (
 	RefundName = "payments.refund"
 )
 
+// Settings are the settings the example NATS consumers share.
+type Settings = natsloop.Settings
+
 // Config configures a Consumer.
 type Config struct {
-	// Schema holds the outbox, inbox and side_effects tables. Defaults to
-	// "outbox".
-	Schema string
+	// Settings are the NATS consumer's settings: Schema holds the outbox,
+	// inbox and side_effects tables; Durable is the durable consumers' name
+	// prefix; AckWait bounds the handling of one delivery (a charge and its
+	// record), so it must exceed CallTimeout.
+	Settings
 	// AppSchema holds the payments table. Defaults to Schema.
 	AppSchema string
-	// Stream and SubjectPrefix locate the events in NATS JetStream.
-	Stream, SubjectPrefix string
-	// Durable is the JetStream durable consumer; InboxConsumer the inbox's
-	// consumer name.
-	Durable, InboxConsumer string
-	Workers                int
-	// AckWait bounds the handling of one delivery (a charge and its
-	// record); it must exceed CallTimeout.
-	AckWait time.Duration
 	// Provider is the payment provider's client; Mode is the provider's
 	// mode, which decides the helper's mode and lookups.
 	Provider *provider.Client
@@ -72,12 +67,8 @@ type Config struct {
 	// refund stays unknown; then RefundFailed is recorded. Defaults to
 	// RefundAttemptsDefault.
 	RefundAttempts int
-	// RetryDelay is the first redelivery delay; it doubles up to
-	// RetryDelayMax.
-	RetryDelay time.Duration
 	// Observer receives the helper's observations (metrics). Optional.
 	Observer sideeffect.Observer
-	Logger   *slog.Logger
 }
 
 // Stats are the consumer's running totals.
@@ -120,38 +111,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if pool == nil || cfg.Provider == nil {
 		return nil, errors.New("payments: New needs a pool and a provider client")
 	}
-	if cfg.Schema == "" {
-		cfg.Schema = pgident.DefaultSchema
-	}
+	cfg.Settings = natsloop.WithDefaults(cfg.Settings, Settings{Durable: DurableDefault, InboxConsumer: InboxConsumerDefault,
+		Workers: WorkersDefault, AckWait: AckWaitDefault, RetryDelay: RetryDelayDefault})
 	if cfg.AppSchema == "" {
 		cfg.AppSchema = cfg.Schema
 	}
-	if cfg.Stream == "" {
-		cfg.Stream = outboxnats.StreamDefault
-	}
-	if cfg.SubjectPrefix == "" {
-		cfg.SubjectPrefix = outboxnats.SubjectPrefixDefault
-	}
-	if cfg.Durable == "" {
-		cfg.Durable = DurableDefault
-	}
-	if cfg.InboxConsumer == "" {
-		cfg.InboxConsumer = InboxConsumerDefault
-	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = WorkersDefault
-	}
-	if cfg.AckWait <= 0 {
-		cfg.AckWait = AckWaitDefault
-	}
 	if cfg.RefundAttempts <= 0 {
 		cfg.RefundAttempts = RefundAttemptsDefault
-	}
-	if cfg.RetryDelay <= 0 {
-		cfg.RetryDelay = RetryDelayDefault
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	if cfg.Mode == "" {
 		cfg.Mode = provider.ModeIdempotent

@@ -24,8 +24,6 @@ import (
 	"github.com/pgoutbox/outbox/examples/orders/orderevents"
 	"github.com/pgoutbox/outbox/examples/orders/ordersapi"
 	"github.com/pgoutbox/outbox/inbox"
-	"github.com/pgoutbox/outbox/internal/pgident"
-	"github.com/pgoutbox/outbox/outboxnats"
 )
 
 // Defaults of Config.
@@ -38,19 +36,14 @@ const (
 	RetryDelayMax        = 10 * time.Second
 )
 
+// Settings are the settings the example NATS consumers share.
+type Settings = natsloop.Settings
+
 // Config configures a Consumer.
 type Config struct {
-	// Schema holds the outbox and inbox tables. Defaults to "outbox".
-	Schema string
-	// Stream and SubjectPrefix locate the events in NATS JetStream.
-	Stream, SubjectPrefix string
-	// Durable is the JetStream durable consumer, InboxConsumer the inbox's
-	// consumer name.
-	Durable, InboxConsumer string
-	Workers                int
-	AckWait                time.Duration
-	RetryDelay             time.Duration
-	Logger                 *slog.Logger
+	// Settings are the NATS consumer's settings: Schema holds the outbox
+	// and inbox tables; Durable is the durable consumers' name prefix.
+	Settings
 }
 
 // Consumer applies the saga's events to the orders.
@@ -68,33 +61,8 @@ func New(pool *pgxpool.Pool, svc *ordersapi.Service, cfg Config) (*Consumer, err
 	if pool == nil || svc == nil {
 		return nil, errors.New("saga: New needs a pool and the order service")
 	}
-	if cfg.Schema == "" {
-		cfg.Schema = pgident.DefaultSchema
-	}
-	if cfg.Stream == "" {
-		cfg.Stream = outboxnats.StreamDefault
-	}
-	if cfg.SubjectPrefix == "" {
-		cfg.SubjectPrefix = outboxnats.SubjectPrefixDefault
-	}
-	if cfg.Durable == "" {
-		cfg.Durable = DurableDefault
-	}
-	if cfg.InboxConsumer == "" {
-		cfg.InboxConsumer = InboxConsumerDefault
-	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = WorkersDefault
-	}
-	if cfg.AckWait <= 0 {
-		cfg.AckWait = AckWaitDefault
-	}
-	if cfg.RetryDelay <= 0 {
-		cfg.RetryDelay = RetryDelayDefault
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Settings = natsloop.WithDefaults(cfg.Settings, Settings{Durable: DurableDefault, InboxConsumer: InboxConsumerDefault,
+		Workers: WorkersDefault, AckWait: AckWaitDefault, RetryDelay: RetryDelayDefault})
 	in, err := inbox.New(pool, inbox.Config{Consumer: cfg.InboxConsumer, Schema: cfg.Schema})
 	if err != nil {
 		return nil, err

@@ -118,19 +118,19 @@ func newEnv(t *testing.T, mode provider.Mode) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := inventory.New(pool, inventory.Config{Schema: schema, Stream: stream, SubjectPrefix: prefix,
-		AckWait: 10 * time.Second, EarlyDelay: 20 * time.Millisecond, RetryDelay: 50 * time.Millisecond, SagaEvents: true, Logger: log})
+	inv, err := inventory.New(pool, inventory.Config{Settings: inventory.Settings{Schema: schema, Stream: stream, SubjectPrefix: prefix,
+		AckWait: 10 * time.Second, RetryDelay: 50 * time.Millisecond, Logger: log}, EarlyDelay: 20 * time.Millisecond, SagaEvents: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pay, err := payments.New(pool, payments.Config{Schema: schema, Stream: stream, SubjectPrefix: prefix,
-		Provider: client, Mode: mode, AckWait: 20 * time.Second, CallTimeout: 2 * time.Second,
-		CheckInterval: 50 * time.Millisecond, RefundAttempts: 3, RetryDelay: 20 * time.Millisecond, Logger: log})
+	pay, err := payments.New(pool, payments.Config{Settings: payments.Settings{Schema: schema, Stream: stream, SubjectPrefix: prefix,
+		AckWait: 20 * time.Second, RetryDelay: 20 * time.Millisecond, Logger: log}, Provider: client, Mode: mode,
+		CallTimeout: 2 * time.Second, CheckInterval: 50 * time.Millisecond, RefundAttempts: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sg, err := saga.New(pool, api, saga.Config{Schema: schema, Stream: stream, SubjectPrefix: prefix,
-		AckWait: 10 * time.Second, RetryDelay: 20 * time.Millisecond, Logger: log})
+	sg, err := saga.New(pool, api, saga.Config{Settings: saga.Settings{Schema: schema, Stream: stream, SubjectPrefix: prefix,
+		AckWait: 10 * time.Second, RetryDelay: 20 * time.Millisecond, Logger: log}})
 	if err != nil {
 		t.Fatal(err)
 	}

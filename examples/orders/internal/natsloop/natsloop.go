@@ -1,8 +1,12 @@
-// Package natsloop runs the saga consumers' JetStream loop (payments and the
-// order service's saga consumer): a durable pull consumer filtered on some
-// aggregate types, workers that hand each decoded event to a handler, and
-// an ack only once the handler says the event is settled; otherwise a nak
-// with the handler's delay, so JetStream delivers it again.
+// Package natsloop is the example consumers' shared JetStream code. Run is
+// the saga consumers' loop (payments and the order service's saga
+// consumer): a durable pull consumer per aggregate type, workers that hand
+// each decoded event to a handler, and an ack only once the handler says
+// the event is settled; otherwise a nak with the handler's delay, so
+// JetStream delivers it again. The inventory consumer, which keeps its own
+// durable consumer and verdicts, shares Consume (the workers over one
+// message iterator), Backoff and Sleep (for all its transports). Settings
+// are the settings (and the defaulting) the three consumers share.
 package natsloop
 
 import (
@@ -68,10 +72,10 @@ func runOne(ctx context.Context, js jetstream.JetStream, cfg Config, aggregateTy
 			if !errors.Is(err, jetstream.ErrStreamNotFound) && ctx.Err() == nil {
 				log.Warn("create consumer", slog.Any("error", err))
 			}
-			sleep(ctx, Backoff(attempt, 100*time.Millisecond, 5*time.Second))
+			Sleep(ctx, Backoff(attempt, 100*time.Millisecond, 5*time.Second))
 			continue
 		}
-		err = consume(ctx, cons, cfg, h)
+		err = Consume(ctx, cons, cfg.Workers, log, func(ctx context.Context, m jetstream.Msg) { process(ctx, m, cfg, h) })
 		if ctx.Err() != nil {
 			break
 		}
@@ -79,13 +83,19 @@ func runOne(ctx context.Context, js jetstream.JetStream, cfg Config, aggregateTy
 			return fmt.Errorf("%s: %w", cfg.Durable, err)
 		}
 		log.Warn("message iterator ended; restarting", slog.Any("error", err))
-		sleep(ctx, Backoff(attempt, 250*time.Millisecond, 5*time.Second))
+		Sleep(ctx, Backoff(attempt, 250*time.Millisecond, 5*time.Second))
 	}
 	return nil
 }
 
-func consume(ctx context.Context, cons jetstream.Consumer, cfg Config, h Handler) error {
-	it, err := cons.Messages(jetstream.PullMaxMessages(16 * cfg.Workers))
+// Consume hands the messages of one iterator over cons to workers
+// goroutines, each calling process for one message, until ctx ends (nil) or
+// the iterator fails. It pulls a few messages per worker, far below what
+// they process within the ack wait. When ctx ends it stops pulling but
+// hands out what is buffered, so those messages are processed and acked
+// rather than left to time out, and returns once the workers are done.
+func Consume(ctx context.Context, cons jetstream.Consumer, workers int, log *slog.Logger, process func(context.Context, jetstream.Msg)) error {
+	it, err := cons.Messages(jetstream.PullMaxMessages(16 * workers))
 	if err != nil {
 		return fmt.Errorf("pull messages: %w", err)
 	}
@@ -94,10 +104,10 @@ func consume(ctx context.Context, cons jetstream.Consumer, cfg Config, h Handler
 	defer it.Stop()
 	work := make(chan jetstream.Msg)
 	var wg sync.WaitGroup
-	for range cfg.Workers {
+	for range workers {
 		wg.Go(func() {
 			for m := range work {
-				process(ctx, m, cfg, h)
+				process(ctx, m)
 			}
 		})
 	}
@@ -113,9 +123,10 @@ func consume(ctx context.Context, cons jetstream.Consumer, cfg Config, h Handler
 			}
 			return err
 		case errors.Is(err, jetstream.ErrNoHeartbeat):
-			cfg.Logger.Warn("no heartbeat from the broker; waiting", slog.Any("error", err))
+			// The broker is unreachable; the iterator recovers by itself.
+			log.Warn("no heartbeat from the broker; waiting", slog.Any("error", err))
 		default:
-			cfg.Logger.Warn("pull messages", slog.Any("error", err))
+			log.Warn("pull messages", slog.Any("error", err))
 		}
 	}
 }
@@ -156,7 +167,8 @@ func Backoff(attempt int, base, max time.Duration) time.Duration {
 	return min(d, max)
 }
 
-func sleep(ctx context.Context, d time.Duration) {
+// Sleep waits for d or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
