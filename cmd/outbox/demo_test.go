@@ -105,7 +105,7 @@ func checkSagaReport(t *testing.T, report, mode string) {
 			}
 			continue
 		}
-		if !line || !regexp.MustCompile(`(?m)^violations ` + inv + `\s+0\s`).MatchString(report) {
+		if !line || !regexp.MustCompile(`(?m)^violations `+inv+`\s+0\s`).MatchString(report) {
 			t.Errorf("the report does not say %s has no violations", inv)
 		}
 	}
