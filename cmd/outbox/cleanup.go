@@ -51,12 +51,9 @@ func runCleanup(ctx context.Context, args []string) error {
 	batch := fs.Int("batch-size", outbox.CleanupBatchSizeDefault, "rows deleted per transaction")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
 	quiet := fs.Bool("quiet", false, "no progress lines")
-	pos, err := cli.ParseWithArgs(fs, args)
+	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return cli.Usagef(fs, "unexpected argument %q", pos[0])
 	}
 	if err := horizons.check("", true); err != nil {
 		return cli.Usagef(fs, "%v", err)

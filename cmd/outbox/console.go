@@ -52,13 +52,11 @@ func runConsole(ctx context.Context, args []string) error {
 	inboxSchema := fs.String("inbox-schema", cli.Env("OUTBOX_INBOX_SCHEMA", ""), "schema of the inbox tables whose consumers are shown (env OUTBOX_INBOX_SCHEMA; default: --schema)")
 	refresh := fs.Duration("refresh", outboxconsole.RefreshDefault, "how often pages reload themselves; 0 turns it off")
 	pageSize := fs.Int("page-size", outboxconsole.PageSizeDefault, "rows per list page")
-	pos, err := cli.ParseWithArgs(fs, args)
+	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	switch {
-	case len(pos) > 0:
-		return cli.Usagef(fs, "unexpected argument %q", pos[0])
 	case *pageSize < 1 || *pageSize > 1000:
 		return cli.Usagef(fs, "--page-size %d must be between 1 and 1000", *pageSize)
 	case *refresh < 0:

@@ -66,12 +66,9 @@ sequence expected, the lowest one seen since, and since when. Reads only the wai
 	aggType := fs.String("aggregate-type", "", "only this aggregate type")
 	limit := fs.Int("limit", 100, "most aggregates listed")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	pos, err := cli.ParseWithArgs(fs, args)
+	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return cli.Usagef(fs, "unexpected argument %q", pos[0])
 	}
 	if *limit < 1 {
 		return cli.Usagef(fs, "--limit %d must be positive", *limit)

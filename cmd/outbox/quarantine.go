@@ -42,12 +42,9 @@ func quarantineList(ctx context.Context, args []string) error {
 	aggType := fs.String("aggregate-type", "", "only this aggregate type")
 	limit := fs.Int("limit", 100, "most events listed")
 	asJSON := fs.Bool("json", false, "print the events as JSON")
-	pos, err := cli.ParseWithArgs(fs, args)
+	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return cli.Usagef(fs, "unexpected argument %q", pos[0])
 	}
 	if *limit < 1 {
 		return cli.Usagef(fs, "--limit %d must be positive", *limit)

@@ -37,14 +37,12 @@ func runReplay(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.BatchSize, "batch-size", outbox.ReplayBatchSizeDefault, "events read per query")
 	fs.StringVar(&cfg.By, "by", cli.CurrentUser(), "who replays, recorded in the audit log")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
-	pos, err := cli.ParseWithArgs(fs, args)
+	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	cfg.Since, cfg.Until = since.T, until.T
 	switch {
-	case len(pos) > 0:
-		return cli.Usagef(fs, "unexpected argument %q", pos[0])
 	case cfg.BatchSize < 1:
 		return cli.Usagef(fs, "--batch-size %d must be positive", cfg.BatchSize)
 	case cfg.By == "":

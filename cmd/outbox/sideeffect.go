@@ -70,12 +70,9 @@ attempts and lookups made, why it was parked, the last error.`)
 	name := fs.String("name", "", "only this name (the Caller's Config.Name)")
 	limit := fs.Int("limit", 100, "most attempts listed")
 	asJSON := fs.Bool("json", false, "print the page as JSON")
-	pos, err := cli.ParseWithArgs(fs, args)
+	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return cli.Usagef(fs, "unexpected argument %q", pos[0])
 	}
 	if *limit < 1 {
 		return cli.Usagef(fs, "--limit %d must be positive", *limit)
@@ -122,13 +119,11 @@ timestamps, the last error, the response, why it was parked and the last operato
 	name := fs.String("name", "", "the name (required)")
 	key := fs.String("key", "", "the idempotency key (required)")
 	asJSON := fs.Bool("json", false, "print the attempt as JSON")
-	pos, err := cli.ParseWithArgs(fs, args)
+	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	switch {
-	case len(pos) > 0:
-		return cli.Usagef(fs, "unexpected argument %q", pos[0])
 	case *name == "" || *key == "":
 		return cli.Usagef(fs, "--name and --key are required")
 	}
@@ -203,14 +198,12 @@ recorded on the attempt and in the audit log.`)
 	fs.StringVar(&r.Reason, "reason", "", "why, recorded (required)")
 	fs.StringVar(&r.By, "by", cli.CurrentUser(), "who resolves, recorded")
 	asJSON := fs.Bool("json", false, "print the attempt as resolved, as JSON")
-	pos, err := cli.ParseWithArgs(fs, args)
+	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	r.As = sideeffect.ResolveAs(*as)
 	switch {
-	case len(pos) > 0:
-		return cli.Usagef(fs, "unexpected argument %q", pos[0])
 	case r.Name == "" || r.Key == "":
 		return cli.Usagef(fs, "--name and --key are required")
 	case r.As != sideeffect.ResolveSucceeded && r.As != sideeffect.ResolveFailed && r.As != sideeffect.ResolveRetry:

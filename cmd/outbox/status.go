@@ -32,12 +32,9 @@ func runStatus(ctx context.Context, args []string) error {
 	common.Register(fs)
 	asJSON := fs.Bool("json", false, "print the status as JSON")
 	seSchema := registerSideEffectFlag(fs)
-	pos, err := cli.ParseWithArgs(fs, args)
+	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(pos) > 0 {
-		return cli.Usagef(fs, "unexpected argument %q", pos[0])
 	}
 	admin, pool, err := openAdmin(ctx, common, nil)
 	if err != nil {

@@ -119,18 +119,15 @@ func NewFlagSet(binary, name, usage string) *flag.FlagSet {
 	return fs
 }
 
-// Parse parses args with fs; -h/--help prints usage and ends the program
-// successfully.
+// Parse is ParseWithArgs for commands that take no positional argument:
+// one is refused like a bad flag, in one line.
 func Parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		return ErrUsage
+	pos, err := ParseWithArgs(fs, args)
+	if err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
-		return ErrUsage
+	if len(pos) > 0 {
+		return Usagef(fs, "unexpected argument %q", pos[0])
 	}
 	return nil
 }
