@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"sync"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,4 +42,24 @@ func testSpanContext() trace.SpanContext {
 		SpanID:     trace.SpanID{1, 2, 3, 4, 5, 6, 7, 8},
 		TraceFlags: trace.FlagsSampled,
 	})
+}
+
+// HoldBackgroundMarks makes r's PublishIDs background marks wait until the
+// returned function is called, for tests. Call it before r is used.
+func HoldBackgroundMarks(r *Relay) (release func()) {
+	held := make(chan struct{})
+	r.testHookMarks = func() { <-held }
+	var once sync.Once
+	return func() { once.Do(func() { close(held) }) }
+}
+
+// ClaimIDsStatements returns PublishIDs's claim and missing-ids statements
+// for schema, for plan tests.
+func ClaimIDsStatements(schema string) (claim, missing string, err error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return "", "", err
+	}
+	events := s.Table("outbox_events")
+	return claimIDsSQL(events), missingIDsSQL(events), nil
 }

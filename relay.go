@@ -288,6 +288,10 @@ type Relay struct {
 	running   atomic.Bool
 	health    atomic.Pointer[error] // nil: the last batch went well
 	idsMu     sync.Mutex            // one PublishIDs call at a time
+	idsMarks  *idsMarks             // the last PublishIDs call's marks, written in the background
+	// testHookMarks, set by tests before the relay is used, runs before
+	// background marks are written.
+	testHookMarks func()
 }
 
 // NewRelay validates cfg and returns a relay over pool. Run starts it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -68,6 +69,9 @@ func TestPublishIDsKeepsLaneOrderAndLeavesBlockedLanes(t *testing.T) {
 			t.Fatalf("at the broker: %v; want %v", got, want)
 		}
 	}
+	if err := r.WaitPublishIDs(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if n := unpublished(t, pool, schema); n != 5 {
 		t.Fatalf("%d unpublished events, want 5", n)
 	}
@@ -110,6 +114,84 @@ func TestPublishIDsNeverTakesASuccessorWithoutItsPredecessor(t *testing.T) {
 		t.Fatalf("result %+v; want the whole lane", res)
 	}
 	checkBrokerOrder(t, b.streamEvents(t))
+}
+
+// TestPublishIDsClaimsBehindEventsBeingMarked: a call whose events were all
+// acknowledged returns before their marks are written; the next call claims
+// and publishes their successors meanwhile (after them at the broker), and
+// settles its own only after those marks, so the table never shows a
+// successor published before its predecessor. A polling relay beside it
+// finds nothing to take.
+func TestPublishIDsClaimsBehindEventsBeingMarked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	recs := writeEvents(t, pool, w, 2, 2) // agg-0, agg-1, sequences 1 and 2; recs[round*2+agg]
+	r, err := outbox.NewRelay(pool, quietConfig(schema, b.pub))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := outbox.HoldBackgroundMarks(r)
+	defer release()
+	first := []uuid.UUID{recs[0].ID, recs[1].ID} // sequence 1 of both
+	res, err := r.PublishIDs(ctx, first)
+	if err != nil || res.Published != 2 {
+		t.Fatalf("first call: %+v, %v; want both published", res, err)
+	}
+	if n := unpublished(t, pool, schema); n != 4 {
+		t.Fatalf("%d unpublished events while the marks are held, want 4", n)
+	}
+	// A polling relay meanwhile: sequence 1 is leased, sequence 2 is not a
+	// head while 1 is unpublished in the table.
+	second := make(chan outbox.PublishIDsResult, 1)
+	go func() {
+		res, err := r.PublishIDs(ctx, []uuid.UUID{recs[3].ID, recs[2].ID})
+		if err != nil {
+			t.Error(err)
+		}
+		second <- res
+	}()
+	outboxtest.Eventually(t, 10*time.Second, "sequence 2 at the broker", func() bool { return len(b.streamEvents(t)) == 4 })
+	checkBrokerOrder(t, b.streamEvents(t))
+	if n := unpublished(t, pool, schema); n != 4 {
+		t.Fatalf("%d unpublished events while the first marks are held, want 4: the second call settled first", n)
+	}
+	select {
+	case res := <-second:
+		t.Fatalf("the second call returned (%+v) before the first call's marks were written", res)
+	default:
+	}
+	pcfg := quietConfig(schema, b.pub)
+	pcfg.ID, pcfg.PollInterval = "poll", 5*time.Millisecond
+	claims := &claimCounter{}
+	pcfg.Observer = claims
+	poll, stopPoll := startRelay(t, pool, pcfg)
+	outboxtest.Eventually(t, 10*time.Second, "three polling claims", func() bool { return claims.n.Load() >= 3 })
+	stopPoll()
+	if n := poll.Stats().Claimed; n != 0 {
+		t.Fatalf("a polling relay claimed %d events that PublishIDs holds", n)
+	}
+	release()
+	if res := <-second; res.Published != 2 || res.Left != 0 {
+		t.Fatalf("second call %+v; want both successors published", res)
+	}
+	if err := r.WaitPublishIDs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := unpublished(t, pool, schema); n != 0 {
+		t.Fatalf("%d unpublished events after the marks, want 0", n)
+	}
+	var disorder int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.outbox_events a JOIN `+schema+`.outbox_events b
+		ON a.aggregate_id = b.aggregate_id AND b.aggregate_sequence = a.aggregate_sequence + 1
+		WHERE b.published_at < a.published_at`).Scan(&disorder); err != nil {
+		t.Fatal(err)
+	}
+	if disorder != 0 {
+		t.Fatalf("%d successors marked published before their predecessor", disorder)
+	}
 }
 
 // TestPublishIDsBesidePollingRelays: while writers add events, a CDC-like
@@ -285,6 +367,64 @@ func TestReconcileAfterLeavesYoungEvents(t *testing.T) {
 	for _, m := range msgs {
 		if m.AggregateID != "agg-0" {
 			t.Fatalf("young event %s/%d published by a reconciling relay", m.AggregateID, m.Sequence)
+		}
+	}
+}
+
+// TestClaimIDsLooksUpEachIDByKey: PublishIDs's statements find their rows
+// through the primary key even when the table's statistics were taken while
+// it was empty (a new outbox, or autovacuum behind): planned then, the
+// claim's conditions once steered PostgreSQL to the dispatch index's range
+// over every pending row, and the missing-ids check to a hash of the whole
+// table, each call.
+func TestClaimIDsLooksUpEachIDByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	events := schema + ".outbox_events"
+	if _, err := pool.Exec(ctx, `ANALYZE `+events); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+events+` (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload_bytes)
+		SELECT gen_random_uuid(), 'order', 'o' || g, 1, 'OrderCreated', '{}' FROM generate_series(1, 20000) g`); err != nil {
+		t.Fatal(err)
+	}
+	claim, missing, err := outbox.ClaimIDsStatements(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(ctx, `RESET plan_cache_mode`) }()
+	for name, stmt := range map[string]string{"claim": claim, "missing": missing} {
+		if _, err := conn.Exec(ctx, `PREPARE plan_test AS `+stmt); err != nil {
+			t.Fatal(err)
+		}
+		args := "ARRAY[gen_random_uuid()]"
+		if name == "claim" {
+			args += ", 'r', gen_random_uuid(), 1000, '{}'::uuid[]"
+		}
+		rows, err := conn.Query(ctx, `EXPLAIN EXECUTE plan_test(`+args+`)`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `DEALLOCATE plan_test`); err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Join(plan, "\n")
+		if strings.Contains(text, "Seq Scan on outbox_events") || strings.Contains(text, "outbox_dispatch_idx") ||
+			!strings.Contains(text, "outbox_events_pkey") {
+			t.Errorf("%s statement, planned on statistics of an empty table, does not look each id up by key:\n%s", name, text)
 		}
 	}
 }

@@ -104,7 +104,7 @@ func (r *Relay) publishWaves(ctx context.Context, b batch) (outcome, error) {
 // settleOutcome records a batch's outcome: marks, failure records, and the
 // release of every event that was not attempted.
 func (r *Relay) settleOutcome(ctx context.Context, b batch, o outcome) error {
-	published, failures, outage := o.published, o.failures, o.outage
+	published, failures := o.published, o.failures
 	var unsent []uuid.UUID
 	// Whatever was not attempted goes back to the table untouched.
 	for _, lane := range b.lanes {
@@ -117,17 +117,7 @@ func (r *Relay) settleOutcome(ctx context.Context, b batch, o outcome) error {
 			}
 		}
 	}
-	if outage && len(published) > 0 {
-		outage = r.blameLoneOutages(failures)
-	}
-	for _, id := range published {
-		r.forgetLoneOutage(id)
-	}
-	if outage {
-		r.outages++
-	} else if len(published) > 0 {
-		r.outages = 0
-	}
+	r.settleBookkeeping(o)
 	settleCtx := context.WithoutCancel(ctx)
 	if len(failures) == 0 && len(unsent) == 0 {
 		if len(published) == 0 {
@@ -136,6 +126,25 @@ func (r *Relay) settleOutcome(ctx context.Context, b batch, o outcome) error {
 		return r.markPublished(settleCtx, b, published) // the common case
 	}
 	return r.settleAll(settleCtx, b, published, failures, unsent)
+}
+
+// settleBookkeeping updates the relay's outage counts from a batch's
+// outcome: a batch met an outage unless only lone events did (see
+// blameLoneOutages); a batch that published something ends the run of
+// outages.
+func (r *Relay) settleBookkeeping(o outcome) {
+	outage := o.outage
+	if outage && len(o.published) > 0 {
+		outage = r.blameLoneOutages(o.failures)
+	}
+	for _, id := range o.published {
+		r.forgetLoneOutage(id)
+	}
+	if outage {
+		r.outages++
+	} else if len(o.published) > 0 {
+		r.outages = 0
+	}
 }
 
 func (r *Relay) classify(ev claimedEvent, err error, outage *bool) failure {

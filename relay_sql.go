@@ -172,13 +172,22 @@ func claimable(e string) string {
 // dead index entries would otherwise be walked by every probe). OFFSET 0
 // keeps PostgreSQL from turning the NOT EXISTS into an anti-join, which it
 // may plan as a hash join over every pending row.
-func isHead(events, e string) string {
+func isHead(events, e string) string { return isHeadExcept(events, e, "") }
+
+// isHeadExcept is isHead with a predecessor that meets the extra condition
+// on p (when not empty) counted as published.
+func isHeadExcept(events, e, except string) string {
+	cond := ""
+	if except != "" {
+		cond = `
+		  AND NOT (` + except + `)`
+	}
 	return `NOT EXISTS (
 		SELECT 1 FROM ` + events + ` p
 		WHERE p.published_at IS NULL
 		  AND p.aggregate_type = ` + e + `.aggregate_type
 		  AND p.aggregate_id = ` + e + `.aggregate_id
-		  AND p.aggregate_sequence = ` + e + `.aggregate_sequence - 1
+		  AND p.aggregate_sequence = ` + e + `.aggregate_sequence - 1` + cond + `
 		OFFSET 0)`
 }
 

@@ -172,7 +172,7 @@ func cdcDrainRun(ctx context.Context, e *env) ([]Result, error) {
 
 // startCDC starts a CDC relay (with its safety net) on the space, its
 // publisher wrapped by wrap, and waits until it streams.
-func startCDC(ctx context.Context, e *env, s space, wrap func(outbox.Publisher) outbox.Publisher) (*outboxcdc.Relay, func() error, error) {
+func startCDC(ctx context.Context, e *env, s space, wrap func(outbox.Publisher) outbox.Publisher, obs any) (*outboxcdc.Relay, func() error, error) {
 	pub, nc, err := e.publisher(ctx, s)
 	if err != nil {
 		return nil, nil, err
@@ -187,7 +187,9 @@ func startCDC(ctx context.Context, e *env, s space, wrap func(outbox.Publisher) 
 		p = wrap(pub)
 	}
 	cfg := outbox.RelayConfig{Schema: s.schema, Publisher: p, Logger: quietLogger(), ID: "bench-cdc", DisableNotify: true}
-	ids, err := outbox.NewRelay(pool, cfg)
+	idsCfg := cfg
+	idsCfg.Observer = obs
+	ids, err := outbox.NewRelay(pool, idsCfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -237,15 +239,17 @@ func cdcLatencyRun(ctx context.Context, e *env) (lat []time.Duration, offered fl
 	}
 	defer load.Close()
 	rec := &ackRecorder{acks: map[uuid.UUID]time.Time{}}
-	c, stop, err := startCDC(ctx, e, s, func(p outbox.Publisher) outbox.Publisher { rec.next = p; return rec })
+	ph := &phases{}
+	c, stop, err := startCDC(ctx, e, s, func(p outbox.Publisher) outbox.Publisher { rec.next = p; return rec }, ph)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer func() { _ = stop() }()
-	commits, offered, _, err := load.offer(ctx, nil)
+	commits, offered, elapsed, err := load.offer(ctx, nil)
 	if err != nil {
 		return nil, 0, err
 	}
+	e.logf("cdc latency: PublishIDs %s", ph.String(elapsed))
 	lat, err = rec.latencies(commits)
 	e.logf("cdc latency: the stream published %d, left %d to the safety net", c.Stats().Published(), c.Stats().Left())
 	if err != nil {
@@ -300,7 +304,7 @@ func cdcWriteOnce(ctx context.Context, e *env, mode string, round int) (int, tim
 	defer wpool.Close()
 	var stop func() error
 	if mode == "cdc" {
-		_, stop, err = startCDC(ctx, e, s, nil)
+		_, stop, err = startCDC(ctx, e, s, nil, nil)
 	} else {
 		_, stop, err = startRelay(ctx, e, s, outbox.RelayConfig{}, nil)
 	}

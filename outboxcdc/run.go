@@ -253,8 +253,21 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 	r.log.Info("cdc streaming", slog.String("from", info.confirmed.String()))
 	r.stats.streaming.Store(true)
 	defer r.stats.streaming.Store(false)
-	return s.run(ctx)
+	err = s.run(ctx)
+	// The last call's marks may still be on their way (Relay.PublishIDs):
+	// written before Run returns, so that a process that exits after it
+	// leaves no acknowledged event to be published again.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), marksWait)
+	defer cancel()
+	if merr := r.cfg.Relay.WaitPublishIDs(wctx); merr != nil {
+		r.log.Warn("marking the last events published failed; they are published again when their lease expires", slog.Any("error", merr))
+	}
+	return err
 }
+
+// marksWait bounds the wait for the last PublishIDs call's marks when the
+// stream ends.
+const marksWait = 10 * time.Second
 
 // redact keeps a URL parse error from echoing the URL (and its password).
 func redact(err error) error {

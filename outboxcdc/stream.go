@@ -50,7 +50,18 @@ type stream struct {
 	// transaction ending at or before it was handed to PublishIDs.
 	confirmed  pglogrepl.LSN
 	nextStatus time.Time
+	// catchingUp: the stream was not read during the last PublishIDs call
+	// (callStart is when it began), and what the connection buffered
+	// meanwhile is being read; see catchUp.
+	catchingUp bool
+	callStart  time.Time
 }
+
+// catchUpWait is how long a read waits for more while the stream catches up
+// after a PublishIDs call: what arrived during the call is buffered on the
+// connection and read at once, and the first read that waits this long
+// finds the stream caught up.
+const catchUpWait = 200 * time.Microsecond
 
 // txn is a complete transaction of the stream.
 type txn struct {
@@ -84,17 +95,7 @@ func (s *stream) run(ctx context.Context) error {
 				return err
 			}
 		}
-		deadline := s.nextStatus
-		if len(s.fresh) > 0 {
-			if d := s.freshSince.Add(s.cfg.FlushInterval); d.Before(deadline) {
-				deadline = d
-			}
-		}
-		if len(s.waiting) > 0 {
-			if d := s.lastFlush.Add(s.retryWaiting()); d.Before(deadline) {
-				deadline = d
-			}
-		}
+		deadline := s.readDeadline()
 		rctx, cancel := context.WithDeadline(ctx, deadline)
 		msg, err := s.conn.ReceiveMessage(rctx)
 		cancel()
@@ -103,6 +104,7 @@ func (s *stream) run(ctx context.Context) error {
 				return ctx.Err()
 			}
 			if pgconn.Timeout(err) {
+				s.catchingUp = false
 				if !time.Now().Before(s.nextStatus) {
 					if err := s.sendStatus(false); err != nil {
 						return err
@@ -123,6 +125,27 @@ func (s *stream) run(ctx context.Context) error {
 			return errors.New("the server ended the replication stream")
 		}
 	}
+}
+
+// readDeadline is when the next read stops waiting: at the next status
+// update, or when fresh ids or ids not found before are due; while the
+// stream catches up after a call, as soon as nothing more is buffered.
+func (s *stream) readDeadline() time.Time {
+	if s.catchingUp {
+		return time.Now().Add(catchUpWait)
+	}
+	deadline := s.nextStatus
+	if len(s.fresh) > 0 {
+		if d := s.freshSince.Add(s.cfg.FlushInterval); d.Before(deadline) {
+			deadline = d
+		}
+	}
+	if len(s.waiting) > 0 {
+		if d := s.lastFlush.Add(s.retryWaiting()); d.Before(deadline) {
+			deadline = d
+		}
+	}
+	return deadline
 }
 
 func (s *stream) handleCopyData(data []byte) error {
@@ -199,6 +222,11 @@ func (s *stream) handleLogical(data []byte) error {
 		if len(s.txIDs) > 0 {
 			if len(s.fresh) == 0 {
 				s.freshSince = time.Now()
+				if s.catchingUp {
+					// It arrived during the last call, and has waited
+					// since, as long as a FlushInterval or longer.
+					s.freshSince = s.callStart
+				}
 			}
 			for _, id := range s.txIDs {
 				s.fresh = append(s.fresh, pendingID{id: id, tx: t})
@@ -213,12 +241,16 @@ func (s *stream) handleLogical(data []byte) error {
 // flushDue reports whether to call PublishIDs or confirm now: a batch is
 // full, the oldest fresh id waited FlushInterval, ids not found before are
 // due for another try, or transactions whose ids were all handed over (or
-// that had none) wait to be confirmed.
+// that had none) wait to be confirmed. While the stream catches up after a
+// call, only a full batch is due: the ids buffered during the call go out
+// together once they are read.
 func (s *stream) flushDue() bool {
 	now := time.Now()
 	switch {
 	case len(s.fresh) >= s.cfg.BatchSize:
 		return true
+	case s.catchingUp:
+		return false
 	case len(s.fresh) > 0 && !now.Before(s.freshSince.Add(s.cfg.FlushInterval)):
 		return true
 	case len(s.waiting) > 0 && !now.Before(s.lastFlush.Add(s.retryWaiting())):
@@ -283,8 +315,10 @@ func (s *stream) publish(ctx context.Context, batch []pendingID) error {
 			return err
 		}
 		var err error
+		s.callStart = time.Now()
 		res, err = s.cfg.Relay.PublishIDs(ctx, ids)
 		s.lastFlush = time.Now()
+		s.catchingUp = true
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
