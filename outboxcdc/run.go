@@ -249,7 +249,7 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		r.stats.takeovers.Add(1)
 		r.log.Info("took over the slot from the process that streamed it")
 	}
-	s := &stream{cfg: r.cfg, conn: conn, log: r.log, st: &r.stats, rels: map[uint32]int{}, confirmed: info.confirmed}
+	s := &stream{cfg: r.cfg, conn: conn, log: r.log, st: &r.stats, rels: map[uint32]int{}, handed: info.confirmed, confirmed: info.confirmed}
 	r.log.Info("cdc streaming", slog.String("from", info.confirmed.String()))
 	r.stats.streaming.Store(true)
 	defer r.stats.streaming.Store(false)

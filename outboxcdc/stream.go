@@ -46,10 +46,13 @@ type stream struct {
 	// the last call was made.
 	waiting   []pendingID
 	lastFlush time.Time
-	// confirmed is the position reported to PostgreSQL as flushed: every
-	// transaction ending at or before it was handed to PublishIDs.
-	confirmed  pglogrepl.LSN
-	nextStatus time.Time
+	// handed is the end of the last transaction of the unbroken run of
+	// transactions whose ids were all handed to PublishIDs; confirmed is the
+	// position reported to PostgreSQL as flushed: handed, once the marks of
+	// the calls that handed those ids over were written (see confirm).
+	handed, confirmed pglogrepl.LSN
+	nextConfirm       time.Time
+	nextStatus        time.Time
 	// catchingUp: the stream was not read during the last PublishIDs call
 	// (callStart is when it began), and what the connection buffered
 	// meanwhile is being read; see catchUp.
@@ -105,6 +108,9 @@ func (s *stream) run(ctx context.Context) error {
 			}
 			if pgconn.Timeout(err) {
 				s.catchingUp = false
+				if err := s.confirm(ctx, false); err != nil {
+					return err
+				}
 				if !time.Now().Before(s.nextStatus) {
 					if err := s.sendStatus(false); err != nil {
 						return err
@@ -135,6 +141,9 @@ func (s *stream) readDeadline() time.Time {
 		return time.Now().Add(catchUpWait)
 	}
 	deadline := s.nextStatus
+	if s.handed > s.confirmed && s.nextConfirm.Before(deadline) {
+		deadline = s.nextConfirm
+	}
 	if len(s.fresh) > 0 {
 		if d := s.freshSince.Add(s.cfg.FlushInterval); d.Before(deadline) {
 			deadline = d
@@ -162,8 +171,8 @@ func (s *stream) handleCopyData(data []byte) error {
 		// server decoded up to ServerWALEnd was received and handled (the
 		// keepalive follows the data on the connection), so the slot may
 		// move there: it stops holding WAL written by other tables.
-		if !s.inTx && len(s.txns) == 0 && k.ServerWALEnd > s.confirmed {
-			s.confirmed = k.ServerWALEnd
+		if !s.inTx && len(s.txns) == 0 && k.ServerWALEnd > s.handed {
+			s.handed = k.ServerWALEnd
 		}
 		if k.ReplyRequested {
 			return s.sendStatus(false)
@@ -263,8 +272,9 @@ func (s *stream) flushDue() bool {
 func (s *stream) retryWaiting() time.Duration { return max(s.cfg.FlushInterval, time.Millisecond) }
 
 // flush hands the waiting and fresh ids to PublishIDs, BatchSize at a time
-// (see publish), then confirms the end of the last transaction of the
-// unbroken run of transactions whose ids were all handed over. Ids not found
+// (see publish), then moves handed to the end of the last transaction of
+// the unbroken run of transactions whose ids were all handed over, and
+// confirms it when due (see confirm). Ids not found
 // in the table stay waiting, and their transactions unconfirmed, for up to
 // missingFor; the stream goes on meanwhile. On an outage or a database error
 // publish waits and retries the same ids: nothing past a transaction whose
@@ -286,17 +296,42 @@ func (s *stream) flush(ctx context.Context) error {
 	if len(s.fresh) == 0 {
 		s.fresh = nil
 	}
-	before := s.confirmed
 	for len(s.txns) > 0 && s.txns[0].open == 0 {
-		s.confirmed = max(s.confirmed, s.txns[0].end)
+		s.handed = max(s.handed, s.txns[0].end)
 		s.txns = s.txns[1:]
 	}
-	if s.confirmed == before {
+	return s.confirm(ctx, false)
+}
+
+// confirmInterval is how often, at most, the stream confirms its position
+// while it publishes: each confirmation first waits for the marks being
+// written in the background (Relay.WaitPublishIDs).
+const confirmInterval = 100 * time.Millisecond
+
+// confirm reports handed to PostgreSQL as flushed when it moved and
+// confirmInterval passed since the last confirmation (or now, with force),
+// after the marks of what was handed over were written: a relay that dies
+// before then reads those transactions again and finds their events
+// published, instead of leaving events acknowledged, unmarked and leased to
+// the safety net.
+func (s *stream) confirm(ctx context.Context, force bool) error {
+	if s.handed <= s.confirmed || (!force && time.Now().Before(s.nextConfirm)) {
 		return nil
+	}
+	if err := s.cfg.Relay.WaitPublishIDs(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// The events stay leased, unmarked; the safety net publishes them
+		// again once the lease expired (at least once). Reading them again
+		// would find them leased all the same.
+		s.log.Warn("marking events published failed; the safety net publishes them again when their lease expires", slog.Any("error", err))
 	}
 	if err := failpoint.Hit("cdc/before-confirm"); err != nil {
 		return err
 	}
+	s.confirmed = s.handed
+	s.nextConfirm = time.Now().Add(confirmInterval)
 	return s.sendStatus(false)
 }
 
