@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,21 +19,11 @@ import (
 // and of the CDC relay at the same offered rate, and the library write path
 // with a CDC relay streaming against a polling relay alone.
 func benchCDC(ctx context.Context, e *env) ([]Result, error) {
-	cluster, err := pgcluster.Start(pgcluster.Config{Settings: map[string]string{
-		"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10",
-		"max_connections": "100", "shared_buffers": "256MB"}})
+	pe, closeCluster, err := cdcCluster(ctx, e)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = cluster.Close() }()
-	o := e.o
-	o.databaseURL = cluster.URL("")
-	pe, err := newEnv(ctx, o, e.logw)
-	if err != nil {
-		return nil, err
-	}
-	defer pe.close()
-	e.logf("cdc: private cluster with wal_level=logical on port %d", cluster.Port())
+	defer closeCluster()
 
 	var out []Result
 	note := fmt.Sprintf("offered %d events/s for %s, one event per transaction, private cluster (wal_level=logical)", e.sz.latencyRate, e.sz.latencyDur)
@@ -61,17 +52,50 @@ func benchCDC(ctx context.Context, e *env) ([]Result, error) {
 	if err != nil {
 		return out, err
 	}
-	rates, err := cdcWriteRun(ctx, pe)
+	rates, keptUp, err := cdcWriteRun(ctx, pe)
 	if err != nil {
 		return out, err
 	}
-	out = append(out,
-		Result{Scenario: "cdc/write-16c/polling", EventsPerSec: f(rates["polling"]), Note: "library write path (tx/s), a polling relay running, no slot"},
-		Result{Scenario: "cdc/write-16c/cdc", EventsPerSec: f(rates["cdc"]), Ratio: f(rates["cdc"] / rates["polling"]),
-			RatioOf: "cdc/write-16c/polling", Target: ">= 0.95", Met: b(rates["cdc"]/rates["polling"] >= 0.95),
-			Note: "library write path (tx/s), a CDC relay streaming the slot (and its safety net)"})
-	e.logf("cdc/write-16c: polling %.0f tx/s, cdc %.0f tx/s", rates["polling"], rates["cdc"])
+	notes := map[string]string{
+		"none":    "no relay, no slot: the writers' ceiling",
+		"polling": "a polling relay at its defaults, no slot",
+		"capture": "the slot streamed by pg_recvlogical to /dev/null: PostgreSQL's logical decoding alone, no relay",
+		"cdc":     "a CDC relay streaming the slot (and its safety net)",
+	}
+	for _, m := range writeModes {
+		res := Result{Scenario: "cdc/write-16c/" + m, EventsPerSec: f(rates[m]),
+			Note: fmt.Sprintf("library write path (tx/s), %s; %.0f%% of the window's events published in it", notes[m], 100*keptUp[m])}
+		switch m {
+		case "capture":
+			res.Ratio, res.RatioOf = f(rates[m]/rates["none"]), "cdc/write-16c/none"
+		case "cdc":
+			res.Ratio, res.RatioOf = f(rates[m]/rates["polling"]), "cdc/write-16c/polling"
+			res.Target, res.Met = ">= 0.95", b(rates[m]/rates["polling"] >= 0.95)
+		}
+		out = append(out, res)
+		e.logf("cdc/write-16c/%s: %.0f tx/s, %.0f%% published in the window", m, rates[m], 100*keptUp[m])
+	}
 	return out, nil
+}
+
+// cdcCluster starts the CDC groups' private cluster (wal_level=logical, 256
+// MB shared buffers, otherwise defaults) and an env on it.
+func cdcCluster(ctx context.Context, e *env) (*env, func(), error) {
+	cluster, err := pgcluster.Start(pgcluster.Config{Settings: map[string]string{
+		"wal_level": "logical", "max_replication_slots": "10", "max_wal_senders": "10",
+		"max_connections": "100", "shared_buffers": "256MB"}})
+	if err != nil {
+		return nil, nil, err
+	}
+	o := e.o
+	o.databaseURL = cluster.URL("")
+	pe, err := newEnv(ctx, o, e.logw)
+	if err != nil {
+		_ = cluster.Close()
+		return nil, nil, err
+	}
+	e.logf("cdc: private cluster with wal_level=logical on port %d", cluster.Port())
+	return pe, func() { pe.close(); _ = cluster.Close() }, nil
 }
 
 // cdcDrainRun: a backlog written while no relay ran (an outage), the WAL
@@ -108,43 +132,9 @@ func cdcDrainRun(ctx context.Context, e *env) ([]Result, error) {
 			n, perEvent*60_000/1e6)})
 	e.logf("cdc: the slot retained %d bytes for %d events (%.0f B/event)", retained, n, perEvent)
 
-	pub, nc, err := e.publisher(ctx, s)
+	cdcDur, err := drainCDC(ctx, e, s, n, "cdc/drain/cdc")
 	if err != nil {
 		return out, err
-	}
-	defer nc.Close()
-	pool, err := e.relayPool(ctx, 6)
-	if err != nil {
-		return out, err
-	}
-	defer pool.Close()
-	ph := &phases{}
-	ids, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: s.schema, Publisher: pub, Logger: quietLogger(), ID: "bench-cdc-drain", DisableNotify: true, Observer: ph})
-	if err != nil {
-		return out, err
-	}
-	c, err := outboxcdc.New(outboxcdc.Config{DatabaseURL: e.o.databaseURL, Pool: pool, Schema: s.schema, Relay: ids, Logger: quietLogger()})
-	if err != nil {
-		return out, err
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	start := time.Now()
-	go func() { done <- c.Run(runCtx) }()
-	var read time.Duration // until the stream had received every id
-	for c.Stats().Published() < int64(n) && time.Since(start) < 10*time.Minute && ctx.Err() == nil {
-		if read == 0 && c.Stats().Received() >= int64(n) {
-			read = time.Since(start)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cdcDur := time.Since(start)
-	e.logf("cdc/drain/cdc: PublishIDs %s", ph.String(cdcDur))
-	e.logf("cdc/drain/cdc: every id received from the slot after %s (one transaction: none is published before its commit is read)", read.Round(time.Millisecond))
-	cancel()
-	<-done
-	if got := c.Stats().Published(); got < int64(n) {
-		return out, fmt.Errorf("cdc drained %d of %d events", got, n)
 	}
 	out = append(out, Result{Scenario: "cdc/drain/cdc", EventsPerSec: f(float64(n) / cdcDur.Seconds()), Events: int64(n), Seconds: cdcDur.Seconds(),
 		Note: fmt.Sprintf("a %d-event backlog over %d aggregates read from the slot and published by the stream alone", n, aggs)})
@@ -250,6 +240,7 @@ func cdcLatencyRun(ctx context.Context, e *env) (lat []time.Duration, offered fl
 		return nil, 0, err
 	}
 	e.logf("cdc latency: PublishIDs %s", ph.String(elapsed))
+	e.logf("cdc latency: %s", load.txSummary())
 	lat, err = rec.latencies(commits)
 	e.logf("cdc latency: the stream published %d, left %d to the safety net", c.Stats().Published(), c.Stats().Left())
 	if err != nil {
@@ -258,71 +249,171 @@ func cdcLatencyRun(ctx context.Context, e *env) (lat []time.Duration, offered fl
 	return lat, offered, nil
 }
 
-// cdcWriteRun measures the library write path at 16 clients with a polling
-// relay running (no slot) and with a CDC relay streaming, alternating the
-// two writeRounds times, and returns the tx/s of each.
-func cdcWriteRun(ctx context.Context, e *env) (map[string]float64, error) {
-	counts := map[string]int{}
-	durs := map[string]time.Duration{}
+// writeModes are the cdcWriteRun modes: no relay and no slot (the writers'
+// ceiling), a polling relay (no slot), the slot streamed by pg_recvlogical
+// to /dev/null (PostgreSQL's logical decoding alone, no relay), and the CDC
+// relay with its safety net.
+var writeModes = []string{"none", "polling", "capture", "cdc"}
+
+// writeRound is one mode's closed-loop writes: transactions and the events
+// published while they ran.
+type writeRound struct {
+	n         int
+	d         time.Duration
+	published int64
+}
+
+// cdcWriteRun measures the library write path at 16 clients in each of
+// writeModes, alternating them writeRounds times, and returns each mode's
+// tx/s and the share of the window's events its relay published in the
+// window.
+func cdcWriteRun(ctx context.Context, e *env) (rates, keptUp map[string]float64, err error) {
+	sum := map[string]writeRound{}
 	for round := 0; round < e.sz.writeRounds; round++ {
-		for _, mode := range []string{"polling", "cdc"} {
-			n, d, err := cdcWriteOnce(ctx, e, mode, round)
+		for _, mode := range writeModes {
+			r, err := cdcWriteOnce(ctx, e, mode, round)
 			if err != nil {
-				return nil, fmt.Errorf("write %s: %w", mode, err)
+				return nil, nil, fmt.Errorf("write %s: %w", mode, err)
 			}
-			counts[mode] += n
-			durs[mode] += d
+			t := sum[mode]
+			t.n, t.d, t.published = t.n+r.n, t.d+r.d, t.published+r.published
+			sum[mode] = t
 		}
 	}
-	rates := map[string]float64{}
-	for m, n := range counts {
-		rates[m] = float64(n) / durs[m].Seconds()
+	rates, keptUp = map[string]float64{}, map[string]float64{}
+	for m, t := range sum {
+		rates[m] = float64(t.n) / t.d.Seconds()
+		keptUp[m] = float64(t.published) / float64(t.n)
 	}
-	return rates, nil
+	return rates, keptUp, nil
 }
 
 // cdcWriteOnce runs one closed loop of the write path on a fresh space with
-// the mode's relay running.
-func cdcWriteOnce(ctx context.Context, e *env, mode string, round int) (int, time.Duration, error) {
+// the mode's relay running, and counts the events published during it.
+func cdcWriteOnce(ctx context.Context, e *env, mode string, round int) (writeRound, error) {
+	var r writeRound
 	s, cleanup, err := e.newSpace(ctx, fmt.Sprintf("cdc-write-%s-%d", mode, round))
 	if err != nil {
-		return 0, 0, err
+		return r, err
 	}
 	defer cleanup()
 	if err := createOrders(ctx, e, s.schema); err != nil {
-		return 0, 0, err
+		return r, err
 	}
 	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: s.schema})
 	if err != nil {
-		return 0, 0, err
+		return r, err
 	}
 	k := newWriteKinds(s.schema, w)
 	wpool, err := e.pool(ctx, 17)
 	if err != nil {
-		return 0, 0, err
+		return r, err
 	}
 	defer wpool.Close()
-	var stop func() error
-	if mode == "cdc" {
+	stop := func() error { return nil }
+	slot := false
+	switch mode {
+	case "cdc":
 		_, stop, err = startCDC(ctx, e, s, nil, nil)
-	} else {
+		slot = true
+	case "polling":
 		_, stop, err = startRelay(ctx, e, s, outbox.RelayConfig{}, nil)
+	case "capture":
+		stop, err = startRecvLogical(ctx, e, s)
+		slot = true
 	}
 	if err != nil {
-		return 0, 0, err
+		return r, err
 	}
 	defer func() {
 		_ = stop()
-		if mode == "cdc" {
-			// The slot outlives the relay: drop it, or it holds WAL for the
+		if slot {
+			// The slot outlives its reader: drop it, or it holds WAL for the
 			// rest of the run.
 			_, _ = e.admin.Exec(context.WithoutCancel(ctx), "SELECT pg_drop_replication_slot($1)", outboxcdc.SlotName(s.schema, outboxcdc.GroupDefault))
 		}
 	}()
 	if _, _, err := closedLoop(ctx, wpool, 16, 300*time.Millisecond, k.libEvent, nil); err != nil {
-		return 0, 0, err
+		return r, err
+	}
+	var from time.Time
+	if err := e.admin.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&from); err != nil {
+		return r, err
 	}
 	t := time.Now()
-	n, _, err := closedLoop(ctx, wpool, 16, e.sz.notifyWriteDur, k.libEvent, nil)
-	return n, time.Since(t), err
+	r.n, _, err = closedLoop(ctx, wpool, 16, e.sz.notifyWriteDur, k.libEvent, nil)
+	r.d = time.Since(t)
+	if err != nil {
+		return r, err
+	}
+	err = e.admin.QueryRow(ctx, `SELECT count(*) FROM `+s.schema+`.outbox_events WHERE published_at >= $1 AND published_at <= clock_timestamp()`, from).Scan(&r.published)
+	return r, err
+}
+
+// startRecvLogical creates the space's publication and slot and streams the
+// slot with pg_recvlogical to /dev/null: the server's decoding and sending,
+// with no relay behind it.
+func startRecvLogical(ctx context.Context, e *env, s space) (func() error, error) {
+	if err := outboxcdc.Setup(ctx, outboxcdc.Config{Pool: e.admin, Schema: s.schema}); err != nil {
+		return nil, err
+	}
+	tool, err := pgcluster.Tool("pg_recvlogical")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(tool, "--dbname", e.o.databaseURL, "--slot", outboxcdc.SlotName(s.schema, outboxcdc.GroupDefault), "--start",
+		"-o", "proto_version=1", "-o", "publication_names="+outboxcdc.PublicationName(s.schema), "--file", "/dev/null", "--fsync-interval", "1")
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return func() error {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil
+	}, nil
+}
+
+// drainCDC starts a CDC relay (the stream alone, no safety net) on space s,
+// whose slot holds a backlog of n events, and returns how long it took to
+// publish them all.
+func drainCDC(ctx context.Context, e *env, s space, n int, label string) (time.Duration, error) {
+	pub, nc, err := e.publisher(ctx, s)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	pool, err := e.relayPool(ctx, 6)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	ph := &phases{}
+	ids, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: s.schema, Publisher: pub, Logger: quietLogger(), ID: "bench-cdc-drain", DisableNotify: true, Observer: ph})
+	if err != nil {
+		return 0, err
+	}
+	c, err := outboxcdc.New(outboxcdc.Config{DatabaseURL: e.o.databaseURL, Pool: pool, Schema: s.schema, Relay: ids, Logger: quietLogger()})
+	if err != nil {
+		return 0, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- c.Run(runCtx) }()
+	var read time.Duration // until the stream had received every id
+	for c.Stats().Published() < int64(n) && time.Since(start) < 10*time.Minute && ctx.Err() == nil {
+		if read == 0 && c.Stats().Received() >= int64(n) {
+			read = time.Since(start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cdcDur := time.Since(start)
+	e.logf("%s: PublishIDs %s", label, ph.String(cdcDur))
+	e.logf("%s: every id received from the slot after %s", label, read.Round(time.Millisecond))
+	cancel()
+	<-done
+	if got := c.Stats().Published(); got < int64(n) {
+		return 0, fmt.Errorf("cdc drained %d of %d events", got, n)
+	}
+	return cdcDur, nil
 }

@@ -123,6 +123,7 @@ func latencyRunTo(ctx context.Context, e *env, name string, wake bool,
 	}
 	commits, offered, elapsed, err := load.offer(ctx, afterCommit)
 	e.logf("%s: relay %s", name, ph.String(elapsed))
+	e.logf("%s: %s", name, load.txSummary())
 	if err != nil {
 		return nil, 0, err
 	}

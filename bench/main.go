@@ -83,6 +83,7 @@ type sizes struct {
 	history        int
 	idleDur        time.Duration
 	soak           soakSizes
+	outage         time.Duration // cdc-outage: how long no relay runs
 }
 
 func defaultSizes() sizes {
@@ -91,7 +92,7 @@ func defaultSizes() sizes {
 		backlog: 200_000, aggregates: 10_000, watermillCap: 40 * time.Second,
 		latencyDur: 30 * time.Second, latencyRate: 1000, notifyWriteDur: 1500 * time.Millisecond,
 		scaleCounts: []int{1, 2, 4}, history: 5_000_000, idleDur: 20 * time.Second,
-		soak: defaultSoak(),
+		soak: defaultSoak(), outage: 5 * time.Minute,
 	}
 }
 
@@ -101,7 +102,7 @@ func quickSizes() sizes {
 		backlog: 5_000, aggregates: 500, watermillCap: 4 * time.Second,
 		latencyDur: 3 * time.Second, latencyRate: 1000, notifyWriteDur: 500 * time.Millisecond,
 		scaleCounts: []int{1, 2, 4}, history: 50_000, idleDur: 4 * time.Second,
-		soak: quickSoak(),
+		soak: quickSoak(), outage: 5 * time.Second,
 	}
 }
 
@@ -109,7 +110,7 @@ func quickSizes() sizes {
 var allGroups = []string{"write", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
 
 // extraGroups run only when named with --only: they take long.
-var extraGroups = []string{"soak", "cdc"}
+var extraGroups = []string{"soak", "cdc", "cdc-outage"}
 
 type options struct {
 	json, quick, long, keep bool
@@ -142,6 +143,8 @@ func main() {
 	fs.IntVar(&backlog, "backlog", 0, "the relay and destinations groups' backlog, in events, over one aggregate per 20 events (default 200000, --quick 5000, --long 1000000)")
 	fs.StringVar(&dests, "destinations", "", "destinations group: comma-separated destinations to run (default all: "+destinationNames()+")")
 	var soak soakSizes
+	var outage time.Duration
+	fs.DurationVar(&outage, "outage", 0, "cdc-outage: how long no relay runs while writers fill the backlog (default 5m, --quick 5s)")
 	fs.DurationVar(&soak.duration, "soak-duration", 0, "soak: how long writers and relay run together (default 10m, --quick 6s)")
 	fs.IntVar(&soak.rate, "soak-rate", 0, "soak: events/s offered by the writers, one event per transaction (default 1000)")
 	fs.DurationVar(&soak.interval, "soak-interval", 0, "soak: one table row per interval (default 1m, --quick 2s)")
@@ -169,6 +172,9 @@ func main() {
 		o.sz.backlog, o.sz.aggregates = backlog, max(1, backlog/20)
 	}
 	o.sz.soak = o.sz.soak.override(soak)
+	if outage > 0 {
+		o.sz.outage = outage
+	}
 	o.only = allGroups
 	if only != "" {
 		o.only = strings.Split(only, ",")
@@ -279,6 +285,8 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchSoak(ctx, e)
 		case "cdc":
 			rs, err = benchCDC(ctx, e)
+		case "cdc-outage":
+			rs, err = benchCDCOutage(ctx, e)
 		}
 		all = append(all, rs...)
 		if err != nil {

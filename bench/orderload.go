@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -20,6 +21,18 @@ type orderLoad struct {
 	s    space
 	w    *outbox.Writer
 	pool *pgxpool.Pool
+
+	mu sync.Mutex
+	tx []time.Duration // each committed transaction's duration, begin to commit
+}
+
+// txSummary describes the writers' transactions so far: what the relay
+// (or the capture) running beside them costs them at this load.
+func (l *orderLoad) txSummary() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p50, p99, mx := percentiles(l.tx)
+	return fmt.Sprintf("writer transactions p50 %.2f ms, p99 %.2f ms, max %.1f ms (%d)", p50, p99, mx, len(l.tx))
 }
 
 // newOrderLoad creates the orders table in s and the writer's pool; Close
@@ -47,10 +60,16 @@ func (l *orderLoad) Close() { l.pool.Close() }
 // commit time, the rate offered and how long the load took (also with an
 // error).
 func (l *orderLoad) offer(ctx context.Context, afterCommit func()) (commits map[uuid.UUID]time.Time, offered float64, elapsed time.Duration, err error) {
+	return l.offerAt(ctx, l.e.sz.latencyRate, l.e.sz.latencyDur, afterCommit)
+}
+
+// offerAt is offer at rate events/s for d.
+func (l *orderLoad) offerAt(ctx context.Context, rate int, d time.Duration, afterCommit func()) (commits map[uuid.UUID]time.Time, offered float64, elapsed time.Duration, err error) {
 	var mu sync.Mutex
 	commits = map[uuid.UUID]time.Time{}
-	sent, elapsed, err := offerLoad(ctx, l.e.sz.latencyRate, l.e.sz.latencyDur, 16, func() error {
+	sent, elapsed, err := offerLoad(ctx, rate, d, 16, func() error {
 		var id uuid.UUID
+		began := time.Now()
 		err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
 			oid, _ := uuid.NewV7()
 			if _, err := tx.Exec(ctx, `INSERT INTO `+l.s.schema+`.orders (order_id, customer_id, total_cents) VALUES ($1, $2, $3)`, oid, "customer-42", 12345); err != nil {
@@ -72,6 +91,9 @@ func (l *orderLoad) offer(ctx context.Context, afterCommit func()) (commits map[
 		mu.Lock()
 		commits[id] = committed
 		mu.Unlock()
+		l.mu.Lock()
+		l.tx = append(l.tx, committed.Sub(began))
+		l.mu.Unlock()
 		return nil
 	})
 	return commits, float64(sent) / elapsed.Seconds(), elapsed, err

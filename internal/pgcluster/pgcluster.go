@@ -252,3 +252,13 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// Tool returns the path of one of the server's programs (pg_recvlogical,
+// pg_waldump, ...), from the directory whose initdb Start uses.
+func Tool(name string) (string, error) {
+	d, err := binDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(d, name), nil
+}
