@@ -78,6 +78,7 @@ type sizes struct {
 	watermillCap   time.Duration
 	latencyDur     time.Duration
 	latencyRate    int
+	latencyClients int // writer connections of the latency runs
 	notifyWriteDur time.Duration
 	scaleCounts    []int
 	history        int
@@ -90,7 +91,7 @@ func defaultSizes() sizes {
 	return sizes{
 		writeDur: time.Second, writeRounds: 6, clients: []int{1, 4, 16},
 		backlog: 200_000, aggregates: 10_000, watermillCap: 40 * time.Second,
-		latencyDur: 30 * time.Second, latencyRate: 1000, notifyWriteDur: 1500 * time.Millisecond,
+		latencyDur: 30 * time.Second, latencyRate: 1000, latencyClients: 16, notifyWriteDur: 1500 * time.Millisecond,
 		scaleCounts: []int{1, 2, 4}, history: 5_000_000, idleDur: 20 * time.Second,
 		soak: defaultSoak(), outage: 5 * time.Minute,
 	}
@@ -100,7 +101,7 @@ func quickSizes() sizes {
 	return sizes{
 		writeDur: 400 * time.Millisecond, writeRounds: 1, clients: []int{1, 4, 16},
 		backlog: 5_000, aggregates: 500, watermillCap: 4 * time.Second,
-		latencyDur: 3 * time.Second, latencyRate: 1000, notifyWriteDur: 500 * time.Millisecond,
+		latencyDur: 3 * time.Second, latencyRate: 1000, latencyClients: 16, notifyWriteDur: 500 * time.Millisecond,
 		scaleCounts: []int{1, 2, 4}, history: 50_000, idleDur: 4 * time.Second,
 		soak: quickSoak(), outage: 5 * time.Second,
 	}
@@ -144,6 +145,8 @@ func main() {
 	fs.StringVar(&dests, "destinations", "", "destinations group: comma-separated destinations to run (default all: "+destinationNames()+")")
 	var soak soakSizes
 	var outage time.Duration
+	var latencyClients int
+	fs.IntVar(&latencyClients, "latency-clients", 0, "writer connections offering the latency runs' load (default 16)")
 	fs.DurationVar(&outage, "outage", 0, "cdc-outage: how long no relay runs while writers fill the backlog (default 5m, --quick 5s)")
 	fs.DurationVar(&soak.duration, "soak-duration", 0, "soak: how long writers and relay run together (default 10m, --quick 6s)")
 	fs.IntVar(&soak.rate, "soak-rate", 0, "soak: events/s offered by the writers, one event per transaction (default 1000)")
@@ -174,6 +177,9 @@ func main() {
 	o.sz.soak = o.sz.soak.override(soak)
 	if outage > 0 {
 		o.sz.outage = outage
+	}
+	if latencyClients > 0 {
+		o.sz.latencyClients = latencyClients
 	}
 	o.only = allGroups
 	if only != "" {

@@ -15,7 +15,8 @@ import (
 
 // orderLoad is the load of the commit-to-ack latency runs (polling, woken
 // polling, destinations, CDC): one order and one OrderCreated event per
-// transaction, through the library, from 16 clients into a space.
+// transaction, through the library, from latencyClients (16) clients into a
+// space.
 type orderLoad struct {
 	e    *env
 	s    space
@@ -45,7 +46,7 @@ func newOrderLoad(ctx context.Context, e *env, s space) (*orderLoad, error) {
 	if err != nil {
 		return nil, err
 	}
-	pool, err := e.pool(ctx, 16)
+	pool, err := e.pool(ctx, int32(e.sz.latencyClients))
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +68,7 @@ func (l *orderLoad) offer(ctx context.Context, afterCommit func()) (commits map[
 func (l *orderLoad) offerAt(ctx context.Context, rate int, d time.Duration, afterCommit func()) (commits map[uuid.UUID]time.Time, offered float64, elapsed time.Duration, err error) {
 	var mu sync.Mutex
 	commits = map[uuid.UUID]time.Time{}
-	sent, elapsed, err := offerLoad(ctx, rate, d, 16, func() error {
+	sent, elapsed, err := offerLoad(ctx, rate, d, l.e.sz.latencyClients, func() error {
 		var id uuid.UUID
 		began := time.Now()
 		err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
