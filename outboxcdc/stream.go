@@ -51,6 +51,7 @@ type stream struct {
 	// position reported to PostgreSQL as flushed: handed, once the marks of
 	// the calls that handed those ids over were written (see confirm).
 	handed, confirmed pglogrepl.LSN
+	handedEvents      bool // handed covers events not confirmed yet
 	nextConfirm       time.Time
 	nextStatus        time.Time
 	// catchingUp: the stream was not read during the last PublishIDs call
@@ -68,8 +69,9 @@ const catchUpWait = 200 * time.Microsecond
 
 // txn is a complete transaction of the stream.
 type txn struct {
-	end  pglogrepl.LSN // its end LSN, confirmed once open is 0
-	open int           // its ids not yet handed over
+	end    pglogrepl.LSN // its end LSN, confirmed once open is 0
+	open   int           // its ids not yet handed over
+	hasIDs bool          // it inserted events
 }
 
 // pendingID is an id waiting to be handed over, with its transaction.
@@ -226,7 +228,7 @@ func (s *stream) handleLogical(data []byte) error {
 		}
 		s.txIDs = append(s.txIDs, id)
 	case *pglogrepl.CommitMessage:
-		t := &txn{end: m.TransactionEndLSN, open: len(s.txIDs)}
+		t := &txn{end: m.TransactionEndLSN, open: len(s.txIDs), hasIDs: len(s.txIDs) > 0}
 		s.txns = append(s.txns, t)
 		if len(s.txIDs) > 0 {
 			if len(s.fresh) == 0 {
@@ -298,6 +300,7 @@ func (s *stream) flush(ctx context.Context) error {
 	}
 	for len(s.txns) > 0 && s.txns[0].open == 0 {
 		s.handed = max(s.handed, s.txns[0].end)
+		s.handedEvents = s.handedEvents || s.txns[0].hasIDs
 		s.txns = s.txns[1:]
 	}
 	return s.confirm(ctx, false)
@@ -327,10 +330,12 @@ func (s *stream) confirm(ctx context.Context, force bool) error {
 		// would find them leased all the same.
 		s.log.Warn("marking events published failed; the safety net publishes them again when their lease expires", slog.Any("error", err))
 	}
-	if err := failpoint.Hit("cdc/before-confirm"); err != nil {
-		return err
+	if s.handedEvents {
+		if err := failpoint.Hit("cdc/before-confirm"); err != nil {
+			return err
+		}
 	}
-	s.confirmed = s.handed
+	s.confirmed, s.handedEvents = s.handed, false
 	s.nextConfirm = time.Now().Add(confirmInterval)
 	return s.sendStatus(false)
 }
