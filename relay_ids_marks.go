@@ -62,8 +62,12 @@ func (r *Relay) awaitMarks(ctx context.Context) error {
 	}
 	select {
 	case <-m.done:
-	case <-ctx.Done():
-		return ctx.Err()
+	default:
+		select {
+		case <-m.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	r.idsMarks = nil
 	return m.err

@@ -56,7 +56,7 @@ type stream struct {
 	nextStatus        time.Time
 	// catchingUp: the stream was not read during the last PublishIDs call
 	// (callStart is when it began), and what the connection buffered
-	// meanwhile is being read; see catchUp.
+	// meanwhile is being read (see readDeadline and flushDue).
 	catchingUp bool
 	callStart  time.Time
 }
@@ -110,7 +110,7 @@ func (s *stream) run(ctx context.Context) error {
 			}
 			if pgconn.Timeout(err) {
 				s.catchingUp = false
-				if err := s.confirm(ctx, false); err != nil {
+				if err := s.confirm(ctx); err != nil {
 					return err
 				}
 				if !time.Now().Before(s.nextStatus) {
@@ -276,9 +276,9 @@ func (s *stream) retryWaiting() time.Duration { return max(s.cfg.FlushInterval, 
 // flush hands the waiting and fresh ids to PublishIDs, BatchSize at a time
 // (see publish), then moves handed to the end of the last transaction of
 // the unbroken run of transactions whose ids were all handed over, and
-// confirms it when due (see confirm). Ids not found
-// in the table stay waiting, and their transactions unconfirmed, for up to
-// missingFor; the stream goes on meanwhile. On an outage or a database error
+// confirms it when due (see confirm). Ids not found in the table stay
+// waiting, and their transactions unconfirmed, for up to missingFor; the
+// stream goes on meanwhile. On an outage or a database error
 // publish waits and retries the same ids: nothing past a transaction whose
 // ids were not handed over successfully is ever confirmed.
 func (s *stream) flush(ctx context.Context) error {
@@ -303,7 +303,7 @@ func (s *stream) flush(ctx context.Context) error {
 		s.handedEvents = s.handedEvents || s.txns[0].hasIDs
 		s.txns = s.txns[1:]
 	}
-	return s.confirm(ctx, false)
+	return s.confirm(ctx)
 }
 
 // confirmInterval is how often, at most, the stream confirms its position
@@ -312,13 +312,12 @@ func (s *stream) flush(ctx context.Context) error {
 const confirmInterval = 100 * time.Millisecond
 
 // confirm reports handed to PostgreSQL as flushed when it moved and
-// confirmInterval passed since the last confirmation (or now, with force),
-// after the marks of what was handed over were written: a relay that dies
-// before then reads those transactions again and finds their events
-// published, instead of leaving events acknowledged, unmarked and leased to
-// the safety net.
-func (s *stream) confirm(ctx context.Context, force bool) error {
-	if s.handed <= s.confirmed || (!force && time.Now().Before(s.nextConfirm)) {
+// confirmInterval passed since the last confirmation, after the marks of
+// what was handed over were written: a relay that dies before then reads
+// those transactions again and finds their events published, instead of
+// leaving events acknowledged, unmarked and leased to the safety net.
+func (s *stream) confirm(ctx context.Context) error {
+	if s.handed <= s.confirmed || time.Now().Before(s.nextConfirm) {
 		return nil
 	}
 	if err := s.cfg.Relay.WaitPublishIDs(ctx); err != nil {
