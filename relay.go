@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	backoffpkg "github.com/pgoutbox/outbox/internal/backoff"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -432,17 +433,4 @@ func sleep(ctx context.Context, d time.Duration) {
 
 // backoff returns an exponential delay for the n-th consecutive failure
 // (n >= 1), capped at max, with "equal jitter": between half and all of it.
-func backoff(n int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	if d <= 0 {
-		return 0
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
-}
+func backoff(n int, min, max time.Duration) time.Duration { return backoffpkg.Jittered(n, min, max) }

@@ -9,8 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
+
+	"github.com/pgoutbox/outbox/internal/backoff"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
@@ -445,16 +446,4 @@ func (s *stream) sendStatus(reply bool) error {
 
 // jitter is an exponential backoff for the n-th consecutive failure, capped
 // at max, between half and all of it.
-func jitter(n int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d-d/2+1)
-}
+func jitter(n int, min, max time.Duration) time.Duration { return backoff.Jittered(n, min, max) }

@@ -8,6 +8,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/pgoutbox/outbox/internal/backoff"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/internal/pgident"
@@ -249,9 +251,5 @@ func checkName(what, v string) error {
 
 // backoff is the wait before the check following `checks` checks.
 func (c *Caller) backoff(checks int) time.Duration {
-	d := c.cfg.CheckInterval
-	for i := 1; i < checks && d < c.cfg.MaxCheckInterval; i++ {
-		d *= 2
-	}
-	return min(d, c.cfg.MaxCheckInterval)
+	return backoff.Exponential(checks, c.cfg.CheckInterval, c.cfg.MaxCheckInterval)
 }

@@ -11,10 +11,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"sync/atomic"
 	"time"
+
+	"github.com/pgoutbox/outbox/internal/backoff"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -97,14 +98,7 @@ func (w *startWaiter) until(ctx context.Context, step func(context.Context) erro
 }
 
 // startBackoff doubles from startRetryMin to startRetryMax, with jitter.
-func startBackoff(n int) time.Duration {
-	d := startRetryMin
-	for i := 1; i < n && d < startRetryMax; i++ {
-		d *= 2
-	}
-	d = min(d, startRetryMax)
-	return d/2 + rand.N(d/2+1)
-}
+func startBackoff(n int) time.Duration { return backoff.Jittered(n, startRetryMin, startRetryMax) }
 
 // databaseUnreachable reports whether err means the database is not there
 // (yet): no connection, a connection lost, or a server starting, shutting

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgoutbox/outbox/internal/backoff"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -160,11 +162,7 @@ func process(ctx context.Context, m jetstream.Msg, cfg Config, h Handler) {
 
 // Backoff doubles base for each attempt after the first, up to max.
 func Backoff(attempt int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	return min(d, max)
+	return backoff.Exponential(attempt, base, max)
 }
 
 // Sleep waits for d or until ctx ends.
