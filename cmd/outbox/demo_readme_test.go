@@ -144,7 +144,7 @@ func TestQuickStartAgrees(t *testing.T) {
 				t.Errorf("%s: --%s is not a flag of outbox demo (--help)", where, name)
 				continue
 			}
-			flagHelp := regexp.MustCompile(`(?m)^  -`+name+`( \w+)?\n(?:    .*\n)*`).FindStringSubmatch(string(demoHelp))
+			flagHelp := regexp.MustCompile(`(?m)^  -` + name + `( \w+)?\n(?:    .*\n)*`).FindStringSubmatch(string(demoHelp))
 			if flagHelp == nil || flagHelp[1] == "" || len(strings.Fields(values)) == 0 {
 				continue // a boolean flag (no value in its help line), or none given
 			}

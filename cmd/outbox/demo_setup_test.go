@@ -405,7 +405,7 @@ chmod +x "$r/usr/sbin/nats-server" "$r/usr/sbin/rabbitmq-server" '`+s.bin+`/chro
 	go func() { done <- cmd.Wait() }()
 	// Each service "comes up" once its start command ran.
 	starts := map[string]int{
-		"pg_ctlcluster --skip-systemctl-redirect 16 main start": s.pg,
+		"pg_ctlcluster --skip-systemctl-redirect 16 main start":                                                   s.pg,
 		"start-stop-daemon --start --oknodo --background --exec " + filepath.Join(s.root, "usr/sbin/nats-server"): s.nats,
 		"rabbitmq-server -detached": s.amqp,
 	}
