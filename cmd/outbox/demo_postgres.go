@@ -165,9 +165,10 @@ func answers(ctx context.Context, url string) bool {
 func checkPostgres(ctx context.Context, url, source string, cdc bool) error {
 	secrets := redact.DatabaseSecrets(url)
 	name := redact.Database(url)
-	hint := "start it, or run with --postgres private for a private cluster of the demo's own"
+	private := "or run with --postgres private for a private cluster of the demo's own"
+	elsewhere := "set DATABASE_URL to"
 	if source != "the default address" {
-		hint = "start it, point " + source + " at a server that answers, or run with --postgres private for a private cluster of the demo's own"
+		elsewhere = "point " + source + " at"
 	}
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -180,8 +181,14 @@ func checkPostgres(ctx context.Context, url, source string, cdc bool) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("interrupted: %w", context.Cause(ctx))
 		}
-		return redact.Error(fmt.Errorf("PostgreSQL at %s (%s) does not answer: %s; %s",
-			name, source, oneLine(err.Error()), hint), secrets...)
+		// An error the server sent (a role, a password, a database it
+		// refuses) is not one of a server that does not answer.
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
+			return redact.Error(fmt.Errorf("PostgreSQL at %s (%s) refuses the demo: %s; let it in (pg_hba.conf, the role, the database), %s, %s",
+				name, source, oneLine(err.Error()), elsewhere+" a role and database it accepts", private), secrets...)
+		}
+		return redact.Error(fmt.Errorf("PostgreSQL at %s (%s) does not answer: %s; start it, %s, %s",
+			name, source, oneLine(err.Error()), elsewhere+" a server that answers", private), secrets...)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if !cdc {

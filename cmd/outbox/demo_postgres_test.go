@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -296,6 +297,17 @@ func TestDemoPostgresErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "(--database-url) has wal_level=replica: --mode cdc needs wal_level=logical there") ||
 		!strings.Contains(err.Error(), "--postgres private") {
 		t.Errorf("cdc on a server without wal_level=logical: %v", err)
+	}
+	// A server that answers but refuses the role is not said not to answer.
+	u, err := url.Parse(outboxtest.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("no_such_role", "s3cret")
+	err = demo(context.Background(), []string{"--database-url", u.String()}, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "(--database-url) refuses the demo: ") || strings.Contains(err.Error(), "s3cret") ||
+		!strings.Contains(err.Error(), "point --database-url at a role and database it accepts") {
+		t.Errorf("a role the server refuses: %v", err)
 	}
 	if err := demo(context.Background(), []string{"--postgres", "docker"}, &out, &out); err == nil {
 		t.Error("--postgres docker: no error")

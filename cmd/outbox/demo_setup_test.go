@@ -464,3 +464,33 @@ chmod +x "$r/usr/sbin/nats-server" "$r/usr/sbin/rabbitmq-server" '`+s.bin+`/chro
 		t.Error("setup does not say it is ready")
 	}
 }
+
+// TestSetupRealRunInstallFails: when apt-get fails (even after an update),
+// a real run says so in its list of what is missing and exits 1, so that no
+// test runs.
+func TestSetupRealRunInstallFails(t *testing.T) {
+	t.Parallel()
+	s := newSetupSystem(t, debianRelease, "root")
+	s.prog(t, "apt-get", "echo 'E: Unable to locate package nats-server' >&2; exit 100")
+	s.prog(t, "go", "")
+	cmd := exec.Command("bash", filepath.Join("..", "..", ".ci", "setup"))
+	cmd.Env = append(setupEnv(), "HOME="+s.home,
+		"OUTBOX_SETUP_ROOT="+s.root, "OUTBOX_SETUP_PATH="+s.bin, "OUTBOX_SETUP_PRIVILEGE=root",
+		"OUTBOX_SETUP_PG_PORT="+strconv.Itoa(s.pg), "OUTBOX_SETUP_NATS_PORT="+strconv.Itoa(s.nats),
+		"OUTBOX_SETUP_AMQP_PORT="+strconv.Itoa(s.amqp))
+	b, err := cmd.CombinedOutput()
+	out := string(b)
+	t.Logf(".ci/setup: %v\n%s", err, out)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("setup: %v, want exit status 1", err)
+	}
+	wantLines(t, out, "  - ", "  - the packages postgresql nats-server rabbitmq-server chromium: apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium failed (its output is above)")
+	if !strings.Contains(out, "setup: missing, so no test runs") {
+		t.Error("setup does not say no test runs")
+	}
+	calls, _ := os.ReadFile(s.calls)
+	if got := strings.TrimSpace(string(calls)); got != "apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium\napt-get update" {
+		t.Errorf("calls:\n%s\nwant an install, then an update", got)
+	}
+}
