@@ -256,6 +256,7 @@ func TestDemoDatabaseURLDoesNotAnswer(t *testing.T) {
 
 	addr := silentServer(t)
 	url = "postgres://postgres:s3cret@" + addr + "/postgres?sslmode=disable"
+	outboxBinary(t) // built before the clock starts
 	start := time.Now()
 	out, stderr, _, _, err := demoProcess(t, demoEnv("DATABASE_URL="+url))
 	elapsed := time.Since(start)
