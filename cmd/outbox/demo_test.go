@@ -141,11 +141,12 @@ func TestDemoSagaModes(t *testing.T) {
 	}
 }
 
-// TestDemoCDC runs "outbox demo --mode cdc": on a private cluster with
-// wal_level=logical, the CDC path publishes the events from the WAL, and
-// every invariant holds.
+// TestDemoCDC runs "outbox demo --mode cdc --postgres private": on a
+// private cluster with wal_level=logical (although --database-url names the
+// shared server), the CDC path publishes the events from the WAL, and every
+// invariant holds.
 func TestDemoCDC(t *testing.T) {
-	report, _, _ := runDemoTest(t, "--orders", "60", "--mode", "cdc")
+	report, _, _ := runDemoTest(t, "--orders", "60", "--mode", "cdc", "--postgres", "private")
 	if !strings.Contains(report, "private PostgreSQL cluster with wal_level=logical") {
 		t.Error("the demo did not say it runs on a private cluster")
 	}
