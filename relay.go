@@ -150,7 +150,7 @@ type RelayConfig struct {
 	// claim (see docs/design.md, "Claiming only what is new"). The full scan
 	// finds what the incremental claim does not look for: events leased by a
 	// relay that died, once their lease expires, and rows without a
-	// dispatch_xid (written before migration 008). A full scan that fills its
+	// dispatch_xid (written before migration 009). A full scan that fills its
 	// batch is followed by another one at once. A negative value makes every
 	// claim a full scan, as before the incremental claim existed. Defaults to
 	// RescanIntervalDefault (5s).

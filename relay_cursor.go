@@ -40,7 +40,7 @@ type laneNext struct {
 // rescheduled (outbox_rescheduled_idx) has a dispatch_xid at or past from,
 // or in points, or is the next event of a lane in cont, or is one that only
 // the full scan finds (leased by a relay that died; written before
-// migration 008). Claims keep that true as they move from forward.
+// migration 009). Claims keep that true as they move from forward.
 type claimCursor struct {
 	mu     sync.Mutex
 	valid  bool

@@ -266,7 +266,7 @@ func TestFreshClaimFindsRescheduledEvents(t *testing.T) {
 
 // TestFullScanFindsWhatTheCursorDoesNot checks the periodic full scan: a
 // lease left by a relay that died (its events' transactions are behind every
-// cursor) and rows without a dispatch_xid (written before migration 008)
+// cursor) and rows without a dispatch_xid (written before migration 009)
 // are published once the full scan runs.
 func TestFullScanFindsWhatTheCursorDoesNot(t *testing.T) {
 	t.Parallel()
@@ -280,7 +280,7 @@ func TestFullScanFindsWhatTheCursorDoesNot(t *testing.T) {
 	defer stop()
 	writeEventsFor(t, pool, w, "warm-up")
 	outboxtest.Eventually(t, 30*time.Second, "warm-up published", func() bool { return countUnpublished(t, pool, schema) == 0 })
-	// A dead relay's lease, and a row as written before migration 008 (no
+	// A dead relay's lease, and a row as written before migration 009 (no
 	// dispatch_xid), both invisible to the incremental claim.
 	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_events
 		(event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload_bytes, dispatch_xid, claimed_by, claim_token, claim_until)

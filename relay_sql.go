@@ -65,7 +65,7 @@ WHERE event_id = ANY($1) AND claim_token = $2`,
 // dueAgainSQL is the available_at of an event made due again now (released,
 // retried, unparked), for the row alias e ("" for the unqualified columns):
 // now, and strictly after occurred_at, so that the event is in
-// outbox_rescheduled_idx (migration 008), where an incremental claim looks
+// outbox_rescheduled_idx (migration 009), where an incremental claim looks
 // for events whose transaction is behind its cursor.
 func dueAgainSQL(e string) string {
 	if e != "" {

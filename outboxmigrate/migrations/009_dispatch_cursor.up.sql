@@ -1,4 +1,4 @@
--- outbox 008: a claim that does not read settled history.
+-- outbox 009: a claim that does not read settled history.
 --
 -- Every claim used to walk outbox_dispatch_idx from its start. An event
 -- leaves that partial index when it is marked published, but its old index
