@@ -93,6 +93,9 @@ func exampleSchema(ctx context.Context, prefix string) (*pgxpool.Pool, string, f
 // dropped the first events of order o-1, so the consumer sees #7 first.
 // Strict (the default), it would refuse #7 as early forever; with
 // StartAtFirstSeen it starts the aggregate there and records that it did.
+// (These messages carry no time, so they count as from before the
+// consumer's start point; an event of an aggregate created after it would
+// wait for the aggregate's sequence 1.)
 func ExampleConfig_startAtFirstSeen() {
 	ctx := context.Background()
 	pool, schema, drop := exampleSchema(ctx, "example_first_seen")

@@ -30,10 +30,15 @@
 // start_reason, start_by), so an operator sees later where and why the
 // consumer's history of the aggregate begins ([AggregateInfo.Start]):
 //
-//   - Config.StartAtFirstSeen: for an aggregate the consumer has no mark for,
-//     the first event seen is applied whatever its sequence ([StartFirstSeen]);
+//   - Config.StartAtFirstSeen: for an aggregate the consumer has no mark for
+//     and whose history began before the consumer's start point (recorded
+//     once per consumer, [Inbox.StartPoint]), the first event seen is
+//     applied whatever its sequence ([StartFirstSeen]); an aggregate created
+//     after that point is applied from sequence 1, whichever of its events
+//     is handled first;
 //   - [Inbox.Seed] and [Inbox.SeedTx]: the application sets the mark, e.g. in
 //     the transaction that restores its state from a snapshot ([StartSeeded]);
+//     a seed at 0 says the aggregate starts at sequence 1;
 //   - [Admin.Resolve] (`outbox inbox resolve`): an operator moves a stuck
 //     aggregate's mark past a gap, with a reason, audited ([StartResolved]).
 //
@@ -76,6 +81,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -127,23 +133,51 @@ type Config struct {
 	// for metrics (see package outboxprom). Optional.
 	Observer Observer
 	// StartAtFirstSeen makes a consumer that joins a stream mid-way start
-	// each aggregate at the first event it sees: for an aggregate it has no
-	// high-water mark for (it never applied, nor was seeded with, an event of
-	// it), that event is applied whatever its sequence, instead of being
-	// Early until sequence 1 arrives. The start is recorded on the mark row
-	// (start_kind "first_seen", start_mark = that sequence - 1, started_at,
-	// start_reason = StartReason). An aggregate whose first event seen is
-	// sequence 1 starts normally and records nothing.
+	// each aggregate whose history began before the consumer did at the
+	// first event it sees, instead of waiting (Early) for sequence 1, which
+	// may never come. The consumer's start point is recorded once, the
+	// first time it handles an event with StartAtFirstSeen (or calls
+	// StartPoint): a row in inbox_consumers. Then, for an aggregate it has
+	// no high-water mark for (it never applied, nor was seeded with, an
+	// event of it), an event past sequence 1:
 	//
-	// The events of the aggregate below the first one seen are never
-	// applied: if the broker delivers an aggregate's events out of order
-	// (a redelivery after a nak), an earlier one arriving second is dropped
-	// as a Duplicate. Use it for consumers that only need the events from
-	// now on; to start from a known state, use Seed instead. An aggregate
-	// already started keeps its strict order: a later gap is still Early.
+	//   - that occurred before the start point (OccurredAt, or the time in a
+	//     UUIDv7 event id; an event with neither counts as before) is
+	//     applied whatever its sequence: the aggregate began before the
+	//     consumer, its earlier events may never be delivered;
+	//   - that occurred after it is Early, like in a strict consumer: the
+	//     aggregate may have begun after the start, and then its sequence 1
+	//     was delivered before this event (the relay publishes an
+	//     aggregate's events in order) and is only being handled later (by
+	//     another worker, or after a failure). Only when no earlier event
+	//     has been applied StartGrace after the first Early is the aggregate
+	//     started at the lowest sequence seen meanwhile: it began before the
+	//     consumer after all, its earlier events published before the
+	//     consumer's subscription began.
+	//
+	// A start is recorded on the mark row (start_kind "first_seen",
+	// start_mark = that sequence - 1, started_at, start_reason =
+	// StartReason). An aggregate whose first event applied is sequence 1
+	// starts normally and records nothing; so does one seeded at 0 (Seed).
+	//
+	// The events of an aggregate below its start are never applied: if the
+	// broker delivers an aggregate that began before the start point out of
+	// order (a redelivery after a nak, two workers), an earlier one arriving
+	// second is dropped as a Duplicate. Use it for consumers that only need
+	// the events from now on; to start from a known state, use Seed
+	// instead. An aggregate already started keeps its strict order: a later
+	// gap is still Early.
 	//
 	// Defaults to false: strict, an aggregate starts at sequence 1.
 	StartAtFirstSeen bool
+	// StartGrace is how long, with StartAtFirstSeen, an aggregate new to the
+	// consumer whose first event seen occurred after the consumer's start
+	// point waits for its earlier events (Early) before it is started at
+	// the lowest sequence seen. It must exceed the longest time an event
+	// already delivered can take to be applied (its retries, a worker's
+	// crash and the redelivery after the broker's ack wait). Defaults to
+	// StartGraceDefault.
+	StartGrace time.Duration
 	// StartReason is recorded as the reason of every aggregate started by
 	// StartAtFirstSeen, e.g. "consumer deployed 2026-12-01, history not
 	// needed". Defaults to StartReasonDefault.
@@ -157,6 +191,15 @@ type Config struct {
 	// set), a no-op unless the application configured one. Defaults to nil.
 	TracerProvider trace.TracerProvider
 }
+
+// StartGraceDefault is Config.StartGrace's default.
+const StartGraceDefault = 5 * time.Minute
+
+// startSkew is how much earlier than the consumer's start point an event
+// must have occurred to count as before it: the start point is the inbox
+// database's clock, an event's time the writer's. An event within it waits
+// as one after the start (the safe side).
+const startSkew = time.Minute
 
 // StartReasonDefault is the reason recorded for an aggregate started at its
 // first seen event when Config.StartReason is empty.
@@ -194,6 +237,10 @@ type Inbox struct {
 	observer    Observer
 	firstSeen   bool
 	startReason string
+	startGrace  time.Duration
+	startMu     sync.Mutex
+	startPoint  time.Time // the consumer's start point, once read
+	recordStart string
 	tracer      trace.Tracer // nil: tracing off
 	lockMark    string
 	insert      string
@@ -202,6 +249,7 @@ type Inbox struct {
 	startFirst  string // advance, recording a first-seen start
 	wait        string // record a wait
 	seed        string
+	seedZero    string // a seed at 0: strict from sequence 1, the wait kept
 	marks       string
 }
 
@@ -220,6 +268,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Inbox, error) {
 	if cfg.StartReason == "" {
 		cfg.StartReason = StartReasonDefault
 	}
+	if cfg.StartGrace < 0 {
+		return nil, errors.New("inbox: Config.StartGrace must not be negative")
+	}
+	if cfg.StartGrace == 0 {
+		cfg.StartGrace = StartGraceDefault
+	}
+	consumers := s.Table("inbox_consumers")
 	marks := s.Table("inbox_aggregates")
 	const where = `
 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3`
@@ -232,8 +287,14 @@ WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3`
 		observer:    cfg.Observer,
 		firstSeen:   cfg.StartAtFirstSeen,
 		startReason: cfg.StartReason,
-		tracer:      tracing.Tracer(cfg.TracerProvider),
-		lockMark:    lockMarkSQL(marks),
+		startGrace:  cfg.StartGrace,
+		// The first recording wins; a concurrent one that lost reads it.
+		recordStart: `WITH ins AS (
+	INSERT INTO ` + consumers + ` (consumer_name) VALUES ($1) ON CONFLICT (consumer_name) DO NOTHING RETURNING started_at
+)
+SELECT started_at FROM ins UNION ALL SELECT started_at FROM ` + consumers + ` WHERE consumer_name = $1 LIMIT 1`,
+		tracer:   tracing.Tracer(cfg.TracerProvider),
+		lockMark: lockMarkSQL(marks),
 		insert: `INSERT INTO ` + s.Table("processed_events") + ` (consumer_name, event_id) VALUES ($1, $2)
 ON CONFLICT DO NOTHING RETURNING true`,
 		advance:     `UPDATE ` + marks + ` SET last_sequence = $4, updated_at = now()` + where,
@@ -246,6 +307,8 @@ ON CONFLICT DO NOTHING RETURNING true`,
 		wait: `UPDATE ` + marks + ` SET waiting_since = coalesce(waiting_since, now()), waiting_for = $4, waiting_seen = $5` + where,
 		seed: `UPDATE ` + marks + ` SET last_sequence = $4, updated_at = now()` + clearWait + `,
 	start_kind = 'seeded', start_prior_mark = $5, start_mark = $4, started_at = now(), start_reason = $6, start_by = NULL` + where,
+		seedZero: `UPDATE ` + marks + ` SET updated_at = now(),
+	start_kind = 'seeded', start_prior_mark = 0, start_mark = 0, started_at = now(), start_reason = $4, start_by = NULL` + where,
 	}, nil
 }
 
@@ -253,25 +316,69 @@ ON CONFLICT DO NOTHING RETURNING true`,
 // missing. The no-op update takes the row lock even when the row exists, so
 // concurrent deliveries of one aggregate (and seeds and resolves) serialise
 // here. It returns the mark, the lowest sequence seen while waiting on a gap
-// (NULL when not waiting) and whether a start was recorded.
+// (NULL when not waiting), for how long it has waited, and whether a start
+// was recorded.
 func lockMarkSQL(marks string) string {
 	return `INSERT INTO ` + marks + ` AS m (consumer_name, aggregate_type, aggregate_id, last_sequence)
 VALUES ($1, $2, $3, 0)
 ON CONFLICT (consumer_name, aggregate_type, aggregate_id) DO UPDATE SET last_sequence = m.last_sequence
-RETURNING last_sequence, waiting_seen, start_kind IS NOT NULL`
+RETURNING last_sequence, waiting_seen, coalesce(extract(epoch FROM now() - waiting_since), 0)::float8, start_kind IS NOT NULL`
 }
 
 // markState is what lockMarkSQL returns.
 type markState struct {
 	last        int64
 	waitingSeen *int64
+	waitedSecs  float64
 	started     bool
 }
 
 func lockMark(ctx context.Context, tx pgx.Tx, sql, consumer, aggregateType, aggregateID string) (markState, error) {
 	var m markState
-	err := tx.QueryRow(ctx, sql, consumer, aggregateType, aggregateID).Scan(&m.last, &m.waitingSeen, &m.started)
+	err := tx.QueryRow(ctx, sql, consumer, aggregateType, aggregateID).Scan(&m.last, &m.waitingSeen, &m.waitedSecs, &m.started)
 	return m, err
+}
+
+// StartPoint returns the consumer's start point: when it first handled an
+// event with Config.StartAtFirstSeen (or first called StartPoint), by the
+// database's clock, recorded once per consumer name in inbox_consumers and
+// never moved. Events that occurred before it may belong to aggregates the
+// consumer joined mid-stream; an aggregate whose first event seen occurred
+// after it is held to sequence 1 first (Config.StartAtFirstSeen). Call it
+// when the consumer is deployed to make that moment its start point rather
+// than its first delivery.
+func (in *Inbox) StartPoint(ctx context.Context) (time.Time, error) {
+	in.startMu.Lock()
+	defer in.startMu.Unlock()
+	if !in.startPoint.IsZero() {
+		return in.startPoint, nil
+	}
+	var at time.Time
+	var err error
+	for range 3 { // a concurrent first recording committed after our snapshot: read again
+		err = in.pool.QueryRow(ctx, in.recordStart, in.consumer).Scan(&at)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			break
+		}
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("inbox: consumer %s: record its start point: %w", in.consumer, err)
+	}
+	in.startPoint = at
+	return at, nil
+}
+
+// occurred is when msg's event occurred: its OccurredAt, else the time in
+// its id when that is a UUIDv7; zero when neither says.
+func occurred(msg outbox.Message) time.Time {
+	if !msg.OccurredAt.IsZero() {
+		return msg.OccurredAt
+	}
+	if msg.ID.Version() == 7 {
+		sec, nsec := msg.ID.Time().UnixTime()
+		return time.Unix(sec, nsec)
+	}
+	return time.Time{}
 }
 
 // Consumer is the consumer name the inbox records under.
@@ -328,6 +435,15 @@ func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 	if msg.AggregateType == "" || msg.AggregateID == "" || msg.Sequence < 1 {
 		return 0, fmt.Errorf("inbox: message %s lacks its aggregate type, id or sequence", msg.ID)
 	}
+	var startPoint time.Time
+	if in.firstSeen {
+		// Read (once per Inbox) before the transaction: never a second
+		// connection while one is held.
+		var err error
+		if startPoint, err = in.StartPoint(ctx); err != nil {
+			return 0, err
+		}
+	}
 	var outcome Outcome
 	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
 		mark, err := lockMark(ctx, tx, in.lockMark, in.consumer, msg.AggregateType, msg.AggregateID)
@@ -338,8 +454,24 @@ func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 		// Every event in between was skipped by an operator and will never
 		// come.
 		skipped := msg.SkippedFrom >= 1 && msg.SkippedFrom <= last+1
-		// An aggregate the consumer has no mark for starts at this event.
+		// An aggregate the consumer has no mark for may start at this
+		// event: see Config.StartAtFirstSeen.
 		firstSeen := in.firstSeen && last == 0 && !mark.started && msg.Sequence > 1 && !skipped
+		reason := in.startReason
+		if firstSeen {
+			at := occurred(msg)
+			switch {
+			case at.IsZero() || at.Before(startPoint.Add(-startSkew)):
+				// Its history began before the consumer's start.
+			case mark.waitingSeen != nil && mark.waitedSecs >= in.startGrace.Seconds() && msg.Sequence <= *mark.waitingSeen:
+				reason += fmt.Sprintf("; no event before #%d came within %s (StartGrace) of its first delivery, although it occurred after the consumer's start",
+					msg.Sequence, in.startGrace)
+			default:
+				// Maybe new since the start: its sequence 1 was delivered
+				// first and is being handled, or comes again.
+				firstSeen = false
+			}
+		}
 		switch {
 		case msg.Sequence <= last:
 			outcome = Duplicate
@@ -367,7 +499,7 @@ func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 		advance := in.advance
 		switch {
 		case firstSeen:
-			advance, args = in.startFirst, append(args, in.startReason)
+			advance, args = in.startFirst, append(args, reason)
 		case mark.waitingSeen != nil:
 			advance = in.advanceWait
 		}
@@ -421,7 +553,12 @@ func (in *Inbox) Seed(ctx context.Context, aggregateType, aggregateID string, la
 //
 // reason is required (ErrReasonRequired). A mark never goes back: seeding
 // below the current mark returns ErrMarkAhead (the consumer applied later
-// events already), and seeding at the current mark does nothing.
+// events already), and seeding at the current mark does nothing, but for
+// one: seeding an aggregate the consumer has applied nothing of at 0 says
+// that its history starts at sequence 1 (it is new, or the consumer needs
+// all of it). It is recorded as a seed at 0 (start_kind "seeded",
+// start_mark 0), and the aggregate is then strict even under
+// Config.StartAtFirstSeen: it waits for sequence 1 whatever it sees first.
 func (in *Inbox) SeedTx(ctx context.Context, tx pgx.Tx, aggregateType, aggregateID string, lastApplied int64, reason string) error {
 	switch {
 	case aggregateType == "" || aggregateID == "":
@@ -438,6 +575,11 @@ func (in *Inbox) SeedTx(ctx context.Context, tx pgx.Tx, aggregateType, aggregate
 	switch {
 	case lastApplied < mark.last:
 		return fmt.Errorf("inbox: seed %s/%s at %d: %w (consumer %s is at %d)", aggregateType, aggregateID, lastApplied, ErrMarkAhead, in.consumer, mark.last)
+	case lastApplied == 0 && !mark.started:
+		if _, err := tx.Exec(ctx, in.seedZero, in.consumer, aggregateType, aggregateID, reason); err != nil {
+			return fmt.Errorf("inbox: seed %s/%s: %w", aggregateType, aggregateID, err)
+		}
+		return nil
 	case lastApplied == mark.last:
 		return nil
 	}

@@ -81,6 +81,29 @@ type claim struct {
 	blind    bool // the call is a blind retry
 	attempts int
 	checks   int
+	// leaseEnd is when the lease the last claiming statement granted ends,
+	// by this process's monotonic clock, conservatively: the statement's
+	// now() is no earlier than the moment it was sent, so the lease ends no
+	// earlier than leaseEnd.
+	leaseEnd time.Time
+}
+
+// granted is the local end of a lease granted by a statement sent at sent.
+func (c *Caller) granted(sent time.Time) time.Time { return sent.Add(c.cfg.Lease) }
+
+// leaseMargin is what a call must leave of its claim's lease when its
+// CallTimeout ends: half of the room the lease has beyond a call, the other
+// half being what the call may start late after the claim (the time between
+// the claim and the call, normally milliseconds). Past it, the outcome's
+// record still has leaseMargin to commit under the claim, and the provider
+// that much to finish a request the caller gave up on before another caller
+// may look the key up.
+func (c *Caller) leaseMargin() time.Duration { return (c.cfg.Lease - c.cfg.CallTimeout) / 2 }
+
+// callable says whether a call starting now, and running for up to
+// CallTimeout, ends at least leaseMargin before the claim's lease does.
+func (c *Caller) callable(cl claim) bool {
+	return !time.Now().Add(c.cfg.CallTimeout).After(cl.leaseEnd.Add(-c.leaseMargin()))
 }
 
 // current is an existing attempt, read under its row lock.
@@ -110,13 +133,14 @@ func secs(d time.Duration) float64 { return d.Seconds() }
 func (c *Caller) claim(ctx context.Context, key string, fp []byte) (claim, *Result, error) {
 	for range 3 {
 		var token int64
+		sent := time.Now()
 		err := c.pool.QueryRow(ctx, `INSERT INTO `+c.t+` AS s
 	(name, key, mode, state, fingerprint, attempts, lease_until, next_check_at, last_attempt_at)
 VALUES ($1, $2, $3, 'started', $4, 1, now() + make_interval(secs => $5), now() + make_interval(secs => $5), now())
 ON CONFLICT (name, key) DO NOTHING
 RETURNING lease_token`, c.cfg.Name, key, c.cfg.Mode.String(), fp, secs(c.cfg.Lease)).Scan(&token)
 		if err == nil {
-			return claim{key: key, token: token, fresh: true, attempts: 1}, nil, nil
+			return claim{key: key, token: token, fresh: true, attempts: 1, leaseEnd: c.granted(sent)}, nil, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return claim{}, nil, fmt.Errorf("record the attempt: %w", err)
@@ -135,7 +159,8 @@ RETURNING lease_token`, c.cfg.Name, key, c.cfg.Mode.String(), fp, secs(c.cfg.Lea
 		var cl claim
 		var res *Result
 		var gone bool
-		var after error // decided and written: returned once committed
+		var after error   // decided and written: returned once committed
+		sent = time.Now() // the claim's now() is the transaction's start, later
 		err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 			cur, err := c.lockCurrent(ctx, tx, key)
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -159,6 +184,7 @@ RETURNING lease_token`, c.cfg.Name, key, c.cfg.Mode.String(), fp, secs(c.cfg.Lea
 		case after != nil:
 			return claim{}, res, after
 		case !gone:
+			cl.leaseEnd = c.granted(sent)
 			return cl, res, nil
 		}
 	}
@@ -269,7 +295,19 @@ func (c *Caller) run(ctx context.Context, cl claim, call Call) (Result, error) {
 	if err := failpoint.Hit(FailpointBeforeCall); err != nil {
 		return Result{Key: cl.key, State: Started}, err
 	}
+	// The call's context is made before the lease is checked, so that its
+	// deadline is no later than the check allowed for.
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	if !c.callable(cl) {
+		// Paused since the claim (a GC pause, SIGSTOP, a frozen VM, a slow
+		// lookup): the lease has ended, or ends before the call could. Past
+		// it another caller may have taken the attempt over and be calling;
+		// calling now could be the second effect. Call nothing and give the
+		// claim back, fenced: if no one took it over, the attempt is as
+		// before this Do.
+		cancel()
+		return c.refuseLate(ctx, cl)
+	}
 	start := time.Now()
 	resp, callErr := call(cctx, cl.key)
 	took := time.Since(start)
@@ -309,6 +347,17 @@ func (c *Caller) run(ctx context.Context, cl claim, call Call) (Result, error) {
 	return res, nil
 }
 
+// refuseLate ends a Do whose claim ran out before its call: nothing was
+// called; the claim is released like after a call not sent.
+func (c *Caller) refuseLate(ctx context.Context, cl claim) (Result, error) {
+	late := fmt.Errorf("%w: paused for %s between the claim and the call, too late to call (the lease is %s, the call may take %s)",
+		ErrLeaseExpired, time.Since(cl.leaseEnd.Add(-c.cfg.Lease)).Round(time.Millisecond), c.cfg.Lease, c.cfg.CallTimeout)
+	if err := c.recordNotSent(ctx, cl, late); err != nil {
+		return Result{Key: cl.key, State: Started}, errors.Join(late, err)
+	}
+	return Result{Key: cl.key, State: Unknown, Attempts: cl.attempts - 1}, late
+}
+
 // lookupBeforeCall asks the provider about a claimed unknown attempt. done
 // is true when the answer settled the attempt (or the lookup failed);
 // otherwise the provider has no record and the caller may call, the
@@ -338,6 +387,7 @@ func (c *Caller) lookupBeforeCall(ctx context.Context, cl *claim) (Result, bool,
 	// about to be made, and renew the claim for it.
 	rctx, cancel := c.recordCtx(ctx)
 	defer cancel()
+	sent := time.Now()
 	err := c.pool.QueryRow(rctx, `UPDATE `+c.t+` SET attempts = attempts + 1, last_attempt_at = now(),
 	lease_until = now() + make_interval(secs => $4), next_check_at = now() + make_interval(secs => $4), updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'
@@ -348,6 +398,7 @@ RETURNING attempts`, c.cfg.Name, cl.key, cl.token, secs(c.cfg.Lease)).Scan(&cl.a
 	if err != nil {
 		return Result{Key: cl.key, State: Started}, true, fmt.Errorf("record the attempt: %w", err)
 	}
+	cl.leaseEnd = c.granted(sent) // the call is bounded by the renewed lease
 	return Result{}, false, nil
 }
 

@@ -21,7 +21,9 @@
 // calling, refuses another request under the key ([ErrFingerprintMismatch]),
 // and resolves an unknown attempt before anything else. A crash between the
 // call and the record leaves the attempt started; past its lease it is
-// treated as unknown, since the call may have happened.
+// treated as unknown, since the call may have happened. A caller paused
+// between its claim and its call does not call once its lease is (nearly)
+// over ([ErrLeaseExpired]): another caller may own the attempt by then.
 //
 // # Provider modes
 //

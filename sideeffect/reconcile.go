@@ -27,6 +27,10 @@ type ReconcileReport struct {
 	Unresolved int `json:"unresolved"`
 	// Parked counts the attempts parked past their bound.
 	Parked int `json:"parked"`
+	// Deferred counts the attempts whose claim ran out before their turn
+	// in the round came (slow lookups of the ones before): they were given
+	// back without a lookup, due again at once.
+	Deferred int `json:"deferred,omitempty"`
 }
 
 // Reconcile runs ReconcileOnce every Config.ReconcilePoll (at once again
@@ -75,6 +79,7 @@ func (c *Caller) ReconcileOnce(ctx context.Context) (ReconcileReport, error) {
 	if lookup {
 		addCheck = 1
 	}
+	sent := time.Now()
 	rows, err := c.pool.Query(ctx, `WITH due AS (
 	SELECT name, key FROM `+c.t+`
 	WHERE name = $1 AND state IN ('started', 'unknown') AND next_check_at <= now()
@@ -92,7 +97,7 @@ RETURNING s.key, s.lease_token, s.attempts, s.checks, extract(epoch FROM now() -
 		return rep, fmt.Errorf("sideeffect %s: claim attempts due for a check: %w", c.cfg.Name, err)
 	}
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (due, error) {
-		var d due
+		d := due{claim: claim{leaseEnd: c.granted(sent)}}
 		return d, row.Scan(&d.key, &d.token, &d.attempts, &d.checks, &d.ageSeconds, &d.retry)
 	})
 	if err != nil {
@@ -137,6 +142,11 @@ WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`, c.cfg.
 		rep.Unresolved++
 		return nil
 	}
+	if !c.callable(d.claim) {
+		// The batch's claim is running out: a lookup now could end after
+		// it, when another caller may own the attempt. Give it back.
+		return c.deferCheck(ctx, d, rep)
+	}
 	lr, lerr, took := c.lookup(ctx, d.key)
 	result := lookupResult(lr, lerr)
 	c.observe(Observation{Op: OpLookup, LookupResult: result, Duration: took, Err: lerr})
@@ -163,6 +173,21 @@ WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`, c.cfg.
 		return nil // someone else has it now
 	}
 	return err
+}
+
+// deferCheck gives back an attempt the reconciler claimed but did not look
+// up: unknown, due at once, the check it counted uncounted.
+func (c *Caller) deferCheck(ctx context.Context, d due, rep *ReconcileReport) error {
+	rctx, cancel := c.recordCtx(ctx)
+	defer cancel()
+	_, err := c.pool.Exec(rctx, `UPDATE `+c.t+` SET state = 'unknown', lease_until = NULL, next_check_at = now(),
+	checks = greatest(checks - 1, 0), updated_at = now()
+WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`, c.cfg.Name, d.key, d.token)
+	if err != nil {
+		return fmt.Errorf("give back the attempt: %w", err)
+	}
+	rep.Deferred++
+	return nil
 }
 
 // park parks a claimed attempt in state from, fenced by the claim's token.

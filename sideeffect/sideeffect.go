@@ -89,6 +89,14 @@ var (
 	// caller took the attempt over; this call's outcome was not recorded.
 	// Make Config.Lease longer than Config.CallTimeout allows for.
 	ErrLeaseLost = errors.New("the claim on the attempt expired during the call")
+	// ErrLeaseExpired: the caller was paused between its claim and its call
+	// (a GC pause, SIGSTOP, a frozen VM) until its lease had ended, or had
+	// too little left for the call to end within it, so Do did not call:
+	// past the lease another caller may own the attempt and be calling.
+	// Nothing was called and nothing recorded as an outcome; the claim was
+	// given back (unless another caller had taken it). Treat it like
+	// ErrInProgress: call Do again later, e.g. on the event's redelivery.
+	ErrLeaseExpired = errors.New("the claim on the attempt ran out before the call: nothing was called")
 	// ErrNotFound: no attempt with that name and key.
 	ErrNotFound = errors.New("no such attempt")
 )
@@ -131,8 +139,11 @@ type Config struct {
 	CallTimeout time.Duration
 	// Lease is how long a claim lasts: past it, a started attempt is taken
 	// to be abandoned (its caller crashed) and treated as unknown. It must
-	// exceed CallTimeout, with room for the database writes. Defaults to 3
-	// × CallTimeout.
+	// exceed CallTimeout, with room for the database writes. Half of the
+	// room, (Lease - CallTimeout) / 2, is how late after its claim a call
+	// may still start: Do checks it just before calling and refuses a later
+	// call (ErrLeaseExpired); the other half is left after the call's
+	// timeout for its record. Defaults to 3 × CallTimeout.
 	Lease time.Duration
 	// CheckInterval is the wait before the first check of an unknown
 	// attempt; each further check waits twice as long, up to

@@ -53,10 +53,12 @@ reserved order it charges the order's total at the provider (--provider-url)
 through the side-effect helper, key "<order id>/charge", and records
 PaymentCaptured or PaymentFailed through the outbox in the inbox transaction;
 for a cancelled order whose charge was captured it refunds it, key
-"<order id>/refund", and records PaymentRefunded, or RefundFailed once the
-refund failed --refund-attempts times (or was refused, or parked). An
-ambiguous call is not acknowledged: the redelivery resolves it with the same
-key; a reconciler looks unknown calls up meanwhile. --provider-mode must be
+"<order id>/refund", and records PaymentRefunded, or RefundFailed when the
+provider refused it. An ambiguous call is not acknowledged: the redelivery
+resolves it with the same key; a reconciler looks unknown calls up meanwhile.
+A refund still unknown after --refund-attempts deliveries (or parked) is
+recorded as RefundUnknown (the saga waits, parked with the reason) and
+resolved in the background: PaymentRefunded or RefundFailed once known. --provider-mode must be
 the provider's --mode. Stops on SIGINT/SIGTERM.`)
 	var common cli.Common
 	var dest destination.Options
@@ -73,7 +75,7 @@ the provider's --mode. Stops on SIGINT/SIGTERM.`)
 	fs.IntVar(&cfg.Workers, "workers", payments.WorkersDefault, "messages processed at once per aggregate type")
 	fs.DurationVar(&cfg.AckWait, "ack-wait", payments.AckWaitDefault, "how long JetStream waits for an ack (must exceed --call-timeout)")
 	fs.DurationVar(&cfg.CallTimeout, "call-timeout", 5*time.Second, "bound on each provider call and lookup")
-	fs.IntVar(&cfg.RefundAttempts, "refund-attempts", payments.RefundAttemptsDefault, "deliveries of a cancellation whose refund keeps failing before RefundFailed parks the saga")
+	fs.IntVar(&cfg.RefundAttempts, "refund-attempts", payments.RefundAttemptsDefault, "deliveries of a cancellation whose refund stays unknown before RefundUnknown parks the saga (payments keeps resolving the refund)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -119,11 +121,13 @@ const sagaUsage = `saga run|resolve|show|status [flags]
 The order service's side of the saga.
 
   saga run       consume StockReserved/StockRejected (aggregate type inventory)
-                 and PaymentCaptured/PaymentFailed/PaymentRefunded/RefundFailed
-                 (aggregate type payment) from NATS JetStream: confirm a paid
-                 order, cancel one whose stock was rejected or whose payment
-                 failed (OrderCancelled: inventory releases, payments refunds),
-                 park the saga as needs_attention when a refund failed for good
+                 and PaymentCaptured/PaymentFailed/PaymentRefunded/RefundFailed/
+                 RefundUnknown (aggregate type payment) from NATS JetStream:
+                 confirm a paid order, cancel one whose stock was rejected or
+                 whose payment failed (OrderCancelled: inventory releases,
+                 payments refunds), park the saga as needs_attention when a
+                 refund failed for good or its outcome is unknown (a later
+                 PaymentRefunded ends it cancelled)
   saga show      print an order's saga (state and history) as JSON
   saga status    count the sagas by state, and list those needing attention
   saga resolve   settle a saga needing attention: --order ID --as

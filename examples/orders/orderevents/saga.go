@@ -10,7 +10,7 @@ const (
 	InventoryAggregateType = "inventory"
 	// PaymentAggregateType is the aggregate type of the payments
 	// consumer's events (PaymentCaptured, PaymentFailed, PaymentRefunded,
-	// RefundFailed).
+	// RefundFailed, RefundUnknown).
 	PaymentAggregateType = "payment"
 	// Currency of every charge of the example.
 	Currency = "eur"
@@ -33,10 +33,18 @@ const (
 	// PaymentRefunded: the charge of a cancelled order was refunded;
 	// payload PaymentPayload.
 	PaymentRefunded = "PaymentRefunded"
-	// RefundFailed: the refund of a cancelled order's charge failed past
-	// the retry bound (or was declined, or its outcome is parked): a
-	// compensation that failed, for an operator; payload PaymentPayload.
+	// RefundFailed: the provider refused the refund of a cancelled order's
+	// charge for good (or an operator resolved the refund's call as
+	// failed): a compensation that failed, for an operator; payload
+	// PaymentPayload.
 	RefundFailed = "RefundFailed"
+	// RefundUnknown: the refund's outcome is still unknown after the
+	// cancellation's last delivery (payments' RefundAttempts), or its call
+	// is parked in the side-effect helper. The saga waits, parked with the
+	// reason; payments keeps resolving the refund and records
+	// PaymentRefunded or RefundFailed once it knows. Payload
+	// PaymentPayload.
+	RefundUnknown = "RefundUnknown"
 )
 
 // StockPayload is the payload of StockReserved and StockRejected.

@@ -27,9 +27,12 @@ const (
 	// (stock rejected, payment failed); its stock is released and a charge
 	// refunded by the consumers (terminal unless the refund fails).
 	SagaCancelled = "cancelled"
-	// SagaNeedsAttention: a compensation failed past its retries (the
-	// refund of a cancelled order's charge): parked for an operator, who
-	// resolves it with ResolveSaga (terminal until resolved).
+	// SagaNeedsAttention: a compensation failed (the provider refused the
+	// refund of a cancelled order's charge), or its outcome is unknown past
+	// its retries: parked with the reason. An unknown refund is settled by
+	// payments once the side-effect helper learns the outcome (refunded:
+	// the saga ends cancelled); a failed one by an operator, with
+	// ResolveSaga (terminal until resolved).
 	SagaNeedsAttention = "needs_attention"
 )
 
@@ -146,7 +149,9 @@ func (s *Service) cancelTx(ctx context.Context, tx pgx.Tx, orderID, reason strin
 // confirms the order (PaymentCaptured), cancels it with a reason and
 // records OrderCancelled (StockRejected, PaymentFailed), records the
 // progress (StockReserved, PaymentRefunded), or parks the saga as
-// needs_attention (RefundFailed). Other events change nothing.
+// needs_attention (RefundFailed; RefundUnknown until payments learns the
+// refund's outcome: a PaymentRefunded then ends the saga cancelled). Other
+// events change nothing.
 func (s *Service) ApplySagaEvent(ctx context.Context, tx pgx.Tx, msg outbox.Message) error {
 	orderID, id := msg.AggregateID, msg.ID
 	if _, err := tx.Exec(ctx, s.q.saga.lockOrder, orderID); err != nil {
@@ -191,13 +196,22 @@ func (s *Service) ApplySagaEvent(ctx context.Context, tx pgx.Tx, msg outbox.Mess
 		// sees the OrderCancelled.
 		return s.sagaStep(ctx, tx, orderID, msg.Type, state, "captured after the cancellation; refund due", "", &id, false)
 	case orderevents.PaymentRefunded:
+		if state == SagaNeedsAttention {
+			// Parked while the refund's outcome was unknown: it happened,
+			// the compensation is done.
+			return s.sagaStep(ctx, tx, orderID, msg.Type, SagaCancelled, "refund outcome learnt: refunded", "", &id, true)
+		}
 		return s.sagaStep(ctx, tx, orderID, msg.Type, state, "", "", &id, false)
-	case orderevents.RefundFailed:
+	case orderevents.RefundFailed, orderevents.RefundUnknown:
 		var p orderevents.PaymentPayload
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
 			return fmt.Errorf("decode %s payload: %w", msg.Type, err)
 		}
-		return s.sagaStep(ctx, tx, orderID, msg.Type, SagaNeedsAttention, "refund failed: "+p.Reason, "", &id, true)
+		reason := "refund failed: " + p.Reason
+		if msg.Type == orderevents.RefundUnknown {
+			reason = "refund outcome unknown: " + p.Reason
+		}
+		return s.sagaStep(ctx, tx, orderID, msg.Type, SagaNeedsAttention, reason, "", &id, true)
 	}
 	return nil
 }

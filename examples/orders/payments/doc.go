@@ -18,8 +18,15 @@
 // charges with a new key. An ambiguous outcome is not acknowledged: the
 // event comes again and the helper resolves it (lookup, or the same key).
 //
-// A refund that keeps failing is retried with the redelivery's backoff; at
-// Config.RefundAttempts deliveries, or at once when the provider declines
-// it or the helper parks it, the consumer records RefundFailed, which parks
-// the saga as needs_attention in the order service.
+// A refund whose outcome is unknown is retried with the redelivery's
+// backoff. When the provider refuses it for good, the consumer records
+// RefundFailed, which parks the saga as needs_attention in the order
+// service. When it is still unknown at Config.RefundAttempts deliveries, or
+// the helper parks its call, the consumer records RefundUnknown instead (the
+// saga is parked with the reason: the refund may have happened) and
+// acknowledges the cancellation; its resolver (ResolveRefunds, run by Run)
+// keeps driving the refund through the helper with the same key and records
+// PaymentRefunded (the saga ends cancelled) or RefundFailed once the
+// reconciler's lookup, a retry, or an operator's `outbox sideeffect
+// resolve` decides it.
 package payments

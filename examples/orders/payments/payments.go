@@ -58,14 +58,18 @@ type Config struct {
 	// BlindRetry, in mode neither only, calls the provider again after an
 	// unknown outcome (a counted possible duplicate) instead of parking it.
 	BlindRetry bool
-	// CallTimeout, CheckInterval and MaxChecks are the helper's
-	// (sideeffect.Config).
-	CallTimeout   time.Duration
-	CheckInterval time.Duration
-	MaxChecks     int
+	// CallTimeout, CheckInterval, MaxCheckInterval and MaxChecks are the
+	// helper's (sideeffect.Config). CheckInterval is also how often the
+	// resolver of unknown refunds looks for due ones.
+	CallTimeout      time.Duration
+	CheckInterval    time.Duration
+	MaxCheckInterval time.Duration
+	MaxChecks        int
 	// RefundAttempts bounds the deliveries of an OrderCancelled whose
-	// refund stays unknown; then RefundFailed is recorded. Defaults to
-	// RefundAttemptsDefault.
+	// refund stays unknown; then RefundUnknown is recorded (the saga waits,
+	// parked with the reason) and the resolver (ResolveRefunds) records
+	// PaymentRefunded or RefundFailed once the outcome is known. Defaults
+	// to RefundAttemptsDefault.
 	RefundAttempts int
 	// Observer receives the helper's observations (metrics). Optional.
 	Observer sideeffect.Observer
@@ -74,6 +78,9 @@ type Config struct {
 // Stats are the consumer's running totals.
 type Stats struct {
 	Captured, Declined, Refunded, RefundFailed, SkippedCancelled int64
+	// RefundsUnknown counts refunds recorded as unknown (RefundUnknown):
+	// the saga waits while the resolver learns their outcome.
+	RefundsUnknown int64
 	// Retried counts deliveries handed back for a redelivery (unknown
 	// outcomes, errors, early events).
 	Retried int64
@@ -88,9 +95,9 @@ type Consumer struct {
 	charge, refund *sideeffect.Caller
 	admin          *sideeffect.Admin
 	log            *slog.Logger
-	q              struct{ ensure, lock, set string }
+	q              struct{ ensure, lock, set, unknown string }
 
-	captured, declined, refunded, refundFailed, skipped, retried atomic.Int64
+	captured, declined, refunded, refundFailed, refundsUnknown, skipped, retried atomic.Int64
 }
 
 // Migrate applies the outbox migrations (inbox, side_effects) to schema and
@@ -154,12 +161,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	c.q.lock = `SELECT status, cancelled, coalesce(charge_id, ''), amount_cents FROM ` + t + ` WHERE order_id = $1 FOR UPDATE`
 	c.q.set = `UPDATE ` + t + ` SET status = $2, amount_cents = $3, charge_id = coalesce(NULLIF($4, ''), charge_id),
 refund_id = coalesce(NULLIF($5, ''), refund_id), reason = NULLIF($6, ''), cancelled = cancelled OR $7, updated_at = now() WHERE order_id = $1`
+	c.q.unknown = `SELECT order_id FROM ` + t + ` WHERE status = 'refund_unknown' ORDER BY updated_at LIMIT $1`
 	return c, nil
 }
 
 func (c *Consumer) caller(name string, lookup sideeffect.Lookup) (*sideeffect.Caller, error) {
 	sc := sideeffect.Config{Name: name, Schema: c.cfg.Schema, Lookup: lookup, CallTimeout: c.cfg.CallTimeout,
-		CheckInterval: c.cfg.CheckInterval, MaxChecks: c.cfg.MaxChecks, Observer: c.cfg.Observer, Logger: c.log}
+		CheckInterval: c.cfg.CheckInterval, MaxCheckInterval: c.cfg.MaxCheckInterval, MaxChecks: c.cfg.MaxChecks, Observer: c.cfg.Observer, Logger: c.log}
 	switch c.cfg.Mode {
 	case provider.ModeIdempotent:
 		sc.Mode = sideeffect.Idempotent
@@ -186,7 +194,7 @@ func (c *Consumer) Callers() []*sideeffect.Caller { return []*sideeffect.Caller{
 // Stats returns the running totals.
 func (c *Consumer) Stats() Stats {
 	return Stats{Captured: c.captured.Load(), Declined: c.declined.Load(), Refunded: c.refunded.Load(),
-		RefundFailed: c.refundFailed.Load(), SkippedCancelled: c.skipped.Load(), Retried: c.retried.Load()}
+		RefundFailed: c.refundFailed.Load(), RefundsUnknown: c.refundsUnknown.Load(), SkippedCancelled: c.skipped.Load(), Retried: c.retried.Load()}
 }
 
 // errEarly: an earlier event of the aggregate is not applied yet.
@@ -215,6 +223,7 @@ func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 	for _, sc := range c.Callers() {
 		go func() { _ = sc.Reconcile(ctx) }()
 	}
+	go c.resolveRefunds(ctx)
 	c.log.Info("payments consumer starting", slog.String("durable", c.cfg.Durable), slog.String("mode", string(c.cfg.Mode)))
 	return natsloop.Run(ctx, js, natsloop.Config{
 		Stream: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix, Durable: c.cfg.Durable,
@@ -348,37 +357,61 @@ func (c *Consumer) refundOrder(ctx context.Context, tx pgx.Tx, orderID string, d
 		// Nothing charged (yet): a later StockReserved charges nothing.
 		return c.set(ctx, tx, orderID, r.status, r.amount, "", "", "", true)
 	}
-	req := provider.RefundRequest{Charge: r.chargeID}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	res, err := c.refund.Do(ctx, RefundKey(orderID), body, func(ctx context.Context, key string) ([]byte, error) {
-		rf, err := c.cfg.Provider.Refund(ctx, key, req)
-		return outcome(rf, err)
-	})
-	var reason string
+	res, err := c.callRefund(ctx, r.chargeID, orderID)
 	switch {
-	case err == nil && res.State == sideeffect.Succeeded:
-		var rf provider.Refund
-		_ = json.Unmarshal(res.Response, &rf)
-		c.refunded.Add(1)
-		if err := c.set(ctx, tx, orderID, "refunded", r.amount, "", rf.ID, "", true); err != nil {
-			return err
-		}
-		return c.record(ctx, tx, orderevents.PaymentRefunded, orderevents.PaymentPayload{OrderID: orderID,
-			AmountCents: r.amount, ChargeID: r.chargeID, RefundID: rf.ID})
-	case err == nil: // Failed: the provider refused the refund for good
-		var rf provider.Refund
-		_ = json.Unmarshal(res.Response, &rf)
-		reason = "refused by the provider: " + rf.FailureCode + res.Error
+	case err == nil:
+		return c.refundKnown(ctx, tx, orderID, r, res)
+	case errors.Is(err, sideeffect.ErrFingerprintMismatch):
+		return c.recordRefundFailed(ctx, tx, orderID, r, "its key was used before for another refund: "+err.Error())
 	case errors.Is(err, sideeffect.ErrParked):
-		reason = "its outcome is unknown and parked (outbox sideeffect parked)"
+		// An operator decides (outbox sideeffect resolve); the resolver
+		// (ResolveRefunds) records what they decided.
+		return c.refundUnknown(ctx, tx, orderID, r, "its call is parked in the side-effect helper for an operator: "+err.Error())
 	case delivery >= c.cfg.RefundAttempts:
-		reason = fmt.Sprintf("still failing after %d attempts: %v", delivery, err)
+		// Not "failed": the refund may have happened and be learnt later
+		// (the helper's reconciler, a lookup by the resolver). Stop
+		// holding the cancellation and let the resolver follow it.
+		return c.refundUnknown(ctx, tx, orderID, r, fmt.Sprintf("outcome still unknown after %d attempts: %v", delivery, err))
 	default:
 		return err // retried with the redelivery's backoff
 	}
+}
+
+// callRefund refunds the order's charge through the helper, with the
+// order's refund key.
+func (c *Consumer) callRefund(ctx context.Context, chargeID, orderID string) (sideeffect.Result, error) {
+	req := provider.RefundRequest{Charge: chargeID}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return sideeffect.Result{}, err
+	}
+	return c.refund.Do(ctx, RefundKey(orderID), body, func(ctx context.Context, key string) ([]byte, error) {
+		rf, err := c.cfg.Provider.Refund(ctx, key, req)
+		return outcome(rf, err)
+	})
+}
+
+// refundKnown records a refund whose outcome the helper knows: succeeded
+// (PaymentRefunded) or refused for good (RefundFailed).
+func (c *Consumer) refundKnown(ctx context.Context, tx pgx.Tx, orderID string, r row, res sideeffect.Result) error {
+	var rf provider.Refund
+	_ = json.Unmarshal(res.Response, &rf)
+	if res.State != sideeffect.Succeeded {
+		reason := "refused by the provider: " + rf.FailureCode + res.Error
+		if res.Via == "operator" {
+			reason = "an operator resolved the refund's call as failed (outbox sideeffect resolve)"
+		}
+		return c.recordRefundFailed(ctx, tx, orderID, r, reason)
+	}
+	c.refunded.Add(1)
+	if err := c.set(ctx, tx, orderID, "refunded", r.amount, "", rf.ID, "", true); err != nil {
+		return err
+	}
+	return c.record(ctx, tx, orderevents.PaymentRefunded, orderevents.PaymentPayload{OrderID: orderID,
+		AmountCents: r.amount, ChargeID: r.chargeID, RefundID: rf.ID})
+}
+
+func (c *Consumer) recordRefundFailed(ctx context.Context, tx pgx.Tx, orderID string, r row, reason string) error {
 	c.refundFailed.Add(1)
 	c.log.Error("refund failed; the saga needs attention", slog.String("order_id", orderID), slog.String("reason", reason))
 	if err := c.set(ctx, tx, orderID, "refund_failed", r.amount, "", "", reason, true); err != nil {
@@ -386,6 +419,114 @@ func (c *Consumer) refundOrder(ctx context.Context, tx pgx.Tx, orderID string, d
 	}
 	return c.record(ctx, tx, orderevents.RefundFailed, orderevents.PaymentPayload{OrderID: orderID,
 		AmountCents: r.amount, ChargeID: r.chargeID, Reason: reason})
+}
+
+// refundUnknown parks the saga while the refund's outcome is unknown: the
+// payments row says refund_unknown with the reason, RefundUnknown tells the
+// saga, and ResolveRefunds records the outcome once the helper knows it.
+func (c *Consumer) refundUnknown(ctx context.Context, tx pgx.Tx, orderID string, r row, reason string) error {
+	reason += fmt.Sprintf("; payments records the outcome once known (outbox sideeffect show --name %s --key %s)", RefundName, RefundKey(orderID))
+	c.refundsUnknown.Add(1)
+	c.log.Warn("refund outcome unknown; the saga waits for it", slog.String("order_id", orderID), slog.String("reason", reason))
+	if err := c.set(ctx, tx, orderID, "refund_unknown", r.amount, "", "", reason, true); err != nil {
+		return err
+	}
+	return c.record(ctx, tx, orderevents.RefundUnknown, orderevents.PaymentPayload{OrderID: orderID,
+		AmountCents: r.amount, ChargeID: r.chargeID, Reason: reason})
+}
+
+// ResolveRefunds is one round of the resolver of refunds left unknown
+// (payments rows in status refund_unknown): for each whose attempt in the
+// helper is due — final (the reconciler's lookup, or an operator's
+// resolve, decided it), or unknown and due for its next check — it calls
+// the helper's Do again with the refund's key (which answers from the
+// record, looks the key up, or calls again as the provider's mode allows)
+// and, once the outcome is known, records PaymentRefunded or RefundFailed
+// with the payments row, in one transaction. A parked attempt waits for
+// its operator. It returns how many refunds it settled. Run calls it
+// every Config.CheckInterval.
+func (c *Consumer) ResolveRefunds(ctx context.Context) (int, error) {
+	rows, err := c.pool.Query(ctx, c.q.unknown, resolveBatch)
+	if err != nil {
+		return 0, fmt.Errorf("payments: refunds unknown: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("payments: refunds unknown: %w", err)
+	}
+	settled := 0
+	for _, id := range ids {
+		ok, err := c.resolveRefund(ctx, id)
+		if err != nil {
+			return settled, fmt.Errorf("payments: resolve the refund of order %s: %w", id, err)
+		}
+		if ok {
+			settled++
+		}
+	}
+	return settled, nil
+}
+
+// resolveBatch bounds the refunds one ResolveRefunds round takes up.
+const resolveBatch = 100
+
+// errStillUnknown ends the resolver's transaction without a change.
+var errStillUnknown = errors.New("the refund's outcome is still unknown")
+
+func (c *Consumer) resolveRefund(ctx context.Context, orderID string) (bool, error) {
+	a, err := c.admin.Attempt(ctx, RefundName, RefundKey(orderID))
+	switch {
+	case errors.Is(err, sideeffect.ErrNotFound):
+		// No record: the call was never sent (or given back). Do calls.
+	case err != nil:
+		return false, err
+	case a.State == sideeffect.Succeeded || a.State == sideeffect.Failed:
+	case a.State == sideeffect.Parked:
+		return false, nil // an operator decides
+	case a.State == sideeffect.Started && !a.Expired:
+		return false, nil // someone is at it
+	case a.NextCheck != nil && a.NextCheck.After(time.Now()):
+		return false, nil // not due: the helper's backoff
+	}
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		r, _, err := c.lockRow(ctx, tx, orderID)
+		if err != nil {
+			return err
+		}
+		if r.status != "refund_unknown" {
+			return errStillUnknown // settled meanwhile
+		}
+		res, err := c.callRefund(ctx, r.chargeID, orderID)
+		if err != nil {
+			if errors.Is(err, sideeffect.ErrFingerprintMismatch) {
+				return c.recordRefundFailed(ctx, tx, orderID, r, "its key was used before for another refund: "+err.Error())
+			}
+			return errStillUnknown
+		}
+		return c.refundKnown(ctx, tx, orderID, r, res)
+	})
+	if errors.Is(err, errStillUnknown) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// resolveRefunds runs ResolveRefunds until ctx ends.
+func (c *Consumer) resolveRefunds(ctx context.Context) {
+	every := c.cfg.CheckInterval
+	if every <= 0 {
+		every = sideeffect.CheckIntervalDefault
+	}
+	for {
+		if _, err := c.ResolveRefunds(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("resolve refunds", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
 }
 
 // ChargeKey is the idempotency key, and the reference, of an order's

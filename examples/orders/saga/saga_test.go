@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/pgoutbox/outbox/examples/orders/saga"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxnats"
+	"github.com/pgoutbox/outbox/sideeffect"
 )
 
 const waitFor = 30 * time.Second
@@ -41,6 +44,9 @@ type env struct {
 	prov     *provider.Service
 	client   *provider.Client
 	payments *payments.Consumer
+	// refundLookupsDown makes the provider answer 503 to refund lookups
+	// (GET /refunds), injected in front of it.
+	refundLookupsDown atomic.Bool
 }
 
 // newEnv runs the whole saga in-process on a schema and a stream of the
@@ -87,7 +93,15 @@ func newEnv(t *testing.T, mode provider.Mode) *env {
 	if err := prov.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(prov.Handler())
+	e := &env{t: t, pool: pool, schema: schema, api: api, prov: prov}
+	h := prov.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/refunds" && e.refundLookupsDown.Load() {
+			http.Error(w, "refund lookups are down", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(prov.StopHanging)
 	client := provider.NewClient(srv.URL, "", payments.HTTPClient())
@@ -125,7 +139,8 @@ func newEnv(t *testing.T, mode provider.Mode) *env {
 	}
 	pay, err := payments.New(pool, payments.Config{Settings: payments.Settings{Schema: schema, Stream: stream, SubjectPrefix: prefix,
 		AckWait: 20 * time.Second, RetryDelay: 20 * time.Millisecond, Logger: log}, Provider: client, Mode: mode,
-		CallTimeout: 2 * time.Second, CheckInterval: 50 * time.Millisecond, RefundAttempts: 3})
+		CallTimeout: 2 * time.Second, CheckInterval: 50 * time.Millisecond, MaxCheckInterval: 500 * time.Millisecond,
+		MaxChecks: 1000, RefundAttempts: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +173,8 @@ func newEnv(t *testing.T, mode provider.Mode) *env {
 			}
 		}
 	})
-	return &env{t: t, pool: pool, schema: schema, api: api, prov: prov, client: client, payments: pay}
+	e.client, e.payments = client, pay
+	return e
 }
 
 func (e *env) order(t *testing.T, items ...ordersapi.Item) ordersapi.Order {
@@ -311,6 +327,45 @@ func testSaga(t *testing.T, mode provider.Mode) {
 		}
 	})
 
+	// Issue 19, item 13: the refund's call times out after the provider
+	// refunded, and the lookups that would tell fail too, past the
+	// cancellation's RefundAttempts deliveries. The saga is parked with
+	// the refund's outcome unknown, never "refund failed"; once a lookup
+	// learns the refund happened, the saga ends cancelled with its
+	// compensation done. Before the fix payments recorded RefundFailed at
+	// the last delivery and the saga stayed needs_attention with "refund
+	// failed" for a refund that had succeeded.
+	t.Run("refund outcome unknown past the attempts, then learnt", func(t *testing.T) {
+		o := e.order(t, ordersapi.Item{SKU: "SKU-1007", Quantity: 1})
+		e.waitSaga(t, o.ID, ordersapi.SagaConfirmed)
+		e.refundLookupsDown.Store(true)
+		defer e.refundLookupsDown.Store(false)
+		if err := e.prov.SetFaults(provider.Faults{Rules: []provider.Rule{{Fault: provider.FaultTimeoutAfterCommit, On: "refunds", Next: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = e.prov.SetFaults(provider.Faults{}) }()
+		if _, err := e.api.Cancel(ctx, o.ID); err != nil {
+			t.Fatal(err)
+		}
+		o = e.waitSaga(t, o.ID, ordersapi.SagaNeedsAttention)
+		if !strings.HasPrefix(o.Saga.Reason, "refund outcome unknown: outcome still unknown after 3 attempts") || hasStep(o, orderevents.RefundFailed) {
+			t.Fatalf("saga parked with reason %q (steps %s); want the refund's outcome unknown, never failed", o.Saga.Reason, steps(o))
+		}
+		if l := e.ledger(t, o.ID); l.Refunds != 1 || l.Net != 0 {
+			t.Fatalf("ledger %+v: the provider refunded on the first call", l)
+		}
+		e.refundLookupsDown.Store(false) // the reconciler's next lookup finds the refund
+		o = e.waitSaga(t, o.ID, ordersapi.SagaCancelled)
+		if hasStep(o, orderevents.RefundFailed) || !hasStep(o, orderevents.RefundUnknown) || !hasStep(o, orderevents.PaymentRefunded) {
+			t.Errorf("steps %s: want RefundUnknown then PaymentRefunded, no RefundFailed", steps(o))
+		}
+		outboxtest.Eventually(t, waitFor, "stock released", func() bool { return e.reservations(t, o.ID)["released"] == 1 })
+		waitPayment(t, e, o.ID, "refunded")
+		if l := e.ledger(t, o.ID); l.Charges != 1 || l.Refunds != 1 || l.Net != 0 {
+			t.Errorf("ledger %+v, want one charge and its refund", l)
+		}
+	})
+
 	t.Run("refund fails, saga parked, operator resolves", func(t *testing.T) {
 		o := e.order(t, ordersapi.Item{SKU: "SKU-1006", Quantity: 1})
 		e.waitSaga(t, o.ID, ordersapi.SagaConfirmed)
@@ -321,10 +376,28 @@ func testSaga(t *testing.T, mode provider.Mode) {
 		if _, err := e.api.Cancel(ctx, o.ID); err != nil {
 			t.Fatal(err)
 		}
+		// Each refund answers 500: its outcome is unknown (the provider
+		// may have refunded), so the saga waits, parked.
 		o = e.waitSaga(t, o.ID, ordersapi.SagaNeedsAttention)
-		if !strings.HasPrefix(o.Saga.Reason, "refund failed: still failing after 3 attempts") {
+		if !strings.HasPrefix(o.Saga.Reason, "refund outcome unknown: outcome still unknown after 3 attempts") {
 			t.Errorf("saga reason %q", o.Saga.Reason)
 		}
+		// The operator learns from the provider that nothing was refunded
+		// and settles the call as failed; payments then records
+		// RefundFailed.
+		admin, err := sideeffect.NewAdmin(e.pool, sideeffect.AdminConfig{Schema: e.schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		outboxtest.Eventually(t, waitFor, "the refund's call resolved as failed", func() bool {
+			_, err := admin.Resolve(ctx, sideeffect.Resolution{Name: payments.RefundName,
+				Key: payments.RefundKey(o.ID), As: sideeffect.ResolveFailed, By: "alice", Reason: "no refund at the provider; refunding by transfer"})
+			return err == nil
+		})
+		outboxtest.Eventually(t, waitFor, "the saga says the refund failed", func() bool {
+			o, _ = e.api.Get(ctx, o.ID)
+			return o.Saga != nil && o.Saga.State == ordersapi.SagaNeedsAttention && strings.HasPrefix(o.Saga.Reason, "refund failed: an operator resolved")
+		})
 		if l := e.ledger(t, o.ID); l.Net != 2990 {
 			t.Errorf("ledger %+v: the refund must not have happened", l)
 		}
