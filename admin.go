@@ -601,7 +601,7 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, by string) (EventInfo, 
 			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE `+a.t.events+`
-SET quarantined_at = NULL, attempt_count = 0, available_at = now(),
+SET quarantined_at = NULL, attempt_count = 0, available_at = `+dueAgainSQL("")+`,
 	claimed_by = NULL, claim_token = NULL, claim_until = NULL
 WHERE event_id = $1`, id); err != nil {
 			return err

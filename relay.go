@@ -145,6 +145,17 @@ type RelayConfig struct {
 	// are the same, so the two never publish an aggregate out of order.
 	// Zero (the default) claims every due event: ordinary polling.
 	ReconcileAfter time.Duration
+	// RescanInterval is how often the relay claims with a full scan of the
+	// pending events instead of reading only what is new since its last
+	// claim (see docs/design.md, "Claiming only what is new"). The full scan
+	// finds what the incremental claim does not look for: events leased by a
+	// relay that died, once their lease expires, and rows without a
+	// dispatch_xid (written before migration 009). A full scan that fills its
+	// batch is followed by another one at once. A negative value makes every
+	// claim a full scan, as before the incremental claim existed. Defaults to
+	// RescanIntervalDefault (5s).
+	RescanInterval time.Duration
+
 	// TracerProvider receives a PRODUCER span per event published (see
 	// docs/operations.md, "Tracing"): a child of the trace context the
 	// writer stored with the event, whose own context replaces the
@@ -184,6 +195,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.CleanupInterval, CleanupIntervalDefault)
 	def(&c.LaneSweepInterval, LaneSweepIntervalDefault)
 	def(&c.VacuumInterval, VacuumIntervalDefault)
+	def(&c.RescanInterval, RescanIntervalDefault)
 	if c.Cleanup.BatchSize == 0 {
 		c.Cleanup.BatchSize = CleanupBatchSizeDefault
 	}
@@ -285,6 +297,7 @@ type Relay struct {
 	// DisablePipelining is not set): a batch goes out in one call.
 	pipelined bool
 	ahead     *ahead         // the next batch, claimed while this one is published
+	cursor    claimCursor    // where the next incremental claim starts
 	tracer    *publishTracer // nil: tracing off (a no-op provider)
 	running   atomic.Bool
 	health    atomic.Pointer[error] // nil: the last batch went well

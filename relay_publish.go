@@ -38,7 +38,11 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 	if err != nil {
 		return err
 	}
-	return r.settleOutcome(ctx, b, o)
+	if err := r.settleOutcome(ctx, b, o); err != nil {
+		return err
+	}
+	r.cursor.continueLanes(b, o.published)
+	return nil
 }
 
 // outcome is what publishing a batch came to.

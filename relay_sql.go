@@ -15,6 +15,9 @@ type relaySQL struct {
 	// lockLanes and parkLanes park the lanes of quarantined events (see
 	// parkSQL).
 	lockLanes, parkLanes string
+	// fastClaim is the incremental claim and cursorStart its cursor's
+	// start-up query (relay_cursor.go).
+	fastClaim, cursorStart string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -27,7 +30,8 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	lockLanes, parkLanes := parkSQL(s)
 	return relaySQL{
 		lockLanes: lockLanes, parkLanes: parkLanes,
-		claim: claimSQL(events, batchSize, ""),
+		claim:     claimSQL(events, batchSize, ""),
+		fastClaim: fastClaimSQL(events, batchSize), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
 
@@ -38,7 +42,7 @@ SET published_at = now(), claimed_by = NULL, claim_token = NULL, claim_until = N
 WHERE event_id = ANY($1) AND claim_token = $2`,
 
 		markFailed: `UPDATE ` + events + ` e
-SET available_at = now() + f.delay_ms * interval '1 millisecond',
+SET available_at = greatest(now() + f.delay_ms * interval '1 millisecond', e.occurred_at + interval '1 microsecond'),
 	attempt_count = e.attempt_count + f.attempts,
 	last_error = f.error,
 	quarantined_at = CASE WHEN f.quarantine THEN now() END,
@@ -47,10 +51,27 @@ FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::text[], $5::bool[])
 	AS f(event_id, delay_ms, attempts, error, quarantine)
 WHERE e.event_id = f.event_id AND e.claim_token = $6`,
 
+		// A released event is due again at once; available_at moves past
+		// occurred_at so that it is in outbox_rescheduled_idx, where an
+		// incremental claim finds it (relay_cursor.go): its dispatch_xid may
+		// be behind every relay's cursor.
 		release: `UPDATE ` + events + `
-SET claimed_by = NULL, claim_token = NULL, claim_until = NULL
+SET claimed_by = NULL, claim_token = NULL, claim_until = NULL,
+	available_at = ` + dueAgainSQL("") + `
 WHERE event_id = ANY($1) AND claim_token = $2`,
 	}
+}
+
+// dueAgainSQL is the available_at of an event made due again now (released,
+// retried, unparked), for the row alias e ("" for the unqualified columns):
+// now, and strictly after occurred_at, so that the event is in
+// outbox_rescheduled_idx (migration 009), where an incremental claim looks
+// for events whose transaction is behind its cursor.
+func dueAgainSQL(e string) string {
+	if e != "" {
+		e += "."
+	}
+	return `greatest(clock_timestamp(), ` + e + `occurred_at + interval '1 microsecond')`
 }
 
 // claimSQL is the polling claim. heads, when not empty, is a further

@@ -44,6 +44,7 @@ func runRelay(ctx context.Context, args []string) error {
 	mode.register(fs)
 	fs.DurationVar(&cfg.CleanupInterval, "cleanup-interval", outbox.CleanupIntervalDefault, "pause between periodic clean-ups")
 	fs.IntVar(&cfg.Cleanup.BatchSize, "cleanup-batch-size", outbox.CleanupBatchSizeDefault, "rows deleted per clean-up transaction")
+	fs.DurationVar(&cfg.RescanInterval, "rescan-interval", outbox.RescanIntervalDefault, "how often a claim scans every pending event instead of only what is new since the last claim (finds leases of relays that died; negative: every claim scans)")
 	fs.DurationVar(&cfg.LaneSweepInterval, "lane-sweep-interval", outbox.LaneSweepIntervalDefault, "how often the relay parks events waiting behind a quarantined event that were written unparked, and unparks lanes released by hand")
 	fs.DurationVar(&cfg.VacuumInterval, "vacuum-interval", outbox.VacuumIntervalDefault, "where autovacuum is off for outbox_events, how often the relay runs VACUUM (ANALYZE) on the outbox tables itself (negative: never)")
 	if err := cli.Parse(fs, args); err != nil {
