@@ -12,9 +12,9 @@ type relaySQL struct {
 	// claimIDs claims given events for PublishIDs; missingIDs finds those
 	// of them that have no row.
 	claimIDs, missingIDs string
-	// lockLanes and parkLanes park the lanes of quarantined events (see
-	// parkSQL).
-	lockLanes, parkLanes string
+	// flagLanes and parkLanes park the lanes of quarantined events whose
+	// counter rows are free (see parkSQL).
+	flagLanes, parkLanes string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -24,9 +24,9 @@ type relaySQL struct {
 // where a LIMIT $1 makes it re-plan the statement on every execution.
 func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	events := s.Table("outbox_events")
-	lockLanes, parkLanes := parkSQL(s)
+	flagLanes, parkLanes := parkSQL(s)
 	return relaySQL{
-		lockLanes: lockLanes, parkLanes: parkLanes,
+		flagLanes: flagLanes, parkLanes: parkLanes,
 		claim: claimSQL(events, batchSize, ""),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
