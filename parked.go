@@ -29,8 +29,10 @@ package outbox
 //   - the writer, for an event written to a parked lane (born parked);
 //   - Admin.Retry and Admin.Skip, which unpark the lane they unblock;
 //   - the relay's lane sweep (sweepLanes), which repairs lanes left
-//     otherwise: events written by writers that do not read parked_at, lanes
-//     blocked before migration 006, quarantines or repairs done by hand.
+//     otherwise: lanes a settle left because a writer's transaction held
+//     their counter row, events written by writers that do not read
+//     parked_at, lanes blocked before migration 006, quarantines or repairs
+//     done by hand.
 //
 // Lock order: the writer locks the counter row, then inserts events (it
 // locks no existing event). The settle and Admin lock the quarantined
@@ -314,9 +316,10 @@ WHERE aggregate_type = $1 AND aggregate_id = $2`, typ, id, to)
 // and whenever a settle parked a lane or left one to it (sweepSoon), until
 // ctx ends. A run that found lanes busy (a writer's transaction open on
 // them) runs again sooner, after a backoff from laneBusyRetryMin doubling up
-// to LaneSweepInterval, so that a lane a settle could not park is parked
-// soon after the writer ends, without a query per busy lane every few
-// milliseconds while the writer stays open.
+// to laneBusyRetryMax (or LaneSweepInterval, when shorter), so that a lane a
+// settle could not park is parked within seconds of the writer's end,
+// without a query per busy lane every few milliseconds while the writer
+// stays open.
 func (r *Relay) laneSweepLoop(ctx context.Context) {
 	busyRuns := 0
 	for {
@@ -333,7 +336,7 @@ func (r *Relay) laneSweepLoop(ctx context.Context) {
 		wait := r.cfg.LaneSweepInterval
 		if err == nil && res.Busy > 0 {
 			busyRuns++
-			wait = min(wait, backoffpkg.Exponential(busyRuns, laneBusyRetryMin, r.cfg.LaneSweepInterval))
+			wait = min(wait, backoffpkg.Exponential(busyRuns, laneBusyRetryMin, laneBusyRetryMax))
 		} else {
 			busyRuns = 0
 		}
@@ -349,9 +352,12 @@ func (r *Relay) laneSweepLoop(ctx context.Context) {
 	}
 }
 
-// laneBusyRetryMin is the first pause before the lane sweep looks again at
-// lanes it found busy.
-const laneBusyRetryMin = 100 * time.Millisecond
+// laneBusyRetryMin and laneBusyRetryMax bound the pause before the lane
+// sweep looks again at lanes it found busy.
+const (
+	laneBusyRetryMin = 100 * time.Millisecond
+	laneBusyRetryMax = 5 * time.Second
+)
 
 // sweepSoon makes the lane sweep run now (or right after its current run).
 func (r *Relay) sweepSoon() {
