@@ -216,6 +216,16 @@ func (r *Relay) claimIDs(ctx context.Context, ids, acked []uuid.UUID) (batch, []
 			return b, missing, err
 		}
 	}
+	if b.undecodableHead() {
+		// A head claimed behind events whose marks are being written
+		// (acked) is quarantined only once those marks are written, as a
+		// call settles its own events only after the previous call's
+		// marks: the table then never shows a quarantined event behind an
+		// unpublished one. On error the batch's leases expire.
+		if err := r.awaitMarks(ctx); err != nil {
+			return b, missing, err
+		}
+	}
 	if err := r.quarantineUndecodable(ctx, &b); err != nil {
 		return b, missing, err
 	}

@@ -12,9 +12,9 @@ type relaySQL struct {
 	// claimIDs claims given events for PublishIDs; missingIDs finds those
 	// of them that have no row.
 	claimIDs, missingIDs string
-	// lockLanes and parkLanes park the lanes of quarantined events (see
-	// parkSQL).
-	lockLanes, parkLanes string
+	// flagLanes and parkLanes park the lanes of quarantined events whose
+	// counter rows are free (see parkSQL).
+	flagLanes, parkLanes string
 	// fastClaim is the incremental claim and cursorStart its cursor's
 	// start-up query (relay_cursor.go).
 	fastClaim, cursorStart string
@@ -27,9 +27,9 @@ type relaySQL struct {
 // where a LIMIT $1 makes it re-plan the statement on every execution.
 func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	events := s.Table("outbox_events")
-	lockLanes, parkLanes := parkSQL(s)
+	flagLanes, parkLanes := parkSQL(s)
 	return relaySQL{
-		lockLanes: lockLanes, parkLanes: parkLanes,
+		flagLanes: flagLanes, parkLanes: parkLanes,
 		claim:     claimSQL(events, batchSize, ""),
 		fastClaim: fastClaimSQL(events, batchSize), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).

@@ -134,7 +134,7 @@ func notice(r *http.Request) string {
 	switch q.Get("done") {
 	case "retried":
 		if err == nil {
-			return "Event " + id.String() + " retried: it is back at the head of its lane."
+			return "Event " + id.String() + " retried: it is back in its lane."
 		}
 	case "skipped":
 		if err == nil {
