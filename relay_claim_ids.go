@@ -280,7 +280,7 @@ func claimIDsSQL(events string) string {
 	FROM unnest($1::uuid[]) AS i(id)
 	CROSS JOIN LATERAL (
 		SELECT * FROM ` + events + ` e WHERE e.event_id = i.id OFFSET 0 FOR UPDATE SKIP LOCKED) e
-	WHERE ` + claimable("e") + `
+	WHERE ` + claimableNow("e") + `
 ), lowest AS (
 	SELECT DISTINCT ON (l.aggregate_type, l.aggregate_id) l.aggregate_type, l.aggregate_id, l.aggregate_sequence
 	FROM locked l

@@ -181,6 +181,22 @@ func claimable(e string) string {
 	  AND (` + e + `.claim_until IS NULL OR ` + e + `.claim_until < now())`
 }
 
+// claimableNow is claimable for a row the claim found by its transaction
+// (the incremental claim's fresh events, PublishIDs's ids): an event never
+// rescheduled (available_at = occurred_at, the writer's transaction start)
+// is due as soon as it is visible. Comparing its available_at with the
+// claim's now() is wrong there: now() is the claim's transaction start,
+// taken before its snapshot, so an event whose writer started after the
+// claim's now() and committed before its snapshot is visible but looks
+// not yet due, and the claim would leave it (the incremental claim's cursor
+// would pass it; PublishIDs would leave it to the safety net).
+func claimableNow(e string) string {
+	return e + `.published_at IS NULL
+	  AND ` + e + `.quarantined_at IS NULL
+	  AND (` + e + `.available_at <= now() OR ` + e + `.available_at <= ` + e + `.occurred_at)
+	  AND (` + e + `.claim_until IS NULL OR ` + e + `.claim_until < now())`
+}
+
 // isHead is the condition that e is the head of its aggregate's lane: its
 // predecessor (aggregate_sequence - 1) is published (or skipped, or cleaned
 // up after publication, or e is the first event). That is the same as "no
