@@ -15,6 +15,9 @@ type relaySQL struct {
 	// lockLanes and parkLanes park the lanes of quarantined events (see
 	// parkSQL).
 	lockLanes, parkLanes string
+	// probeRoutes probes the routes the destination refuses (see
+	// probeRoutesSQL).
+	probeRoutes string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -30,6 +33,7 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 		claim: claimSQL(events, batchSize, ""),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
+		probeRoutes: probeRoutesSQL(events),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.
