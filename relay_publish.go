@@ -175,7 +175,10 @@ func (r *Relay) settleBookkeeping(o *outcome) {
 			if f.delay == 0 {
 				continue // released untouched
 			}
-		case f.throttled: // its RetryAfter, set by classify
+		case f.throttled:
+			// Its RetryAfter, set by classify; never less than a short
+			// delay (a Retry-After of 0 would be a hot loop).
+			f.delay = max(f.delay, r.shortDelay(1))
 		default:
 			// kept reuses o.failures' array and never outgrows it, so the
 			// pointer stays valid.

@@ -299,7 +299,8 @@ func (c Config) ConnectOptions() ([]kgo.Opt, error) {
 	return opts, nil
 }
 
-// Client returns the publisher's Kafka client.
+// Client returns the publisher's Kafka client. It flushes manually
+// (kgo.ManualFlushing): a caller producing through it calls Flush.
 func (p *Publisher) Client() *kgo.Client { return p.client }
 
 // Close closes the client; messages still in flight fail as unavailable.
