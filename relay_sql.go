@@ -18,6 +18,9 @@ type relaySQL struct {
 	// fastClaim is the incremental claim and cursorStart its cursor's
 	// start-up query (relay_cursor.go).
 	fastClaim, cursorStart string
+	// probeRoutes probes the routes the destination refuses (see
+	// probeRoutesSQL).
+	probeRoutes string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -34,6 +37,7 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 		fastClaim: fastClaimSQL(events, batchSize), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
+		probeRoutes: probeRoutesSQL(events),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.

@@ -22,6 +22,8 @@
 //	outbox_db_statement_seconds{statement}   histogram: the relay's statements (claim, mark_published, ...)
 //	outbox_cleanup_deleted_total{table}      rows deleted by clean-up (outbox_events, processed_events)
 //	outbox_relay_up                          1 while the relay's last claim succeeded, 0 after a failed one
+//	outbox_destination_unavailable           1 while the relay finds the destination unavailable as a whole, else 0
+//	outbox_destination_refused_routes        routes the destination refuses (a missing binding or topic) whose events the relay holds
 //	inbox_processed_total{consumer}          deliveries applied
 //	inbox_duplicates_total{consumer}         deliveries dropped as duplicates
 //	inbox_early_total{consumer}              deliveries refused because an earlier event is missing
@@ -116,12 +118,12 @@ type Metrics struct {
 	cleanupDeleted                                                   *prometheus.CounterVec
 	attempts, ackLatency, commitToPublish                            prometheus.Histogram
 	statements                                                       *prometheus.HistogramVec
-	relayUp                                                          prometheus.Gauge
+	relayUp, destUnavailable, refusedRoutes                          prometheus.Gauge
 	inboxProcessed, inboxDuplicates, inboxEarly, inboxErrors         *prometheus.CounterVec
 	inboxSeconds                                                     *prometheus.HistogramVec
 
 	relayMu sync.Mutex
-	relayOn bool // outbox_relay_up is exported once a relay reported
+	relayOn bool // outbox_relay_up and the destination gauges are exported once a relay reported
 
 	pendingDesc, oldestDesc, quarantinedDesc, leasedDesc, expiredDesc, relaysDesc, tableBytesDesc *prometheus.Desc
 	inboxWaitingDesc, inboxOldestWaitDesc                                                         *prometheus.Desc
@@ -204,6 +206,10 @@ func New(cfg Config) (*Metrics, error) {
 			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}, []string{"statement"}),
 		relayUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_up", ConstLabels: labels,
 			Help: "1 while the relay's last claim reached the database, 0 after a failed one."}),
+		destUnavailable: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_destination_unavailable", ConstLabels: labels,
+			Help: "1 while the relay finds the destination unavailable as a whole (two looks in a row), else 0."}),
+		refusedRoutes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_destination_refused_routes", ConstLabels: labels,
+			Help: "Routes (routing keys, topics) the destination refuses whose events the relay holds back."}),
 		inboxProcessed:  counterVec("inbox_processed_total", "Deliveries applied by the consumer's inbox.", "consumer"),
 		inboxDuplicates: counterVec("inbox_duplicates_total", "Deliveries dropped by the inbox as duplicates.", "consumer"),
 		inboxEarly:      counterVec("inbox_early_total", "Deliveries refused by the inbox because an earlier event of the aggregate is missing.", "consumer"),
@@ -248,6 +254,8 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 		c.Describe(ch)
 	}
 	m.relayUp.Describe(ch)
+	m.destUnavailable.Describe(ch)
+	m.refusedRoutes.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.pendingDesc, m.oldestDesc, m.quarantinedDesc, m.leasedDesc, m.expiredDesc, m.relaysDesc, m.tableBytesDesc,
 		m.inboxWaitingDesc, m.inboxOldestWaitDesc, m.se.attemptsDesc, m.se.oldestDesc} {
 		ch <- d
@@ -268,6 +276,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.relayMu.Lock()
 	if m.relayOn {
 		m.relayUp.Collect(ch)
+		m.destUnavailable.Collect(ch)
+		m.refusedRoutes.Collect(ch)
 	}
 	m.relayMu.Unlock()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -358,6 +368,19 @@ func (m *Metrics) ObserveClaim(o outbox.ClaimObservation) {
 	m.relayUp.Set(1)
 	m.claimed.Add(float64(o.Events))
 	m.expired.Add(float64(o.TakenOver))
+}
+
+// ObserveDestination implements outbox.DestinationObserver.
+func (m *Metrics) ObserveDestination(o outbox.DestinationObservation) {
+	m.relayMu.Lock()
+	m.relayOn = true
+	m.relayMu.Unlock()
+	v := 0.0
+	if o.Unavailable {
+		v = 1
+	}
+	m.destUnavailable.Set(v)
+	m.refusedRoutes.Set(float64(o.RefusedRoutes))
 }
 
 // ObservePublish implements outbox.PublishObserver.

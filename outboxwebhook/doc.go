@@ -81,23 +81,38 @@
 // time) and never retries: the relay does. The answer decides:
 //
 //	2xx                                          accepted (the event is published)
-//	429, 502, 503, 504                           outbox.Unavailable: the endpoint as a whole is
-//	                                               throttling or down (no attempt spent)
+//	429                                          outbox.Unavailable with outbox.RetryAfter (its
+//	                                               Retry-After, or a second): throttled, the event
+//	                                               alone waits, no attempt spent
+//	502, 503, 504                                outbox.Unavailable: the service behind the URL is
+//	                                               down (no attempt spent)
+//	401, 403, 404, 405, 410; 3xx (redirects are  outbox.Unavailable: the same for every event (a
+//	  not followed)                                secret the receiver does not know, a wrong or
+//	                                               moved URL), fixed by configuration
 //	408, 425, other 5xx                          retryable error (attempt spent, backoff)
 //	timeout or reset after the request was sent  retryable error
 //	no connection: DNS, refused, TLS handshake,
 //	  timeout while connecting                   outbox.Unavailable (no attempt spent)
-//	3xx                                          outbox.Permanent: redirects are not followed
-//	other 4xx (400, 401, 403, 404, 410, 413, 422, ...)  outbox.Permanent (quarantined)
+//	other 4xx (400, 413, 415, 422, ...)          outbox.Permanent (quarantined): the endpoint
+//	                                               refused this event
+//
+// An answer that does not depend on the event must not quarantine it: a
+// wrong secret, path or redirect would otherwise quarantine every event in
+// turn. The relay treats such answers as the endpoint being unavailable
+// when a batch gets nothing else (it waits and probes, releasing the events
+// untouched), and, when it gets them for one event while others are
+// accepted, claim after claim (LoneOutageLimit), as that event's failure;
+// except when the answer came with a Retry-After (a throttled request),
+// which only ever delays its event.
 //
 // Errors for an answer are a [StatusError] quoting the start of the
 // response body (at most Config.MaxResponseBytes is read, 1 KiB quoted).
 // A Retry-After header (seconds or an HTTP date) on such an answer is kept
 // in the error, read by [RetryAfter], and marked with outbox.RetryAfter: the
 // relay waits at least that long (at most outbox.RetryAfterMax) before the
-// event's next attempt. Note that a 401 (a secret
-// the receiver does not know, a clock too far off) quarantines events: fix
-// the secret, then retry them with "outbox quarantine retry".
+// event's next attempt, spending none of its attempts when the answer was
+// unavailable (a throttled event waits alone; the relay is not in an outage
+// while other events are accepted).
 // [Publisher.Probe] sends one HEAD request; any HTTP answer means reachable.
 //
 // # Guarantees

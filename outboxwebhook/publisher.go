@@ -248,18 +248,49 @@ func (p *Publisher) post(parent context.Context, msg *outbox.Message) error {
 		return nil // accepted, even if the body could not be read whole
 	}
 	se := &StatusError{StatusCode: resp.StatusCode, Status: resp.Status, URL: p.shown, EventID: msg.ID.String(), Body: quote(body, readErr)}
+	return classifyStatus(se, resp, p.now())
+}
+
+// throttleDefault is the pause a 429 without Retry-After asks for.
+const throttleDefault = time.Second
+
+// classifyStatus marks a non-2xx answer by whether it depends on the event
+// (see the package documentation, and docs/destinations.md). Every event
+// goes to the same URL, so an answer about the URL (moved, not there, not
+// authorized, throttled, down) is the endpoint's, not the event's: it is
+// unavailable, spends no attempt, and never quarantines. The relay still
+// counts it against an event that alone gets it while others are accepted,
+// claim after claim (a receiver that answers 404 or 403 about that event).
+func classifyStatus(se *StatusError, resp *http.Response, now time.Time) error {
+	unavailable := outbox.Unavailable
+	retryable := func(err error) error { return err }
 	switch code := resp.StatusCode; {
 	case code >= 300 && code < 400:
+		// The endpoint moved: every event would follow; none is wrong.
 		se.Location = redactURL(resp.Header.Get("Location"))
-		return outbox.Permanent(se)
-	case code == http.StatusTooManyRequests, code == http.StatusBadGateway, code == http.StatusServiceUnavailable, code == http.StatusGatewayTimeout:
-		// Rate limited, or the service behind the URL is down: the endpoint
-		// as a whole, not this event. Retried without spending an attempt.
-		return withRetryAfter(se, resp, p.now(), outbox.Unavailable)
+		return outbox.Unavailable(se)
+	case code == http.StatusTooManyRequests:
+		// Throttled: the endpoint asks the client, not this event, to slow
+		// down. Without a Retry-After, a second.
+		err := withRetryAfter(se, resp, now, unavailable)
+		if !se.HasRetryAfter {
+			err = outbox.Unavailable(outbox.RetryAfter(se, throttleDefault))
+		}
+		return err
+	case code == http.StatusBadGateway, code == http.StatusServiceUnavailable, code == http.StatusGatewayTimeout:
+		// The service behind the URL is down: the endpoint as a whole, not
+		// this event. Retried without spending an attempt.
+		return withRetryAfter(se, resp, now, unavailable)
+	case code == http.StatusUnauthorized, code == http.StatusForbidden, code == http.StatusNotFound,
+		code == http.StatusMethodNotAllowed, code == http.StatusGone:
+		// Not authorized (a secret the receiver does not know), no such
+		// endpoint (a wrong path, a receiver not deployed): fixed by
+		// configuration, not by changing the event.
+		return withRetryAfter(se, resp, now, unavailable)
 	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code >= 500:
-		return withRetryAfter(se, resp, p.now(), func(err error) error { return err })
+		return withRetryAfter(se, resp, now, retryable)
 	case code >= 400:
-		return outbox.Permanent(se)
+		return outbox.Permanent(se) // the endpoint refused this event: 400, 413, 415, 422, ...
 	}
 	return se // 1xx or beyond 599: retryable
 }
@@ -328,10 +359,13 @@ func quote(body []byte, readErr error) string {
 
 // StatusError is the error of a request the endpoint answered with a
 // status other than 2xx. Publish returns it marked outbox.Unavailable for
-// 429, 502, 503 and 504 (the endpoint as a whole is throttling or down), as
-// it is (retryable) for 408, 425 and other 5xx, and marked
-// outbox.Permanent otherwise (3xx, other 4xx); with outbox.RetryAfter when
-// the response had a Retry-After header. errors.As finds it either way.
+// answers about the endpoint rather than the event: 429 (throttled), 502,
+// 503 and 504 (down), 401, 403, 404, 405 and 410 (not authorized, not
+// there) and 3xx (moved; redirects are not followed); as it is (retryable)
+// for 408, 425 and other 5xx; and marked outbox.Permanent for the other 4xx
+// (the endpoint refused this event). It carries outbox.RetryAfter when the
+// response had a Retry-After header, and a 429 without one a second.
+// errors.As finds it either way.
 type StatusError struct {
 	// StatusCode and Status are the response's.
 	StatusCode int
