@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/internal/tlsfiles"
 )
 
@@ -96,15 +97,10 @@ func (c Config) String() string {
 // GoString is String, so that %#v does not print the secrets either.
 func (c Config) GoString() string { return c.String() }
 
-// redactURL returns scheme://host/path of raw: no credentials, query or
-// fragment.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return "(invalid URL)"
-	}
-	return u.Scheme + "://" + u.Host + u.EscapedPath()
-}
+// redactURL returns raw as redact.Webhook shows it: scheme://host and, for
+// a path, /xxxxx (Slack- and Discord-style URLs put their token in the
+// path); no credentials, query or fragment.
+func redactURL(raw string) string { return redact.Webhook(raw) }
 
 // Publisher POSTs outbox messages to one HTTP endpoint as CloudEvents in
 // binary mode, signed as Standard Webhooks (see the package documentation).

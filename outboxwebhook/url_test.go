@@ -2,6 +2,7 @@ package outboxwebhook_test
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -73,15 +74,23 @@ func TestSecretsNeverPrinted(t *testing.T) {
 			t.Fatalf("receiver: %v", err)
 		}
 	}
-	cfg := outboxwebhook.Config{URL: "http://127.0.0.1:1/hook?token=t0ps3cret", Secrets: []string{secret}}
+	// The path is secret too: Slack and Discord put the token there.
+	cfg := outboxwebhook.Config{URL: "http://127.0.0.1:1/services/T0/B0/pathS3cret?token=t0ps3cret", Secrets: []string{secret}}
 	p := publisher(t, cfg)
 	err := publishOne(t, p, message("o-1", 1))
-	for _, s := range []string{fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), p.String(), fmt.Sprint(err)} {
-		if strings.Contains(s, strings.TrimPrefix(secret, "whsec_")) || strings.Contains(s, "t0ps3cret") {
-			t.Fatalf("printed a secret: %s", s)
+	answered := httpServer(t, func(w http.ResponseWriter, r *http.Request) { http.Error(w, "no", http.StatusInternalServerError) })
+	pa := publisher(t, outboxwebhook.Config{URL: answered.URL + "/api/webhooks/1/pathS3cret", Secrets: []string{secret}})
+	statusErr := publishOne(t, pa, message("o-1", 1))
+	_, parseErr := outboxwebhook.ParseURL("https://h/api/webhooks/1/pathS3cret?outbox_timeout=-1s")
+	for _, s := range []string{fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), p.String(), fmt.Sprint(err), fmt.Sprint(statusErr), pa.String(), fmt.Sprint(parseErr)} {
+		if strings.Contains(s, strings.TrimPrefix(secret, "whsec_")) || strings.Contains(s, "t0ps3cret") || strings.Contains(s, "S3cret") {
+			t.Errorf("printed a secret: %s", s)
 		}
 	}
-	if err == nil || !strings.Contains(err.Error(), "http://127.0.0.1:1/hook") {
+	if err == nil || !strings.Contains(err.Error(), "http://127.0.0.1:1/xxxxx") {
 		t.Fatalf("publish error %v does not name the endpoint", err)
+	}
+	if statusErr == nil || !strings.Contains(statusErr.Error(), answered.URL+"/xxxxx") {
+		t.Fatalf("publish error %v does not name the endpoint", statusErr)
 	}
 }
