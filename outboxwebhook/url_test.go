@@ -26,8 +26,11 @@ func TestParseURL(t *testing.T) {
 	if fmt.Sprint(cfg) != fmt.Sprint(want) || cfg.URL != want.URL {
 		t.Fatalf("ParseURL = %v (URL %s), want %v (URL %s)", cfg, cfg.URL, want, want.URL)
 	}
-	if cfg, err := outboxwebhook.ParseURL("http://127.0.0.1:8080/hook"); err != nil || cfg.URL != "http://127.0.0.1:8080/hook" || cfg.Timeout != 0 {
+	if cfg, err := outboxwebhook.ParseURL("http://127.0.0.1:8080/hook"); err != nil || cfg.URL != "http://127.0.0.1:8080/hook" || cfg.Timeout != 0 || cfg.Mode != "" {
 		t.Fatalf("plain URL: %v, %v", cfg, err)
+	}
+	if cfg, err := outboxwebhook.ParseURL("http://127.0.0.1:8080/hook?outbox_mode=binary"); err != nil || cfg.Mode != outboxwebhook.Binary || cfg.URL != "http://127.0.0.1:8080/hook" {
+		t.Fatalf("outbox_mode=binary: %v, %v", cfg, err)
 	}
 	for raw, wantErr := range map[string]string{
 		"ftp://h/x":                                                   "scheme",
@@ -38,6 +41,7 @@ func TestParseURL(t *testing.T) {
 		"https://h/x?outbox_timeout=-1s":                              "not a positive duration",
 		"https://h/x?outbox_concurrency=0":                            "not a positive number",
 		"https://h/x?outbox_secret=whsec_abc":                         "unknown option",
+		"https://h/x?outbox_mode=batch":                               "not a content mode",
 		"https://h/x?outbox_max_response_bytes=z":                     "invalid syntax",
 		"https://h/x?key=hunter2&outbox_ca_file=/no":                  "outbox_ca_file /no: no such file or directory",
 		"https://h/x?key=hunter2&outbox_cert_file=" + client.CertFile: "outbox_cert_file and outbox_key_file go together",
