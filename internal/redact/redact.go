@@ -8,6 +8,7 @@ package redact
 
 import (
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -220,6 +221,18 @@ func isURL(s string) bool {
 		return true
 	}
 	return false
+}
+
+// UnencodedAt reports whether a PostgreSQL URL's user part holds an
+// unencoded '@' (more than one '@' before the host): pgx, like libpq, ends
+// the user part at the first one and takes the rest of the password for
+// the host, which its errors then quote.
+func UnencodedAt(s string) bool {
+	if !isURL(s) {
+		return false
+	}
+	auth, _, ok := authority(strings.TrimSpace(s))
+	return ok && strings.Count(auth, "@") > 1
 }
 
 // Database returns a PostgreSQL connection string, in URL form
@@ -437,3 +450,19 @@ type redacted struct {
 
 func (r *redacted) Error() string { return r.msg }
 func (r *redacted) Unwrap() error { return r.err }
+
+// urlInText finds http:// and https:// URLs in free text.
+var urlInText = regexp.MustCompile(`(?i)\bhttps?://[^\s"'<>]+`)
+
+// Text returns free text (an error, an event's last_error) with every
+// http:// or https:// URL in it shown as Webhook shows it, so that an
+// endpoint's path or query token recorded by an older version is not shown.
+func Text(s string) string {
+	if !strings.Contains(strings.ToLower(s), "http") {
+		return s
+	}
+	return urlInText.ReplaceAllStringFunc(s, func(u string) string {
+		trimmed := strings.TrimRight(u, ".,;:!?)]}")
+		return Webhook(trimmed) + u[len(trimmed):]
+	})
+}

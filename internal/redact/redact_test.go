@@ -120,3 +120,17 @@ func TestSecrets(t *testing.T) {
 		t.Errorf("Secrets = %q, want %q", got, want)
 	}
 }
+
+// TestText: a webhook URL in free text (an old last_error) loses its path
+// and query.
+func TestText(t *testing.T) {
+	for in, want := range map[string]string{
+		"post event 1 to https://hooks.slack.com/services/T0/B0/s3cret: 500 Internal": "post event 1 to https://hooks.slack.com/xxxxx: 500 Internal",
+		"redirect to HTTP://h/x?token=s3cret not followed":                            "redirect to http://h/xxxxx not followed",
+		"no url here": "no url here",
+	} {
+		if got := redact.Text(in); got != want {
+			t.Errorf("Text(%q)\n = %q\nwant %q", in, got, want)
+		}
+	}
+}
