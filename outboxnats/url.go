@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/internal/urlopt"
 )
 
@@ -85,20 +86,7 @@ func ParseURL(raw string) (server string, cfg Config, err error) {
 	return server, cfg, nil
 }
 
-// Redact returns a NATS URL (or comma-separated list) with any password or
-// token in it replaced by "xxxxx", for logs and errors.
-func Redact(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return raw
-	}
-	at := strings.LastIndex(rest, "@")
-	if at < 0 {
-		return raw
-	}
-	user, _, hasPass := strings.Cut(rest[:at], ":")
-	if !hasPass {
-		return scheme + "://xxxxx" + rest[at:] // a token
-	}
-	return scheme + "://" + user + ":xxxxx" + rest[at:]
-}
+// Redact returns a NATS URL (or comma-separated list of servers, each
+// with its own user part or scheme) with every password or token in it
+// replaced by "xxxxx", for logs and errors.
+func Redact(raw string) string { return redact.URL(raw) }

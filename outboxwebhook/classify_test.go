@@ -121,11 +121,11 @@ func TestRedirectNotFollowed(t *testing.T) {
 	})
 	p := publisher(t, outboxwebhook.Config{URL: srv.URL, Secrets: []string{newSecret(t)}})
 	err := publishOne(t, p, message("o-1", 1))
-	if !outbox.IsUnavailable(err) || outbox.IsPermanent(err) || !strings.Contains(err.Error(), "not followed") || !strings.Contains(err.Error(), target.URL+"/elsewhere") {
-		t.Fatalf("error %v, want an unavailable redirect error naming the target", err)
+	if !outbox.IsUnavailable(err) || outbox.IsPermanent(err) || !strings.Contains(err.Error(), "not followed") || !strings.Contains(err.Error(), target.URL+"/xxxxx") {
+		t.Fatalf("error %v, want an unavailable redirect error naming the target, its path hidden", err)
 	}
-	if strings.Contains(err.Error(), "t0ps3cret") {
-		t.Fatalf("error repeats the redirect's query: %v", err)
+	if strings.Contains(err.Error(), "t0ps3cret") || strings.Contains(err.Error(), "elsewhere") {
+		t.Fatalf("error repeats the redirect's path or query: %v", err)
 	}
 	if n := followed.Load(); n != 0 {
 		t.Fatalf("the redirect target got %d requests", n)

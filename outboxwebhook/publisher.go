@@ -1,7 +1,6 @@
 package outboxwebhook
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/internal/tlsfiles"
 )
 
@@ -48,6 +48,10 @@ type Config struct {
 	// Source is the CloudEvents "source" attribute. Defaults to
 	// SourceDefault.
 	Source string
+	// Mode is how requests carry events: Structured (the default: one
+	// signed JSON object) or Binary (payload as the body, attributes in
+	// ce- headers signed by webhook-outbox-signature).
+	Mode Mode
 	// Timeout bounds one request, from connecting to reading the response.
 	// Defaults to TimeoutDefault.
 	Timeout time.Duration
@@ -74,6 +78,9 @@ func (c Config) withDefaults() Config {
 	if c.Source == "" {
 		c.Source = SourceDefault
 	}
+	if c.Mode == "" {
+		c.Mode = Structured
+	}
 	if c.Timeout <= 0 {
 		c.Timeout = TimeoutDefault
 	}
@@ -89,25 +96,21 @@ func (c Config) withDefaults() Config {
 // String describes the configuration without the secrets and without the
 // endpoint's query (which may hold a token).
 func (c Config) String() string {
-	return fmt.Sprintf("outboxwebhook.Config{URL: %s, Secrets: %d, Source: %q, Timeout: %s, Concurrency: %d, MaxResponseBytes: %d, CAFile: %q, CertFile: %q, KeyFile: %q}",
-		redactURL(c.URL), len(c.Secrets), c.Source, c.Timeout, c.Concurrency, c.MaxResponseBytes, c.CAFile, c.CertFile, c.KeyFile)
+	return fmt.Sprintf("outboxwebhook.Config{URL: %s, Secrets: %d, Source: %q, Mode: %q, Timeout: %s, Concurrency: %d, MaxResponseBytes: %d, CAFile: %q, CertFile: %q, KeyFile: %q}",
+		redactURL(c.URL), len(c.Secrets), c.Source, c.Mode, c.Timeout, c.Concurrency, c.MaxResponseBytes, c.CAFile, c.CertFile, c.KeyFile)
 }
 
 // GoString is String, so that %#v does not print the secrets either.
 func (c Config) GoString() string { return c.String() }
 
-// redactURL returns scheme://host/path of raw: no credentials, query or
-// fragment.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return "(invalid URL)"
-	}
-	return u.Scheme + "://" + u.Host + u.EscapedPath()
-}
+// redactURL returns raw as redact.Webhook shows it: scheme://host and, for
+// a path, /xxxxx (Slack- and Discord-style URLs put their token in the
+// path); no credentials, query or fragment.
+func redactURL(raw string) string { return redact.Webhook(raw) }
 
-// Publisher POSTs outbox messages to one HTTP endpoint as CloudEvents in
-// binary mode, signed as Standard Webhooks (see the package documentation).
+// Publisher POSTs outbox messages to one HTTP endpoint as CloudEvents, in
+// structured mode unless Config.Mode says binary, signed as Standard
+// Webhooks (see the package documentation).
 // It implements outbox.Publisher and outbox.Prober and is safe for
 // concurrent use.
 type Publisher struct {
@@ -139,6 +142,9 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	}
 	if u.Fragment != "" {
 		return nil, fmt.Errorf("outboxwebhook: URL %s: unexpected fragment", shown)
+	}
+	if cfg.Mode, err = parseMode(string(cfg.Mode)); err != nil {
+		return nil, fmt.Errorf("outboxwebhook: Config.Mode: %w", err)
 	}
 	if len(cfg.Secrets) == 0 {
 		cfg.Secrets = SecretsFromEnv()
@@ -293,27 +299,6 @@ func classifyStatus(se *StatusError, resp *http.Response, now time.Time) error {
 		return outbox.Permanent(se) // the endpoint refused this event: 400, 413, 415, 422, ...
 	}
 	return se // 1xx or beyond 599: retryable
-}
-
-// request builds the signed POST of msg.
-func (p *Publisher) request(ctx context.Context, msg *outbox.Message) (*http.Request, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url.String(), bytes.NewReader(msg.Payload))
-	if err != nil {
-		return nil, outbox.Permanent(fmt.Errorf("outboxwebhook: event %s: %w", msg.ID, err))
-	}
-	if err := encodeHeader(req.Header, msg, p.cfg.Source); err != nil {
-		return nil, fmt.Errorf("outboxwebhook: %w", err)
-	}
-	id := DeliveryID(msg)
-	ts := p.now().Unix()
-	req.Header.Set(HeaderWebhookID, id)
-	req.Header.Set(HeaderWebhookTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(HeaderWebhookSignature, signAll(p.keys, id, ts, msg.Payload))
-	// An Idempotency-Key also lets net/http resend the POST on a reused
-	// connection that the server had closed before reading it.
-	req.Header.Set(HeaderIdempotencyKey, id)
-	req.Header.Set("User-Agent", userAgent)
-	return req, nil
 }
 
 // transportError classifies a request that got no response: no connection

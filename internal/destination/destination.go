@@ -207,20 +207,10 @@ func probed(ctx context.Context, p probingPublisher, retry func(ctx context.Cont
 }
 
 // Redact returns a destination URL with any password or token replaced by
-// "xxxxx" (a webhook URL without its query), for logs and errors.
-func Redact(raw string) string {
-	if strings.HasPrefix(raw, "nats://") || strings.HasPrefix(raw, "tls://") {
-		return outboxnats.Redact(raw) // a user alone is a token
-	}
-	if u, err := url.Parse(raw); err == nil {
-		if u.Scheme == "http" || u.Scheme == "https" {
-			// A webhook's query may carry the endpoint's own token.
-			u.User, u.RawQuery, u.Fragment = nil, "", ""
-			return u.String()
-		}
-	}
-	return redact.URL(raw)
-}
+// "xxxxx" (a webhook URL as scheme://host/xxxxx: its path and query may
+// hold the endpoint's token; a NATS server list with every server's user
+// part hidden), for logs, errors and --help.
+func Redact(raw string) string { return redact.URL(raw) }
 
 // openKafka opens a Kafka publisher (outboxkafka) and waits, as OpenWait
 // does, until the cluster answers a metadata request. The URL's source

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -101,8 +102,10 @@ func (e *webhookEnv) post(m outbox.Message) error {
 }
 
 // TestWebhookRepeatedPOSTAppliedOnce: the relay posts an event again (its
-// first 204 was lost, say): both answers are 204, the effect is applied
-// once and the second is counted as a duplicate.
+// first 204 was lost, say): both answers are 204 and the effect is applied
+// once. The receiver answers the copy from its memory of handled
+// deliveries; a receiver without that memory (a restarted consumer, or
+// another instance) hands it to the inbox, which counts a duplicate.
 func TestWebhookRepeatedPOSTAppliedOnce(t *testing.T) {
 	t.Parallel()
 	secret := newSecret(t)
@@ -112,6 +115,23 @@ func TestWebhookRepeatedPOSTAppliedOnce(t *testing.T) {
 		if err := e.post(m); err != nil {
 			t.Fatalf("POST %d: %v", i+1, err)
 		}
+	}
+	if s := e.cons.Stats(); s.Delivered != 1 || s.Applied != 1 || s.Duplicates != 0 || s.Early != 0 || s.Errors != 0 {
+		t.Fatalf("stats %+v; want 1 delivery, 1 applied (the copy answered by the receiver's memory)", s)
+	}
+	h, err := e.cons.WebhookHandler([]string{secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted := httptest.NewServer(h)
+	defer restarted.Close()
+	p, err := outboxwebhook.NewPublisher(outboxwebhook.Config{URL: restarted.URL, Secrets: []string{secret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if errs := p.Publish(context.Background(), []outbox.Message{m}); errs != nil {
+		t.Fatalf("POST to a fresh receiver: %v", errs[0])
 	}
 	if s := e.cons.Stats(); s.Delivered != 2 || s.Applied != 1 || s.Duplicates != 1 || s.Early != 0 || s.Errors != 0 {
 		t.Fatalf("stats %+v; want 2 deliveries, 1 applied, 1 duplicate", s)
