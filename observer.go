@@ -7,9 +7,9 @@ import (
 
 // The relay reports what it does to an observer, for metrics. An observer is
 // any value set as RelayConfig.Observer that implements one or more of
-// ClaimObserver, PublishObserver, SettleObserver and CleanupObserver: the
-// relay detects each interface once, by type assertion, and calls only those
-// implemented. New observation kinds come as new interfaces, so existing
+// ClaimObserver, PublishObserver, SettleObserver, CleanupObserver and
+// DurabilityObserver: the relay detects each interface once, by type
+// assertion, and calls only those implemented. New observation kinds come as new interfaces, so existing
 // observers keep compiling. Package outboxprom implements all of them for
 // Prometheus; the root package itself depends on no metrics library.
 //
@@ -148,6 +148,8 @@ type observers struct {
 	publish PublishObserver
 	settle  SettleObserver
 	cleanup CleanupObserver
+	// durability: see DurabilityObserver (durability.go).
+	durability DurabilityObserver
 }
 
 // detectObservers type-asserts o once. It refuses a value that implements
@@ -161,8 +163,9 @@ func detectObservers(o any) (observers, error) {
 	obs.publish, _ = o.(PublishObserver)
 	obs.settle, _ = o.(SettleObserver)
 	obs.cleanup, _ = o.(CleanupObserver)
-	if obs.claim == nil && obs.publish == nil && obs.settle == nil && obs.cleanup == nil {
-		return obs, errors.New("outbox: RelayConfig.Observer implements none of ClaimObserver, PublishObserver, SettleObserver, CleanupObserver")
+	obs.durability, _ = o.(DurabilityObserver)
+	if obs.claim == nil && obs.publish == nil && obs.settle == nil && obs.cleanup == nil && obs.durability == nil {
+		return obs, errors.New("outbox: RelayConfig.Observer implements none of ClaimObserver, PublishObserver, SettleObserver, CleanupObserver, DurabilityObserver")
 	}
 	return obs, nil
 }

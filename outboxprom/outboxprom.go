@@ -22,6 +22,10 @@
 //	outbox_db_statement_seconds{statement}   histogram: the relay's statements (claim, mark_published, ...)
 //	outbox_cleanup_deleted_total{table}      rows deleted by clean-up (outbox_events, processed_events)
 //	outbox_relay_up                          1 while the relay's last claim succeeded, 0 after a failed one
+//	outbox_destination_ack_durable{destination,reason}
+//	                                         1 when the destination's acknowledgement is durable, 0 when not,
+//	                                         as the relay's start-up check saw it (outbox.DurabilityChecker);
+//	                                         reason says why (docs/destinations.md); absent when not checked
 //	inbox_processed_total{consumer}          deliveries applied
 //	inbox_duplicates_total{consumer}         deliveries dropped as duplicates
 //	inbox_early_total{consumer}              deliveries refused because an earlier event is missing
@@ -117,11 +121,13 @@ type Metrics struct {
 	attempts, ackLatency, commitToPublish                            prometheus.Histogram
 	statements                                                       *prometheus.HistogramVec
 	relayUp                                                          prometheus.Gauge
+	ackDurable                                                       *prometheus.GaugeVec
 	inboxProcessed, inboxDuplicates, inboxEarly, inboxErrors         *prometheus.CounterVec
 	inboxSeconds                                                     *prometheus.HistogramVec
 
 	relayMu sync.Mutex
 	relayOn bool // outbox_relay_up is exported once a relay reported
+	ackOn   bool // outbox_destination_ack_durable is exported once a relay checked
 
 	pendingDesc, oldestDesc, quarantinedDesc, leasedDesc, expiredDesc, relaysDesc, tableBytesDesc *prometheus.Desc
 	inboxWaitingDesc, inboxOldestWaitDesc                                                         *prometheus.Desc
@@ -204,6 +210,9 @@ func New(cfg Config) (*Metrics, error) {
 			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}, []string{"statement"}),
 		relayUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_up", ConstLabels: labels,
 			Help: "1 while the relay's last claim reached the database, 0 after a failed one."}),
+		ackDurable: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_destination_ack_durable", ConstLabels: labels,
+			Help: "1 when the destination's acknowledgement survives the loss of the server that gave it, 0 when an event marked published can be lost with the broker (checked at relay start; reason says why)."},
+			[]string{"destination", "reason"}),
 		inboxProcessed:  counterVec("inbox_processed_total", "Deliveries applied by the consumer's inbox.", "consumer"),
 		inboxDuplicates: counterVec("inbox_duplicates_total", "Deliveries dropped by the inbox as duplicates.", "consumer"),
 		inboxEarly:      counterVec("inbox_early_total", "Deliveries refused by the inbox because an earlier event of the aggregate is missing.", "consumer"),
@@ -248,6 +257,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 		c.Describe(ch)
 	}
 	m.relayUp.Describe(ch)
+	m.ackDurable.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.pendingDesc, m.oldestDesc, m.quarantinedDesc, m.leasedDesc, m.expiredDesc, m.relaysDesc, m.tableBytesDesc,
 		m.inboxWaitingDesc, m.inboxOldestWaitDesc, m.se.attemptsDesc, m.se.oldestDesc} {
 		ch <- d
@@ -268,6 +278,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.relayMu.Lock()
 	if m.relayOn {
 		m.relayUp.Collect(ch)
+	}
+	if m.ackOn {
+		m.ackDurable.Collect(ch)
 	}
 	m.relayMu.Unlock()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -358,6 +371,26 @@ func (m *Metrics) ObserveClaim(o outbox.ClaimObservation) {
 	m.relayUp.Set(1)
 	m.claimed.Add(float64(o.Events))
 	m.expired.Add(float64(o.TakenOver))
+}
+
+var _ outbox.DurabilityObserver = (*Metrics)(nil)
+
+// ObserveAckDurability implements outbox.DurabilityObserver: the relay's
+// start-up check sets outbox_destination_ack_durable (one series, the last
+// check's); a publisher that cannot be checked leaves it out.
+func (m *Metrics) ObserveAckDurability(a outbox.AckDurability) {
+	m.relayMu.Lock()
+	defer m.relayMu.Unlock()
+	if !a.Checked {
+		return
+	}
+	m.ackDurable.Reset()
+	v := 0.0
+	if a.Durable {
+		v = 1
+	}
+	m.ackDurable.WithLabelValues(a.Destination, a.Reason).Set(v)
+	m.ackOn = true
 }
 
 // ObservePublish implements outbox.PublishObserver.

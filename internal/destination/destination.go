@@ -138,6 +138,7 @@ func openNATS(ctx context.Context, o Options, retry func(ctx context.Context, er
 		cfg.DuplicateWindow = fromURL.DuplicateWindow
 	}
 	cfg.AckTimeout, cfg.MaxPending = fromURL.AckTimeout, fromURL.MaxPending
+	cfg.MonitorURL, cfg.CAFile = fromURL.MonitorURL, fromURL.CAFile
 	// The connection is made (and remade) in the background: a server
 	// that is not up yet is waited for, not an error.
 	nc, err := connectNATS(server, fromURL, "outbox-relay")
