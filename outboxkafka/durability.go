@@ -122,7 +122,7 @@ func (p *Publisher) CheckDurability(ctx context.Context) (outbox.DurabilityRepor
 	}
 	r := bad[0]
 	if len(bad) > 1 {
-		r.Summary += fmt.Sprintf(" (%d more topics are not durable: %s)", len(bad)-1, strings.Join(badTopics[1:], ", "))
+		r.Summary += fmt.Sprintf(" (also not durable: %s)", strings.Join(badTopics[1:], ", "))
 	}
 	return r, nil
 }
