@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -156,6 +157,10 @@ type RelayInfo struct {
 	ExpiresAt   time.Time `json:"expires_at"`
 	// Alive reports that the heartbeat has not expired.
 	Alive bool `json:"alive"`
+	// AckDurability is what the relay learnt at start about its
+	// destination's acknowledgement (see DurabilityChecker); nil until it
+	// recorded it.
+	AckDurability *AckDurability `json:"ack_durability,omitempty"`
 }
 
 // TableSize is the size of one table.
@@ -305,15 +310,25 @@ type querier interface {
 }
 
 func (a *Admin) relays(ctx context.Context, q querier) ([]RelayInfo, error) {
-	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at, expires_at > now()
-FROM `+a.t.relays+` ORDER BY relay_id`)
+	// ack_durability (migration 010) is read through to_jsonb, which works
+	// on a schema without the column too.
+	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at, expires_at > now(),
+	to_jsonb(r) -> 'ack_durability'
+FROM `+a.t.relays+` r ORDER BY relay_id`)
 	if err != nil {
 		return nil, fmt.Errorf("read relays: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RelayInfo, error) {
 		var r RelayInfo
-		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive)
+		var ack []byte
+		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive, &ack)
 		r.StartedAt, r.HeartbeatAt, r.ExpiresAt = r.StartedAt.UTC(), r.HeartbeatAt.UTC(), r.ExpiresAt.UTC()
+		if err == nil && len(ack) > 0 && string(ack) != "null" {
+			r.AckDurability = new(AckDurability)
+			if jerr := json.Unmarshal(ack, r.AckDurability); jerr != nil {
+				return r, fmt.Errorf("relay %s: ack_durability: %w", r.ID, jerr)
+			}
+		}
 		return r, err
 	})
 	if err != nil {

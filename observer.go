@@ -7,11 +7,11 @@ import (
 
 // The relay reports what it does to an observer, for metrics. An observer is
 // any value set as RelayConfig.Observer that implements one or more of
-// ClaimObserver, PublishObserver, SettleObserver, CleanupObserver and
-// DestinationObserver: the
-// relay detects each interface once, by type assertion, and calls only those
-// implemented. New observation kinds come as new interfaces, so existing
-// observers keep compiling. Package outboxprom implements all of them for
+// ClaimObserver, PublishObserver, SettleObserver, CleanupObserver,
+// DestinationObserver and DurabilityObserver: the relay detects each
+// interface once, by type assertion, and calls only those implemented. New
+// observation kinds come as new interfaces, so existing observers keep
+// compiling. Package outboxprom implements all of them for
 // Prometheus; the root package itself depends on no metrics library.
 //
 // Observers are called synchronously from the relay's loop (and its
@@ -169,6 +169,8 @@ type observers struct {
 	settle      SettleObserver
 	cleanup     CleanupObserver
 	destination DestinationObserver
+	// durability: see DurabilityObserver (durability.go).
+	durability DurabilityObserver
 }
 
 // detectObservers type-asserts o once. It refuses a value that implements
@@ -183,8 +185,9 @@ func detectObservers(o any) (observers, error) {
 	obs.settle, _ = o.(SettleObserver)
 	obs.cleanup, _ = o.(CleanupObserver)
 	obs.destination, _ = o.(DestinationObserver)
-	if obs.claim == nil && obs.publish == nil && obs.settle == nil && obs.cleanup == nil && obs.destination == nil {
-		return obs, errors.New("outbox: RelayConfig.Observer implements none of ClaimObserver, PublishObserver, SettleObserver, CleanupObserver, DestinationObserver")
+	obs.durability, _ = o.(DurabilityObserver)
+	if obs.claim == nil && obs.publish == nil && obs.settle == nil && obs.cleanup == nil && obs.destination == nil && obs.durability == nil {
+		return obs, errors.New("outbox: RelayConfig.Observer implements none of ClaimObserver, PublishObserver, SettleObserver, CleanupObserver, DestinationObserver, DurabilityObserver")
 	}
 	return obs, nil
 }

@@ -111,8 +111,8 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Observer receives measurements of the relay's work, for metrics: any
 	// value implementing one or more of ClaimObserver, PublishObserver,
-	// SettleObserver and CleanupObserver (outboxprom.Metrics implements them
-	// all). Optional.
+	// SettleObserver, CleanupObserver and DurabilityObserver
+	// (outboxprom.Metrics implements them all). Optional.
 	Observer any
 	// HeartbeatInterval is how often the relay records itself alive in
 	// outbox_relays; it counts as alive for three intervals after each
@@ -323,6 +323,8 @@ type Relay struct {
 
 	obs    observers
 	prober Prober // cfg.Publisher, when it implements Prober
+	// ack: what the destination's acknowledgement is worth (relay_durability.go).
+	ack ackState
 	// pipelined: cfg.Publisher declares ordered pipelining (and
 	// DisablePipelining is not set): a batch goes out in one call.
 	pipelined bool
@@ -401,6 +403,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer func() { stopListen(); <-done }()
 	}
 	defer r.startMaintenance(ctx)()
+	// Registered after startMaintenance: it stops before the heartbeat row goes.
+	defer r.startAckDurabilityCheck(ctx)()
 	defer r.dropAhead(ctx) // a batch claimed ahead and never published
 	r.log.Info("relay started", slog.String("schema", r.schema.Name()), slog.Int("batch_size", r.cfg.BatchSize),
 		slog.Duration("lease", r.cfg.LeaseDuration))

@@ -101,6 +101,17 @@
 // after a lost confirmation) are stored twice: consumers drop the copy by
 // message-id (the inbox does).
 //
+// # Durability
+//
+// What a confirm is worth depends on the queues the message was routed to:
+// fsynced by a majority of a quorum queue's replicas, fsynced on a durable
+// classic queue's node, replicated but not fsynced in a stream, in memory in
+// a transient queue. AMQP 0-9-1 shows neither bindings nor queue types:
+// [Publisher.CheckDurability] (outbox.DurabilityChecker, called by the relay
+// at start) inspects the queues named in Config.CheckQueues (check_queues in
+// the URL) by declaring them again and reading the broker's refusal. See
+// docs/destinations.md, "What an acknowledgement is worth".
+//
 // # Order
 //
 // Within one channel RabbitMQ routes messages in the order they were

@@ -74,6 +74,11 @@ type Config struct {
 	// neither), for a broker that requires one. They need an amqps:// URL,
 	// and are read by NewPublisher.
 	CAFile, CertFile, KeyFile string
+	// CheckQueues names the queues bound to Exchange for the relay's
+	// messages, which CheckDurability inspects (durable? quorum?): AMQP
+	// 0-9-1 cannot list an exchange's bindings, so the publisher cannot
+	// find them itself. Optional; ParseURL sets it from check_queues.
+	CheckQueues []string
 	// TLSConfig is the TLS configuration to start from for amqps:// (it is
 	// cloned, and CAFile, CertFile and KeyFile are added to the clone). Nil
 	// starts from the system's roots; the server name is the URL's host

@@ -109,6 +109,16 @@
 // name), and anything else is a plain, retryable error. [Publisher.Probe]
 // sends one metadata request.
 //
+// # Durability
+//
+// An acknowledged record is on every in-sync replica, in memory: Kafka does
+// not fsync each record by default and relies on replication.
+// [Publisher.CheckDurability] (outbox.DurabilityChecker, called by the relay
+// at start) reports whether every topic the template names has a
+// replication factor and min.insync.replicas of at least 2 (or
+// flush.messages=1), without unclean leader election. See
+// docs/destinations.md, "What an acknowledgement is worth".
+//
 // # Tests
 //
 // No Kafka server runs where this package is developed: its tests and

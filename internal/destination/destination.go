@@ -33,7 +33,7 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port or tls://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://[user@]host:port[,host:port][?topic=outbox.{aggregate_type}&sasl=scram-sha-512&tls=true] (SASL password in env OUTBOX_KAFKA_PASSWORD), amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET). TLS: ca_file=ca.pem (instead of the system's roots), cert_file=client.pem&key_file=client.key (a client certificate) on nats/tls, kafka and amqps URLs, outbox_ca_file, outbox_cert_file, outbox_key_file on https ones; the files are read at start (env OUTBOX_DESTINATION; secrets are never printed)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port or tls://host:port[?stream=OUTBOX&subject_prefix=outbox&monitor_url=http://host:8222], kafka://[user@]host:port[,host:port][?topic=outbox.{aggregate_type}&sasl=scram-sha-512&tls=true] (SASL password in env OUTBOX_KAFKA_PASSWORD), amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}&check_queues=q1,q2] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET). TLS: ca_file=ca.pem (instead of the system's roots), cert_file=client.pem&key_file=client.key (a client certificate) on nats/tls, kafka and amqps URLs, outbox_ca_file, outbox_cert_file, outbox_key_file on https ones; the files are read at start. monitor_url (the NATS server's monitoring endpoint) and check_queues (the RabbitMQ queues bound for the events) let the relay check at start that the broker's acknowledgement is durable (env OUTBOX_DESTINATION; secrets are never printed)")
 	cli.RedactDefault(fs, "destination", Redact)
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
@@ -138,6 +138,7 @@ func openNATS(ctx context.Context, o Options, retry func(ctx context.Context, er
 		cfg.DuplicateWindow = fromURL.DuplicateWindow
 	}
 	cfg.AckTimeout, cfg.MaxPending = fromURL.AckTimeout, fromURL.MaxPending
+	cfg.MonitorURL, cfg.CAFile = fromURL.MonitorURL, fromURL.CAFile
 	// The connection is made (and remade) in the background: a server
 	// that is not up yet is waited for, not an error.
 	nc, err := connectNATS(server, fromURL, "outbox-relay")
