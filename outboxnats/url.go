@@ -95,6 +95,7 @@ func ParseURL(raw string) (server string, cfg Config, err error) {
 // with its own user part or scheme) with every password or token in it
 // replaced by "xxxxx", for logs and errors.
 func Redact(raw string) string { return redact.URL(raw) }
+
 // validateMonitorURL accepts an http or https URL with a host and no query.
 func validateMonitorURL(v string) error {
 	u, err := url.Parse(v)
