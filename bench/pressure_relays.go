@@ -3,9 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -277,6 +277,7 @@ type naiveWorker struct {
 	m       relayMetrics
 	dbErrs  atomic.Int64
 	pubErrs atomic.Int64
+	lastErr atomic.Pointer[string]
 }
 
 func (w *naiveWorker) metrics() relayMetrics {
@@ -284,6 +285,7 @@ func (w *naiveWorker) metrics() relayMetrics {
 	defer w.mu.Unlock()
 	m := w.m
 	m.ok, m.streaming = true, -1
+	m.expired, m.conflicts = math.NaN(), math.NaN() // not counted
 	return m
 }
 
@@ -339,6 +341,8 @@ RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.
 				case wctx.Err() != nil:
 				case err != nil:
 					w.dbErrs.Add(1)
+					msg := err.Error()
+					w.lastErr.Store(&msg)
 					_ = sleepCtx(wctx, 50*time.Millisecond)
 				case n == 0:
 					_ = sleepCtx(wctx, 10*time.Millisecond)
@@ -382,15 +386,20 @@ func (w *naiveWorker) once(ctx context.Context, pool *pgxpool.Pool, pub outbox.P
 		return 0, nil
 	}
 	var ids [][16]byte
-	for i, err := range pub.Publish(ctx, msgs) {
-		if err != nil {
+	var firstErr error
+	errs := pub.Publish(ctx, msgs) // nil: every message acknowledged
+	for i := range msgs {
+		if errs != nil && errs[i] != nil {
 			w.pubErrs.Add(1)
+			if firstErr == nil {
+				firstErr = errs[i]
+			}
 			continue
 		}
 		ids = append(ids, msgs[i].ID)
 	}
 	if len(ids) == 0 {
-		return len(msgs), errors.New("naive: every publish failed")
+		return len(msgs), fmt.Errorf("naive: every publish failed: %w", firstErr)
 	}
 	t1 := time.Now()
 	if _, err := pool.Exec(ctx, mark, ids); err != nil {

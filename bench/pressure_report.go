@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -373,14 +374,9 @@ func pressureTable(runs []*pressureOutcome, sz pressureSizes, walLevel string) s
 	var b strings.Builder
 	fmt.Fprintf(&b, "pressure: %d events/s over %d aggregates, one event per transaction, Notifier; private PostgreSQL 15, defaults (autovacuum on, wal_level=%s); two relays of each kind; latency = commit → first delivery to a consumer of the stream\n\n",
 		sz.rate, sz.aggregates, walLevel)
-	b.WriteString("| relay | phase | written/s | p50 ms | p99 ms | max ms | > 2 s | backlog max | backlog end | dead rows max | claim ms first → last | /readyz non-200 | republished (after a lease) | expired claims | kills | lost / phantom / out of order / dup | recovered in | server ERRORs |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	num := func(v float64, prec int) string {
-		if math.IsNaN(v) {
-			return "-"
-		}
-		return fmt.Sprintf("%.*f", prec, v)
-	}
+	b.WriteString("| relay | phase | written/s | p50 ms | p99 ms | max ms | > 2 s | backlog max | backlog end | dead rows max | claim ms first → last | /readyz non-200 | republished (after a lease) | expired claims | kills | lost / phantom / out of order / dup | recovered in | server ERRORs | CDC: takeovers / left to the safety net |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	num := numStr
 	for _, o := range runs {
 		for _, st := range o.stats {
 			rec := ""
@@ -390,14 +386,18 @@ func pressureTable(runs []*pressureOutcome, sz pressureSizes, walLevel string) s
 					rec = "-"
 				}
 			}
+			cdc := ""
+			if o.kind == "cdc" {
+				cdc = fmt.Sprintf("%d / %.0f", st.takeovers, st.cdcLeft)
+			}
 			kills := ""
 			if st.kills > 0 {
 				kills = fmt.Sprint(st.kills)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %s | %s | %d | %d | %d | %d | %s → %s | %d/%d | %d (%d) | %.0f | %s | %d / %d / %d / %d | %s | %d |\n",
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %s | %s | %d | %d | %d | %d | %s → %s | %d/%d | %d (%d) | %s | %s | %d / %d / %d / %d | %s | %d | %s |\n",
 				o.kind, st.name, st.rate, num(st.p50, 1), num(st.p99, 1), num(st.max, 0), st.late2s, st.backlogMax, st.backlogEnd, st.deadMax,
-				num(st.claimFirst, 2), num(st.claimLast, 2), st.notReady, st.readySamples, st.republished, st.republishedLease, st.expired,
-				kills, st.lost, st.phantoms, st.outOfOrder, st.duplicates, rec, st.logErrors)
+				num(st.claimFirst, 2), num(st.claimLast, 2), st.notReady, st.readySamples, st.republished, st.republishedLease, num(st.expired, 0),
+				kills, st.lost, st.phantoms, st.outOfOrder, st.duplicates, rec, st.logErrors, cdc)
 		}
 	}
 	for _, o := range runs {
@@ -415,6 +415,9 @@ func pressureTable(runs []*pressureOutcome, sz pressureSizes, walLevel string) s
 			extra = append(extra, fmt.Sprintf("%d phantom deliveries", p))
 		}
 		extra = append(extra, o.exits...)
+		if errs := o.logErrorKinds(); errs != "" {
+			extra = append(extra, "server log: "+errs)
+		}
 		if len(o.notReady) > 0 {
 			var rs []string
 			for k, v := range o.notReady {
@@ -428,6 +431,37 @@ func pressureTable(runs []*pressureOutcome, sz pressureSizes, walLevel string) s
 		}
 	}
 	return b.String()
+}
+
+// numStr formats v, or "-" when it is NaN (no figure).
+func numStr(v float64, prec int) string {
+	if math.IsNaN(v) {
+		return "-"
+	}
+	return fmt.Sprintf("%.*f", prec, v)
+}
+
+var digits = regexp.MustCompile(`[0-9]+`)
+
+// logErrorKinds lists the server log's ERROR messages during the run's
+// phases, by kind (numbers replaced), most frequent first.
+func (o *pressureOutcome) logErrorKinds() string {
+	if len(o.phases) == 0 {
+		return ""
+	}
+	from, to := o.phases[0].logFrom, o.phases[len(o.phases)-1].logTo
+	if from > to || to > len(o.serverLog) {
+		return ""
+	}
+	kinds := map[string]int{}
+	for _, line := range strings.Split(o.serverLog[from:to], "\n") {
+		_, msg, ok := strings.Cut(line, "ERROR:")
+		if !ok {
+			continue
+		}
+		kinds[shorten(digits.ReplaceAllString(strings.TrimSpace(msg), "N"), 100)]++
+	}
+	return killedString(kinds)
 }
 
 // totals describes the whole run of one relay kind: what the relays counted
@@ -446,8 +480,8 @@ func (o *pressureOutcome) totals() string {
 	if o.drainedIn < 0 {
 		drained = fmt.Sprintf("%d never arrived", o.leftOver)
 	}
-	return fmt.Sprintf("whole run: relays counted %.0f expired claims and %.0f lease conflicts, %d events republished; after the writers stopped the backlog %s",
-		d(func(m relayMetrics) float64 { return m.expired }), d(func(m relayMetrics) float64 { return m.conflicts }), len(rep), drained)
+	return fmt.Sprintf("whole run: relays counted %s expired claims and %s lease conflicts, %d events republished; after the writers stopped the backlog %s",
+		numStr(d(func(m relayMetrics) float64 { return m.expired }), 0), numStr(d(func(m relayMetrics) float64 { return m.conflicts }), 0), len(rep), drained)
 }
 
 // pressureResults turns the runs into the bench's results, with the targets
@@ -539,7 +573,7 @@ func pressureResults(runs []*pressureOutcome, sz pressureSizes, walLevel string)
 				out = append(out,
 					Result{Scenario: base + "/republished", Value: f(float64(st.republished)), Unit: "events",
 						Target: "0 republished because of a kill", Met: b(st.republished == 0),
-						Note: fmt.Sprintf("events published more than once (seen on the wire; JetStream's duplicate window hides them from consumers), %d of them a lease or more later; relays counted %.0f expired claims", st.republishedLease, st.expired)},
+						Note: fmt.Sprintf("events published more than once (seen on the wire; JetStream's duplicate window hides them from consumers), %d of them 2/3 of a lease or more after the first", st.republishedLease)},
 					Result{Scenario: base + "/readyz-non-200", Value: f(float64(st.notReady)), Unit: "samples",
 						Target: "0 (200 throughout isolated kills)", Met: b(st.notReady == 0),
 						Note: fmt.Sprintf("of %d samples (each relay once a second); %d kills", st.readySamples, st.kills)})
@@ -586,7 +620,7 @@ func (st phaseStats) note(kind, walLevel string) string {
 		parts = append(parts, fmt.Sprintf("claim %.2f ms mean (%.2f first, %.2f last %s), mark %.2f ms", st.claimMean, st.claimFirst, st.claimLast, st.claimWindow, st.markMean))
 	}
 	parts = append(parts, fmt.Sprintf("/readyz non-200 %d of %d", st.notReady, st.readySamples))
-	parts = append(parts, fmt.Sprintf("republished %d (%d after a lease), expired claims %.0f, lease conflicts %.0f", st.republished, st.republishedLease, st.expired, st.conflicts))
+	parts = append(parts, fmt.Sprintf("republished %d (%d after a lease), expired claims %s, lease conflicts %s", st.republished, st.republishedLease, numStr(st.expired, 0), numStr(st.conflicts, 0)))
 	if kind == "cdc" {
 		parts = append(parts, fmt.Sprintf("takeovers %d, %d s with no streamer, %.0f left to the safety net, replication timeouts %d", st.takeovers, st.noStreamer, st.cdcLeft, st.replTimeouts))
 	}

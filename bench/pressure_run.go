@@ -261,9 +261,8 @@ WHERE NOT active AND strpos(slot_name, $1) > 0`, s.schema)
 		return out, err
 	}
 	for i, ph := range out.phases {
-		ph.logFrom = len(cluster.Log())
-		ph.start = time.Now()
-		cur.Store(int32(i))
+		// The fault is in place before the cell's clock starts (opening the
+		// pool cell's connections takes a moment).
 		var stopFault func()
 		if !ph.recovery {
 			stopFault, err = startFault(ctx, e, s, ph, &rate, sz)
@@ -271,6 +270,9 @@ WHERE NOT active AND strpos(slot_name, $1) > 0`, s.schema)
 				return out, fmt.Errorf("%s: %w", ph.name, err)
 			}
 		}
+		ph.logFrom = len(cluster.Log())
+		ph.start = time.Now()
+		cur.Store(int32(i))
 		e.logf("pressure/%s: %s for %s (backlog %d)", kind, ph.name, ph.dur, out.l.backlog())
 		err := sleepCtx(ctx, ph.dur)
 		if stopFault != nil {
@@ -322,7 +324,7 @@ WHERE NOT active AND strpos(slot_name, $1) > 0`, s.schema)
 		}
 		if r.naive != nil {
 			if n := r.naive.dbErrs.Load(); n > 0 {
-				out.exits = append(out.exits, fmt.Sprintf("%s: %d failed statements (retried)", r.name, n))
+				out.exits = append(out.exits, fmt.Sprintf("%s: %d failed rounds (retried), the last: %s", r.name, n, shorten(*r.naive.lastErr.Load(), 200)))
 			}
 		}
 	}
@@ -548,7 +550,10 @@ func startFault(ctx context.Context, e *env, s space, ph *pressurePhase, rate *a
 // startReaders starts n readers, each on a connection of its own, looping
 // over REPEATABLE READ transactions that scan outbox_events.
 func startReaders(ctx context.Context, e *env, s space, ph *pressurePhase, n int) (func(), error) {
-	rctx, cancel := context.WithCancel(ctx)
+	// Stopping lets each reader finish its snapshot: a cancelled statement
+	// would be an ERROR of the bench's own in the server's log.
+	var stop atomic.Bool
+	cancel := func() { stop.Store(true) }
 	var wg sync.WaitGroup
 	var loops atomic.Int64
 	events := s.schema + ".outbox_events"
@@ -568,10 +573,10 @@ func startReaders(ctx context.Context, e *env, s space, ph *pressurePhase, n int
 		go func() {
 			defer wg.Done()
 			defer conn.Close(context.WithoutCancel(ctx))
-			for rctx.Err() == nil {
-				err := pgx.BeginTxFunc(rctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			for !stop.Load() && ctx.Err() == nil {
+				err := pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 					for _, q := range stmts {
-						rows, err := tx.Query(rctx, q)
+						rows, err := tx.Query(ctx, q)
 						if err != nil {
 							return err
 						}
@@ -585,9 +590,9 @@ func startReaders(ctx context.Context, e *env, s space, ph *pressurePhase, n int
 					return nil
 				})
 				if err != nil {
-					if rctx.Err() == nil {
+					if ctx.Err() == nil {
 						ph.note("reader: %v", err)
-						_ = sleepCtx(rctx, 100*time.Millisecond)
+						_ = sleepCtx(ctx, 100*time.Millisecond)
 					}
 					continue
 				}
@@ -627,7 +632,7 @@ FROM (SELECT application_name, count(*) AS n FROM pg_stat_activity
 		return nil, err
 	}
 	ph.note("relay connections at the start: %s", seen)
-	kctx, cancel := context.WithCancel(ctx)
+	stop := make(chan struct{})
 	done := make(chan struct{})
 	ph.killed = map[string]int{}
 	go func() {
@@ -637,15 +642,17 @@ FROM (SELECT application_name, count(*) AS n FROM pg_stat_activity
 		defer t.Stop()
 		for {
 			select {
-			case <-kctx.Done():
+			case <-stop:
+				return
+			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
-			rows, err := conn.Query(kctx, `SELECT left(query, 200), pg_terminate_backend(pid) FROM pg_stat_activity
+			rows, err := conn.Query(ctx, `SELECT left(query, 200), pg_terminate_backend(pid) FROM pg_stat_activity
 WHERE backend_type = 'client backend' AND application_name LIKE $1 AND state = ANY($2) AND pid <> pg_backend_pid()`,
 				relayAppPrefix+"%", states)
 			if err != nil {
-				if kctx.Err() == nil {
+				if ctx.Err() == nil {
 					ph.note("killer: %v", err)
 				}
 				continue
@@ -665,7 +672,7 @@ WHERE backend_type = 'client backend' AND application_name LIKE $1 AND state = A
 			rows.Close()
 		}
 	}()
-	return func() { cancel(); <-done }, nil
+	return func() { close(stop); <-done }, nil
 }
 
 // holdRole is the role of the pool cell's idle connections: another
