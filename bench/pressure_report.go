@@ -55,6 +55,7 @@ type phaseStats struct {
 	readerLoops      int64
 	logErrors        int
 	replTimeouts     int
+	load             string        // 1-minute load average at the end
 	recoveredIn      time.Duration // recovery phases: -1 when not back to the clean p99 (x1.5) within the phase
 	cleanP99         float64
 	notes            []string
@@ -125,7 +126,7 @@ func (o *pressureOutcome) compute(sz pressureSizes) {
 	for i, ph := range o.phases {
 		stats[i] = phaseStats{kind: o.kind, name: ph.name, cell: ph.cell, recovery: ph.recovery, dur: ph.end.Sub(ph.start),
 			offered: ph.rate, writerErrs: ph.writerErrs.Load(), kills: ph.kills, killed: ph.killed, held: ph.held,
-			readerLoops: ph.readerLoops, notes: ph.notes, pendingMax: -1, recoveredIn: -1}
+			readerLoops: ph.readerLoops, notes: ph.notes, pendingMax: -1, recoveredIn: -1, load: ph.load}
 		if p := ph.firstErr.Load(); p != nil {
 			stats[i].firstWriterErr = shorten(*p, 160)
 		}
@@ -374,8 +375,8 @@ func pressureTable(runs []*pressureOutcome, sz pressureSizes, walLevel string) s
 	var b strings.Builder
 	fmt.Fprintf(&b, "pressure: %d events/s over %d aggregates, one event per transaction, Notifier; private PostgreSQL 15, defaults (autovacuum on, wal_level=%s); two relays of each kind; latency = commit → first delivery to a consumer of the stream\n\n",
 		sz.rate, sz.aggregates, walLevel)
-	b.WriteString("| relay | phase | written/s | p50 ms | p99 ms | max ms | > 2 s | backlog max | backlog end | dead rows max | claim ms first → last | /readyz non-200 | republished (after a lease) | expired claims | kills | lost / phantom / out of order / dup | recovered in | server ERRORs | CDC: takeovers / left to the safety net |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| relay | phase | written/s | p50 ms | p99 ms | max ms | > 2 s | backlog max | backlog end | dead rows max | claim ms first → last | /readyz non-200 | republished (after a lease) | expired claims | kills | lost / phantom / out of order / dup | recovered in | server ERRORs | CDC: takeovers / left to the safety net | load |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	num := numStr
 	for _, o := range runs {
 		for _, st := range o.stats {
@@ -394,10 +395,10 @@ func pressureTable(runs []*pressureOutcome, sz pressureSizes, walLevel string) s
 			if st.kills > 0 {
 				kills = fmt.Sprint(st.kills)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %s | %s | %d | %d | %d | %d | %s → %s | %d/%d | %d (%d) | %s | %s | %d / %d / %d / %d | %s | %d | %s |\n",
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %s | %s | %d | %d | %d | %d | %s → %s | %d/%d | %d (%d) | %s | %s | %d / %d / %d / %d | %s | %d | %s | %s |\n",
 				o.kind, st.name, st.rate, num(st.p50, 1), num(st.p99, 1), num(st.max, 0), st.late2s, st.backlogMax, st.backlogEnd, st.deadMax,
 				num(st.claimFirst, 2), num(st.claimLast, 2), st.notReady, st.readySamples, st.republished, st.republishedLease, num(st.expired, 0),
-				kills, st.lost, st.phantoms, st.outOfOrder, st.duplicates, rec, st.logErrors, cdc)
+				kills, st.lost, st.phantoms, st.outOfOrder, st.duplicates, rec, st.logErrors, cdc, st.load)
 		}
 	}
 	for _, o := range runs {
@@ -639,6 +640,6 @@ func (st phaseStats) note(kind, walLevel string) string {
 	if st.writerErrs > 0 {
 		parts = append(parts, fmt.Sprintf("writer errors %d (%s)", st.writerErrs, st.firstWriterErr))
 	}
-	parts = append(parts, "wal_level="+walLevel)
+	parts = append(parts, "wal_level="+walLevel, "load average "+st.load+" at the end (2 cores, shared)")
 	return strings.Join(parts, "; ")
 }

@@ -29,6 +29,7 @@ type pressurePhase struct {
 	start, end time.Time
 	logFrom    int // offsets in the server's log
 	logTo      int
+	load       string // the machine's 1-minute load average at the end
 
 	mu          sync.Mutex
 	kills       int
@@ -280,6 +281,7 @@ WHERE NOT active AND strpos(slot_name, $1) > 0`, s.schema)
 		}
 		ph.end = time.Now()
 		ph.logTo = len(cluster.Log())
+		ph.load = loadAvg()
 		if err != nil {
 			return out, err
 		}
@@ -427,10 +429,15 @@ loop:
 		r := float64(rate.Load())
 		due += r * now.Sub(last).Seconds()
 		last = now
+	send:
 		for due >= 1 && len(ticks) < int(r) {
-			ticks <- struct{}{}
-			due--
-			sent++
+			select {
+			case ticks <- struct{}{}:
+				due--
+				sent++
+			default:
+				break send
+			}
 		}
 		if due > r {
 			skipped += int64(due - r)
