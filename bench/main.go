@@ -116,11 +116,7 @@ func quickSizes() sizes {
 var allGroups = []string{"write", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
 
 // extraGroups run only when named with --only: they take long.
-<<<<<<< HEAD
-var extraGroups = []string{"soak", "cdc", "cdc-outage", "outage"}
-=======
-var extraGroups = []string{"soak", "cdc", "cdc-outage", "pressure"}
->>>>>>> h/pressure
+var extraGroups = []string{"soak", "cdc", "cdc-outage", "outage", "pressure"}
 
 type options struct {
 	json, quick, long, keep bool
@@ -316,13 +312,10 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchCDC(ctx, e)
 		case "cdc-outage":
 			rs, err = benchCDCOutage(ctx, e)
-<<<<<<< HEAD
 		case "outage":
 			rs, err = benchOutage(ctx, e)
-=======
 		case "pressure":
 			rs, err = benchPressure(ctx, e)
->>>>>>> h/pressure
 		}
 		all = append(all, rs...)
 		if err != nil {
