@@ -326,7 +326,7 @@ func fastClaimSQL(events string, batchSize int) string {
 		UNION SELECT event_id FROM due UNION SELECT event_id FROM cont) i
 	CROSS JOIN LATERAL (
 		SELECT * FROM ` + events + ` e WHERE e.event_id = i.event_id OFFSET 0 FOR UPDATE SKIP LOCKED) e
-	WHERE ` + claimable("e") + `
+	WHERE ` + claimableNow("e") + `
 ), all_heads AS (
 	SELECT f.event_id, f.claimed_by, f.aggregate_type, f.aggregate_id, f.aggregate_sequence, f.available_at, f.occurred_at FROM (
 		SELECT DISTINCT ON (w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C") w.* FROM scan w

@@ -20,10 +20,14 @@ var (
 // Ready reports whether the relay is doing its job: nil while it runs and its
 // last batch reached the database and the destination; otherwise an error
 // saying why not (not started or stopped, the database failing, the
-// destination unavailable). A relay that saw the destination unavailable
-// stays not ready until a publish succeeds or, while it has nothing to
-// publish, until its publisher's Probe (see Prober) succeeds. It backs the
-// /readyz endpoint of `outbox relay`.
+// destination unavailable, a route the destination refuses). The
+// destination counts as unavailable once two consecutive looks at it (a
+// batch that published nothing, then the probe or batch after the wait)
+// found it so, and until a batch publishes something or, with nothing to
+// publish, its publisher's Probe (see Prober) succeeds; a route, once the
+// destination refused it twice, until an event held for it is published
+// (docs/design.md, "Outages, routes and readiness"). It backs the /readyz
+// endpoint of `outbox relay`.
 func (r *Relay) Ready() error {
 	if !r.running.Load() {
 		if p := r.health.Load(); p != nil && *p == errNotStarted {
@@ -51,10 +55,13 @@ func (r *Relay) noteBatch(err error) {
 	switch {
 	case err != nil:
 		r.setHealth(fmt.Errorf("last batch failed: %w", err))
-	case r.outages > 0:
-		r.setHealth(fmt.Errorf("destination unavailable (%d batches or probes in a row)", r.outages))
+	case r.outages >= outageReadyAfter:
+		r.setHealth(fmt.Errorf("destination unavailable (%d looks in a row): %s", r.outages, r.outageErr))
 	default:
-		r.setHealth(nil)
+		r.setHealth(r.routesHealth())
+	}
+	if r.obs.destination != nil {
+		r.obs.destination.ObserveDestination(DestinationObservation{Unavailable: r.outages >= outageReadyAfter, RefusedRoutes: r.refusedRoutes()})
 	}
 }
 

@@ -47,19 +47,27 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 	}
 	// Quarantined events park their lanes in the same transaction, so the
 	// events waiting behind leave the claim's range as their head becomes
-	// unclaimable (see parked.go). Two statements: the second one's
-	// snapshot is taken once the lanes' counter rows are held, so it sees
-	// every event written to them.
+	// unclaimable (see parked.go). Two statements: the first flags the
+	// lanes whose counter rows are free (SKIP LOCKED: a writer's open
+	// transaction never holds the settle), the second one's snapshot is
+	// taken once those rows are held, so it sees every event written to
+	// them. Busy lanes are left to the lane sweep.
+	var flagged, lanes int64
 	if ids := quarantinedIDs(fs); len(ids) > 0 {
-		q.Queue(r.sql.lockLanes, ids)
+		q.Queue(r.sql.flagLanes, ids)
 		q.Queue(r.sql.parkLanes, ids)
-		ops = append(ops, &op{kind: settleParkLanes, name: "lock lanes"}, &op{kind: settleParkLanes, name: "park lanes"})
+		ops = append(ops, &op{kind: settleParkLanes, name: "flag lanes"}, &op{kind: settleParkLanes, name: "park lanes"})
 	}
 	start := time.Now()
 	res := r.pool.SendBatch(ctx, &q)
 	var err error
 	for _, o := range ops {
-		if o.tag, err = res.Exec(); err != nil {
+		if o.name == "flag lanes" {
+			err = res.QueryRow().Scan(&flagged, &lanes)
+		} else {
+			o.tag, err = res.Exec()
+		}
+		if err != nil {
 			break
 		}
 	}
@@ -73,6 +81,11 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 	}
 	if err != nil {
 		return fmt.Errorf("settle batch: %w", err)
+	}
+	if busy := lanes - flagged; busy > 0 {
+		r.log.Info("lane not parked yet: a transaction holds its counter row; the lane sweep parks it",
+			slog.Int64("lanes", busy))
+		r.sweepSoon()
 	}
 	for _, o := range ops {
 		if o.kind == settleParkLanes {

@@ -12,12 +12,15 @@ type relaySQL struct {
 	// claimIDs claims given events for PublishIDs; missingIDs finds those
 	// of them that have no row.
 	claimIDs, missingIDs string
-	// lockLanes and parkLanes park the lanes of quarantined events (see
-	// parkSQL).
-	lockLanes, parkLanes string
+	// flagLanes and parkLanes park the lanes of quarantined events whose
+	// counter rows are free (see parkSQL).
+	flagLanes, parkLanes string
 	// fastClaim is the incremental claim and cursorStart its cursor's
 	// start-up query (relay_cursor.go).
 	fastClaim, cursorStart string
+	// probeRoutes probes the routes the destination refuses (see
+	// probeRoutesSQL).
+	probeRoutes string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -27,13 +30,14 @@ type relaySQL struct {
 // where a LIMIT $1 makes it re-plan the statement on every execution.
 func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	events := s.Table("outbox_events")
-	lockLanes, parkLanes := parkSQL(s)
+	flagLanes, parkLanes := parkSQL(s)
 	return relaySQL{
-		lockLanes: lockLanes, parkLanes: parkLanes,
+		flagLanes: flagLanes, parkLanes: parkLanes,
 		claim:     claimSQL(events, batchSize, ""),
 		fastClaim: fastClaimSQL(events, batchSize), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
+		probeRoutes: probeRoutesSQL(events),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.
@@ -178,6 +182,22 @@ func claimable(e string) string {
 	return e + `.published_at IS NULL
 	  AND ` + e + `.quarantined_at IS NULL
 	  AND ` + e + `.available_at <= now()
+	  AND (` + e + `.claim_until IS NULL OR ` + e + `.claim_until < now())`
+}
+
+// claimableNow is claimable for a row the claim found by its transaction
+// (the incremental claim's fresh events, PublishIDs's ids): an event never
+// rescheduled (available_at = occurred_at, the writer's transaction start)
+// is due as soon as it is visible. Comparing its available_at with the
+// claim's now() is wrong there: now() is the claim's transaction start,
+// taken before its snapshot, so an event whose writer started after the
+// claim's now() and committed before its snapshot is visible but looks
+// not yet due, and the claim would leave it (the incremental claim's cursor
+// would pass it; PublishIDs would leave it to the safety net).
+func claimableNow(e string) string {
+	return e + `.published_at IS NULL
+	  AND ` + e + `.quarantined_at IS NULL
+	  AND (` + e + `.available_at <= now() OR ` + e + `.available_at <= ` + e + `.occurred_at)
 	  AND (` + e + `.claim_until IS NULL OR ` + e + `.claim_until < now())`
 }
 

@@ -10,6 +10,7 @@
 //	cd bench && go run . --long     # a 1,000,000-event backlog
 //	cd bench && go run . --json     # one JSON object per scenario
 //	cd bench && go run . --only soak  # writers and relay together, 10 minutes
+//	cd bench && go run . --only outage  # a 2 s NATS outage under load; a webhook answering 5% 503 or 500
 //	cd bench && go run . --only destinations  # each destination beside a naive publisher
 //	cd bench && go run . --only destinations --destinations kafka
 //
@@ -111,7 +112,7 @@ func quickSizes() sizes {
 var allGroups = []string{"write", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
 
 // extraGroups run only when named with --only: they take long.
-var extraGroups = []string{"soak", "cdc", "cdc-outage"}
+var extraGroups = []string{"soak", "cdc", "cdc-outage", "outage"}
 
 type options struct {
 	json, quick, long, keep bool
@@ -293,6 +294,8 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchCDC(ctx, e)
 		case "cdc-outage":
 			rs, err = benchCDCOutage(ctx, e)
+		case "outage":
+			rs, err = benchOutage(ctx, e)
 		}
 		all = append(all, rs...)
 		if err != nil {
