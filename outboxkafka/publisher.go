@@ -260,6 +260,13 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 		// a relay's batch is far below this many records.
 		kgo.ManualFlushing(),
 		kgo.MaxBufferedRecords(1<<20),
+		// A topic the cluster does not have fails its records after one
+		// metadata retry (franz-go's default is four, with backoff), so that
+		// the refusal reaches the relay as its route's (RouteUnavailable)
+		// well within DeliveryTimeout: on a loaded machine the four retries
+		// outlasted a 2 s delivery timeout, and the records failed as timed
+		// out, an outage of the whole destination.
+		kgo.UnknownTopicRetries(1),
 	)
 	client, err := kgo.NewClient(all...)
 	if err != nil {
