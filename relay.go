@@ -318,8 +318,11 @@ type Relay struct {
 	// The loop's own state (Run's goroutine, or the PublishIDs caller's):
 	outages   int    // consecutive looks that found the destination unavailable; 0: no outage
 	outageErr string // the last of those looks' error
-	lone      loneOutages
-	routes    routeHolds
+	// dbFailingSince is when the current run of batches failing on the
+	// database began (zero: the last batch reached it); see noteBatch.
+	dbFailingSince time.Time
+	lone           loneOutages
+	routes         routeHolds
 
 	obs    observers
 	prober Prober // cfg.Publisher, when it implements Prober

@@ -26,6 +26,10 @@ type claimedEvent struct {
 type batch struct {
 	token    uuid.UUID
 	deadline time.Time // local time after which the lease may be gone
+	// leaseEnd is when the lease ends by this process's clock, at the
+	// latest: the claim's now() is no earlier than the moment it was sent.
+	// A settle that lost its connection is retried until then.
+	leaseEnd time.Time
 	lanes    [][]claimedEvent
 	total    int
 	// takenOver counts events claimed from an expired lease.
@@ -91,6 +95,7 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 	// Leave a safety margin: stop publishing well before the lease could have
 	// been taken over, since the database clock and ours may differ slightly.
 	b.deadline = start.Add(r.cfg.LeaseDuration * 8 / 10)
+	b.leaseEnd = start.Add(r.cfg.LeaseDuration)
 	r.claimed.Add(int64(b.total))
 	return b, nil
 }

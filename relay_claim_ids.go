@@ -243,6 +243,7 @@ func (r *Relay) claimIDs(ctx context.Context, ids, acked []uuid.UUID) (batch, []
 		return b, missing, err
 	}
 	b.deadline = start.Add(r.cfg.LeaseDuration * 8 / 10)
+	b.leaseEnd = start.Add(r.cfg.LeaseDuration)
 	r.claimed.Add(int64(b.total))
 	return b, missing, nil
 }

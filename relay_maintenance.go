@@ -12,6 +12,10 @@ import (
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
+// dbFailureReadyAfter is how long batches must keep failing on the database
+// before Ready reports it (docs/operations.md, "Health and readiness").
+const dbFailureReadyAfter = 2 * time.Second
+
 var (
 	errNotStarted = errors.New("relay has not finished a batch yet")
 	errStopped    = errors.New("relay is not running")
@@ -19,7 +23,8 @@ var (
 
 // Ready reports whether the relay is doing its job: nil while it runs and its
 // last batch reached the database and the destination; otherwise an error
-// saying why not (not started or stopped, the database failing, the
+// saying why not (not started or stopped, the database failing for
+// dbFailureReadyAfter (2 s) in a row, not one failed batch; the
 // destination unavailable, a route the destination refuses). The
 // destination counts as unavailable once two consecutive looks at it (a
 // batch that published nothing, then the probe or batch after the wait)
@@ -52,9 +57,20 @@ func (r *Relay) setHealth(err error) {
 // noteBatch records the outcome of one batch for Ready. It runs on the
 // relay's loop, which owns r.outages.
 func (r *Relay) noteBatch(err error) {
+	if err == nil {
+		r.dbFailingSince = time.Time{}
+	} else if r.dbFailingSince.IsZero() {
+		r.dbFailingSince = time.Now()
+	}
 	switch {
 	case err != nil:
-		r.setHealth(fmt.Errorf("last batch failed: %w", err))
+		// One failed batch (a connection killed by a pooler or an
+		// operator, a failover's first second) is retried at once and is
+		// not worth a 503: only batches failing for dbFailureReadyAfter in
+		// a row make the relay not ready.
+		if failing := time.Since(r.dbFailingSince); failing >= dbFailureReadyAfter {
+			r.setHealth(fmt.Errorf("batches failing for %s, the last: %w", failing.Round(100*time.Millisecond), err))
+		}
 	case r.outages >= outageReadyAfter:
 		r.setHealth(fmt.Errorf("destination unavailable (%d looks in a row): %s", r.outages, r.outageErr))
 	default:
