@@ -250,7 +250,17 @@ func TestKafkaLostCommit(t *testing.T) {
 func TestKafkaSkipsUndecodable(t *testing.T) {
 	t.Parallel()
 	e := newKafkaEnv(t)
-	if err := e.kpub.Client().ProduceSync(context.Background(), &kgo.Record{Topic: kafkaTopic, Key: []byte("o-1"), Value: []byte("junk")}).FirstErr(); err != nil {
+	// The publisher's client flushes by hand (a call's records go out
+	// together), so ProduceSync alone would wait forever: flush it.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl := e.kpub.Client()
+	produced := make(chan error, 1)
+	cl.Produce(ctx, &kgo.Record{Topic: kafkaTopic, Key: []byte("o-1"), Value: []byte("junk")}, func(_ *kgo.Record, err error) { produced <- err })
+	if err := cl.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-produced; err != nil {
 		t.Fatal(err)
 	}
 	e.publishKafka(created("o-1", 1, orderevents.Item{SKU: "A", Quantity: 2}))
