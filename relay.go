@@ -371,7 +371,12 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		obs:    obs,
 	}
 	if cfg.ReconcileAfter > 0 {
+		// The safety net beside a CDC relay claims only heads written
+		// ReconcileAfter ago, and its cursor never passes the young events
+		// it leaves: they may be the ones the stream misses.
 		r.sql.claim = claimSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("e", cfg.ReconcileAfter))
+		r.sql.fastClaim = fastClaimSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("f", cfg.ReconcileAfter))
+		r.cursor.conservative = true
 	}
 	r.prober, _ = cfg.Publisher.(Prober)
 	if op, ok := cfg.Publisher.(OrderedPipeliner); ok && !cfg.DisablePipelining {

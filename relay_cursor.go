@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,11 +43,15 @@ type laneNext struct {
 // the full scan finds (leased by a relay that died; written before
 // migration 009). Claims keep that true as they move from forward.
 type claimCursor struct {
-	mu     sync.Mutex
-	valid  bool
-	from   uint64   // dispatch_xid lower bound of the range scan
-	points []uint64 // transactions below from that were running at the last snapshot
-	cont   []laneNext
+	mu sync.Mutex
+	// conservative: the cursor never passes a pending event it read and
+	// did not claim (a relay with ReconcileAfter, which leaves young
+	// events to the CDC stream and must still see them once they are old).
+	conservative bool
+	valid        bool
+	from         uint64   // dispatch_xid lower bound of the range scan
+	points       []uint64 // transactions below from that were running at the last snapshot
+	cont         []laneNext
 	// lastFull is when the last full scan ran; fullAgain asks for another
 	// one at once (the last full scan returned a full batch).
 	lastFull  time.Time
@@ -136,6 +141,10 @@ type freshMeta struct {
 	headsCut  bool    // more heads were found than the batch could take
 	firstLeft *string // the lowest dispatch_xid the range scan read and left, not leased here
 	keepLanes []int64 // 1-based positions in cont of lanes to look for again
+	// keepPoints are the running transactions of the last snapshot that
+	// now have events the claim read and left (not leased here): a
+	// conservative cursor looks them up again.
+	keepPoints []string
 }
 
 // advance moves the cursor after an incremental claim that read with window
@@ -165,7 +174,7 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 		}
 	}
 	full := m.fresh >= window || m.points >= window || m.headsCut
-	if !full {
+	if !full && !c.conservative {
 		c.from, c.points = xmax, xip
 		return nil
 	}
@@ -180,14 +189,39 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 	if to < c.from {
 		to = c.from
 	}
-	points := c.points
-	for _, x := range xip {
-		if x >= c.from && x < to {
-			points = append(points, x)
+	var points []uint64
+	switch {
+	case c.conservative && m.points < window:
+		// Every point was read: keep those with events left, and add the
+		// transactions running below the new start.
+		for _, p := range m.keepPoints {
+			v, err := strconv.ParseUint(p, 10, 64)
+			if err != nil {
+				return fmt.Errorf("claim cursor: %w", err)
+			}
+			points = append(points, v)
+		}
+		for _, x := range xip {
+			if x < to {
+				points = append(points, x)
+			}
+		}
+	default:
+		points = c.points
+		for _, x := range xip {
+			if x >= c.from && x < to {
+				points = append(points, x)
+			}
 		}
 	}
-	c.from, c.points = to, points
+	c.from, c.points = to, uniqueXIDs(points)
 	return nil
+}
+
+// uniqueXIDs returns xs sorted, without repeats.
+func uniqueXIDs(xs []uint64) []uint64 {
+	slices.Sort(xs)
+	return slices.Compact(xs)
 }
 
 // reset sets the cursor from a start-up query: from is the lowest
@@ -291,8 +325,13 @@ func (r *Relay) startCursor(ctx context.Context) error {
 // the range scan read and did not claim (not counting events leased by this
 // relay, which it will settle), and which looked-for lanes to look for
 // again because their event was there but locked by another claim.
-func fastClaimSQL(events string, batchSize int) string {
+func fastClaimSQL(events string, batchSize int, heads string) string {
 	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
+	headCond := isHead(events, "f")
+	if heads != "" { // a further condition on the heads, alias f (see reconcileHeadSQL)
+		headCond += `
+	  AND ` + heads
+	}
 	return `WITH fresh AS (
 	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at FROM ` + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
@@ -300,7 +339,7 @@ func fastClaimSQL(events string, batchSize int) string {
 	ORDER BY e.dispatch_xid
 	LIMIT ` + window + `
 ), points AS (
-	SELECT e.event_id FROM ` + events + ` e
+	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at FROM ` + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
 	  AND e.dispatch_xid = ANY ($6::text[]::xid8[])
 	ORDER BY e.dispatch_xid
@@ -331,7 +370,7 @@ func fastClaimSQL(events string, batchSize int) string {
 	SELECT f.event_id, f.claimed_by, f.aggregate_type, f.aggregate_id, f.aggregate_sequence, f.available_at, f.occurred_at FROM (
 		SELECT DISTINCT ON (w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C") w.* FROM scan w
 		ORDER BY w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C", w.aggregate_sequence) f
-	WHERE ` + isHead(events, "f") + `
+	WHERE ` + headCond + `
 ), heads AS (
 	SELECT h.event_id, h.claimed_by, h.aggregate_type, h.aggregate_id, h.aggregate_sequence FROM all_heads h
 	ORDER BY h.available_at, h.occurred_at
@@ -350,7 +389,7 @@ func fastClaimSQL(events string, batchSize int) string {
 	  AND e.event_id = ANY (ARRAY(SELECT event_id FROM candidates))
 	RETURNING ` + messageColumnsSkipped(events, "e", `CASE WHEN c.head THEN `+skippedFromSQL(events, "e")+` ELSE 0 END`) + `, e.attempt_count, c.claimed_by
 )
-SELECT false, c.*, NULL::text, 0::bigint, 0::bigint, false, NULL::text, NULL::bigint[] FROM claimed c
+SELECT false, c.*, NULL::text, 0::bigint, 0::bigint, false, NULL::text, NULL::bigint[], NULL::text[] FROM claimed c
 UNION ALL
 SELECT true, '00000000-0000-0000-0000-000000000000'::uuid, '', '', 0::bigint, '', 0, '', ''::bytea, '{}', now(), 0::bigint, 0, NULL::text,
 	pg_current_snapshot()::text,
@@ -363,17 +402,16 @@ SELECT true, '00000000-0000-0000-0000-000000000000'::uuid, '', '', 0::bigint, ''
 	   AND NOT (f.claimed_by IS NOT DISTINCT FROM $2 AND f.claim_until >= now())),
 	ARRAY(SELECT c.n FROM cont c
 	 WHERE c.event_id NOT IN (SELECT event_id FROM claimed)
-	   AND c.quarantined_at IS NULL AND (c.claim_until IS NULL OR c.claim_until < now()))`
+	   AND c.quarantined_at IS NULL AND (c.claim_until IS NULL OR c.claim_until < now())),
+	ARRAY(SELECT DISTINCT p.dispatch_xid::text FROM points p
+	 WHERE p.event_id NOT IN (SELECT event_id FROM claimed)
+	   AND p.available_at <= p.occurred_at
+	   AND NOT (p.claimed_by IS NOT DISTINCT FROM $2 AND p.claim_until >= now()))`
 }
 
-// claimKind decides how the claim starting at now looks for events. A relay
-// with ReconcileAfter (the safety net beside a CDC relay) always runs the
-// full scan: it looks for what the CDC path left, which is old by
-// definition.
+// claimKind decides how the claim starting at now looks for events (see
+// claimCursor.nextKind).
 func (r *Relay) claimKind(now time.Time) claimKind {
-	if r.cfg.ReconcileAfter > 0 {
-		return claimFull
-	}
 	return r.cursor.nextKind(now, r.cfg.RescanInterval)
 }
 
@@ -402,7 +440,7 @@ func (r *Relay) claimFresh(ctx context.Context, q querier, b *batch) (int64, err
 		var fresh, points int64
 		var headsCut bool
 		dest := append([]any{&isMeta}, row.dest(&attempts, &prevOwner)...)
-		dest = append(dest, &snap, &fresh, &points, &headsCut, &meta.firstLeft, &meta.keepLanes)
+		dest = append(dest, &snap, &fresh, &points, &headsCut, &meta.firstLeft, &meta.keepLanes, &meta.keepPoints)
 		if err := rows.Scan(dest...); err != nil {
 			r.cursor.restore(cont)
 			return l.takenOver, fmt.Errorf("claim batch: %w", err)

@@ -376,3 +376,32 @@ func TestFreshClaimPlannedOnEmptyStatistics(t *testing.T) {
 		}
 	}
 }
+
+// TestSafetyNetCursorWaitsForYoungEvents runs a relay with ReconcileAfter
+// (the safety net beside a CDC relay), whose claims take only heads written
+// at least that long ago. Its incremental claim reads the events while they
+// are young and leaves them; its cursor must not pass them, or nothing would
+// read them again once they are old (the full scan is an hour away here).
+func TestSafetyNetCursorWaitsForYoungEvents(t *testing.T) {
+	t.Parallel()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	cfg := freshOnly(schema, b.pub)
+	cfg.ReconcileAfter = 500 * time.Millisecond
+	r, stop := startRelay(t, pool, cfg)
+	defer stop()
+	writeEventsFor(t, pool, w, "early")
+	// Let the safety net claim a few times while the event is young; other
+	// events keep arriving, so its cursor has reasons to move.
+	for i := range 5 {
+		writeEventsFor(t, pool, w, fmt.Sprintf("later-%d", i))
+	}
+	outboxtest.Eventually(t, 30*time.Second, "every event published by the safety net once old enough", func() bool {
+		return countUnpublished(t, pool, schema) == 0
+	})
+	if st := r.Stats(); st.Published != 6 {
+		t.Fatalf("published %d, want 6", st.Published)
+	}
+	checkBrokerOrder(t, b.streamEvents(t))
+}

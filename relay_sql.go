@@ -34,7 +34,7 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	return relaySQL{
 		flagLanes: flagLanes, parkLanes: parkLanes,
 		claim:     claimSQL(events, batchSize, ""),
-		fastClaim: fastClaimSQL(events, batchSize), cursorStart: cursorStartSQL(events),
+		fastClaim: fastClaimSQL(events, batchSize, ""), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
 		probeRoutes: probeRoutesSQL(events),
