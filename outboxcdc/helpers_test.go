@@ -110,7 +110,7 @@ func (e *env) startCDC(t *testing.T, group string, r, safety *outbox.Relay, opts
 		Relay: r, SafetyNet: safety, BatchSize: 50,
 		StatusInterval: 200 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		StandbyInterval: 100 * time.Millisecond,
-		Logger: quiet().With(slog.String("cdc", r.ID())),
+		Logger:          quiet().With(slog.String("cdc", r.ID())),
 	}
 	for _, o := range opts {
 		o(&cfg)
