@@ -87,7 +87,7 @@ func TestTakeoverDecodesAgainFromAPinnedRestartLSN(t *testing.T) {
 	if _, err := pin.Exec(ctx, `INSERT INTO `+e.schema+`.filler VALUES (0, 'pin')`); err != nil {
 		t.Fatal(err)
 	}
-	fill(60) // about 64 MB of WAL
+	fill(60) // about 100 MB of small-row WAL
 	settle("pinned")
 	held := redecode()
 	if held < 60<<20 {

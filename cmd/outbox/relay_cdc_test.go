@@ -268,7 +268,7 @@ func TestRelayCDCMetricsAndStatus(t *testing.T) {
 	if _, err := pin.Exec(ctx, `SELECT txid_current(); INSERT INTO `+schema+`.filler VALUES ('pin')`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.filler SELECT repeat('x', 100) FROM generate_series(1, 20000); CHECKPOINT`); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.filler SELECT repeat('x', 100) FROM generate_series(1, 50000); CHECKPOINT`); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 5; i++ {
