@@ -1,9 +1,9 @@
 .DEFAULT_GOAL := help
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-demo: ## run the order system end to end on an embedded NATS server
+demo: ## the order system end to end on an embedded NATS server (PostgreSQL: DATABASE_URL, the server on :5432, or a private cluster)
 	go run ./cmd/outbox demo
 
 demo-kafka: ## the same on Kafka (franz-go's in-process kfake cluster)
@@ -12,10 +12,25 @@ demo-kafka: ## the same on Kafka (franz-go's in-process kfake cluster)
 demo-webhook: ## the same on webhooks (the relay POSTs to the consumer's HTTP server)
 	go run ./cmd/outbox demo --destination webhook
 
-test: ## run every test against the local PostgreSQL and NATS (as CI does)
+demo-amqp: ## the same on the machine's RabbitMQ (127.0.0.1:5672, guest/guest)
+	go run ./cmd/outbox demo --destination amqp
+
+demo-cdc: ## the same with the relay reading the WAL (needs wal_level=logical: a private cluster unless DATABASE_URL is set)
+	go run ./cmd/outbox demo --mode cdc
+
+setup: ## install and start what the tests need, leaving alone what answers (.ci/setup)
+	bash .ci/setup
+
+setup-dry-run: ## what setup would install and start, doing nothing
+	bash .ci/setup --dry-run
+
+services: ## PostgreSQL, NATS and RabbitMQ in containers instead (docker compose up -d --wait)
+	docker compose up -d --wait
+
+test: ## run every test against the local PostgreSQL, NATS and RabbitMQ (after setup or services)
 	go test -race -count=1 -timeout 20m ./...
 
-ci: ## what CI runs: start missing services, then the tests
+ci: ## what CI runs: setup, the tests, the browser test's screenshots, fuzzing, the benchmark's smoke run
 	bash .ci/run
 
 lint: ## go vet and gofmt
@@ -32,4 +47,4 @@ bench: ## run the benchmark against the local PostgreSQL and NATS (BENCHMARKS.md
 bench-quick: ## the benchmark at smoke sizes (under a minute)
 	cd bench && go run . --quick
 
-.PHONY: help demo demo-kafka demo-webhook test ci lint build bench bench-quick
+.PHONY: help demo demo-kafka demo-webhook demo-amqp demo-cdc setup setup-dry-run services test ci lint build bench bench-quick

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -26,6 +27,13 @@ var (
 	ErrReasonRequired = errors.New("a skip needs a reason")
 	// ErrActorRequired: an operator action without who does it was refused.
 	ErrActorRequired = errors.New("an operator action needs who does it")
+	// ErrNotLaneHead: a skip of a quarantined event that is not its
+	// aggregate's first unsettled event was refused. Skipping it would mark
+	// it settled while an earlier event is not, and the relay would then
+	// publish the events after it before that earlier one (I5). The error
+	// names the earlier event; settle it first (retry or skip it, or wait
+	// until the relay publishes it).
+	ErrNotLaneHead = errors.New("an earlier event of its aggregate is not settled yet")
 )
 
 // AdminConfig configures an Admin.
@@ -149,6 +157,10 @@ type RelayInfo struct {
 	ExpiresAt   time.Time `json:"expires_at"`
 	// Alive reports that the heartbeat has not expired.
 	Alive bool `json:"alive"`
+	// AckDurability is what the relay learnt at start about its
+	// destination's acknowledgement (see DurabilityChecker); nil until it
+	// recorded it.
+	AckDurability *AckDurability `json:"ack_durability,omitempty"`
 }
 
 // TableSize is the size of one table.
@@ -298,15 +310,25 @@ type querier interface {
 }
 
 func (a *Admin) relays(ctx context.Context, q querier) ([]RelayInfo, error) {
-	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at, expires_at > now()
-FROM `+a.t.relays+` ORDER BY relay_id`)
+	// ack_durability (migration 010) is read through to_jsonb, which works
+	// on a schema without the column too.
+	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at, expires_at > now(),
+	to_jsonb(r) -> 'ack_durability'
+FROM `+a.t.relays+` r ORDER BY relay_id`)
 	if err != nil {
 		return nil, fmt.Errorf("read relays: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RelayInfo, error) {
 		var r RelayInfo
-		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive)
+		var ack []byte
+		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive, &ack)
 		r.StartedAt, r.HeartbeatAt, r.ExpiresAt = r.StartedAt.UTC(), r.HeartbeatAt.UTC(), r.ExpiresAt.UTC()
+		if err == nil && len(ack) > 0 && string(ack) != "null" {
+			r.AckDurability = new(AckDurability)
+			if jerr := json.Unmarshal(ack, r.AckDurability); jerr != nil {
+				return r, fmt.Errorf("relay %s: ack_durability: %w", r.ID, jerr)
+			}
+		}
 		return r, err
 	})
 	if err != nil {
@@ -585,11 +607,54 @@ func (a *Admin) lockQuarantined(ctx context.Context, tx pgx.Tx, id uuid.UUID) (E
 	return e, nil
 }
 
-// Retry puts a quarantined event back at the head of its lane: it is due at
-// once, with its attempts reset (its last error is kept), the events waiting
-// behind it are unparked (due again) in the same transaction, and the relays
-// are woken. by names who retries, for the audit log. It returns the event as it
-// was before the retry.
+// laneNeighbour is the first unsettled event of e's aggregate before e
+// (before) or after e (after), if any: its id, sequence and whether it is
+// quarantined.
+type laneNeighbour struct {
+	ID          uuid.UUID
+	Sequence    int64
+	Quarantined bool
+}
+
+func (n laneNeighbour) String() string {
+	state := "pending"
+	if n.Quarantined {
+		state = "quarantined"
+	}
+	return fmt.Sprintf("#%d (event %s) is %s", n.Sequence, n.ID, state)
+}
+
+// neighbour reads the first unsettled event of e's aggregate before e
+// (before true: the lowest such sequence, the lane's head) or after it (the
+// next one). An event never goes from settled back to unsettled and writers
+// only append, so "none before" stays true once read.
+func (a *Admin) neighbour(ctx context.Context, tx pgx.Tx, e EventInfo, before bool) (*laneNeighbour, error) {
+	cond, order := "p.aggregate_sequence < $3", "p.aggregate_sequence"
+	if !before {
+		cond = "p.aggregate_sequence > $3"
+	}
+	var n laneNeighbour
+	err := tx.QueryRow(ctx, `SELECT p.event_id, p.aggregate_sequence, p.quarantined_at IS NOT NULL FROM `+a.t.events+` p
+WHERE p.published_at IS NULL AND p.aggregate_type = $1 AND p.aggregate_id = $2 AND `+cond+`
+ORDER BY `+order+` LIMIT 1`, e.AggregateType, e.AggregateID, e.Sequence).Scan(&n.ID, &n.Sequence, &n.Quarantined)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the lane of event %s: %w", e.ID, err)
+	}
+	return &n, nil
+}
+
+// Retry puts a quarantined event back in its lane: it is pending again,
+// with its attempts reset (its last error is kept), and the relays are
+// woken. It may be anywhere in its lane. When it is the lane's head, or
+// waits behind a pending event, it is due at once and the events waiting
+// behind it are unparked (due again) in the same transaction. When it waits
+// behind an earlier quarantined event, it stays parked behind that one,
+// like the lane's other events, and goes out once that one is retried and
+// published, or skipped. by names who retries, for the audit log. It
+// returns the event as it was before the retry.
 func (a *Admin) Retry(ctx context.Context, id uuid.UUID, by string) (EventInfo, error) {
 	if by == "" {
 		return EventInfo{}, fmt.Errorf("outbox: retry event %s: %w", id, ErrActorRequired)
@@ -600,14 +665,25 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, by string) (EventInfo, 
 		if e, err = a.lockQuarantined(ctx, tx, id); err != nil {
 			return err
 		}
+		head, err := a.neighbour(ctx, tx, e, true)
+		if err != nil {
+			return err
+		}
+		blocked := head != nil && head.Quarantined
+		availableAt := dueAgainSQL("")
+		if blocked {
+			availableAt = parkedAvailableAt
+		}
 		if _, err := tx.Exec(ctx, `UPDATE `+a.t.events+`
-SET quarantined_at = NULL, attempt_count = 0, available_at = now(),
+SET quarantined_at = NULL, attempt_count = 0, available_at = `+availableAt+`,
 	claimed_by = NULL, claim_token = NULL, claim_until = NULL
 WHERE event_id = $1`, id); err != nil {
 			return err
 		}
-		if err := unparkTx(ctx, tx, a.schema, e.AggregateType, e.AggregateID); err != nil {
-			return err
+		if !blocked {
+			if err := unparkTx(ctx, tx, a.schema, e.AggregateType, e.AggregateID); err != nil {
+				return err
+			}
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO `+a.t.operations+` (action, actor, event_id, detail)
 VALUES ('retry', $1, $2, jsonb_build_object('attempt_count', $3::int, 'last_error', $4::text))`, by, id, e.Attempts, e.LastError)
@@ -626,8 +702,16 @@ VALUES ('retry', $1, $2, jsonb_build_object('attempt_count', $3::int, 'last_erro
 // inboxes accept it although this one never arrives. by and reason are
 // required; who, when and why are recorded on the event (skipped_by,
 // skipped_at, skip_reason) and in the audit log. The events waiting behind
-// it are unparked (due again) in the same transaction. It returns the event as
-// skipped.
+// it are unparked (due again) in the same transaction, unless the next one
+// is quarantined too (they then stay parked behind it). It returns the
+// event as skipped.
+//
+// Only the aggregate's first unsettled event can be skipped: a quarantined
+// event behind an earlier unsettled one (pending, or quarantined itself) is
+// refused with ErrNotLaneHead, naming that earlier event. Settling it would
+// make the events after it heads of the lane while the earlier one is not
+// published, and the relay would publish them first. Skip the earlier one
+// first, or retry it and let the relay publish it.
 func (a *Admin) Skip(ctx context.Context, id uuid.UUID, by, reason string) (EventInfo, error) {
 	switch {
 	case reason == "":
@@ -637,13 +721,20 @@ func (a *Admin) Skip(ctx context.Context, id uuid.UUID, by, reason string) (Even
 	}
 	var e EventInfo
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		if _, err := a.lockQuarantined(ctx, tx, id); err != nil {
+		locked, err := a.lockQuarantined(ctx, tx, id)
+		if err != nil {
 			return err
 		}
+		head, err := a.neighbour(ctx, tx, locked, true)
+		if err != nil {
+			return err
+		}
+		if head != nil {
+			return fmt.Errorf("event %s (%s/%s #%d): %w: %s; skip or retry that one first, or wait until it is published",
+				id, locked.AggregateType, locked.AggregateID, locked.Sequence, ErrNotLaneHead, head)
+		}
 		// skipped_from continues a run of skipped events just before this
-		// one (only quarantined heads are skipped, so the previous event is
-		// settled already).
-		var err error
+		// one (the previous event is settled: this one is the head).
 		e, err = scanEventInfo(tx.QueryRow(ctx, `UPDATE `+a.t.events+` e
 SET published_at = now(), skipped_at = now(), skipped_by = $2, skip_reason = $3,
 	skipped_from = coalesce((SELECT p.skipped_from FROM `+a.t.events+` p
@@ -655,8 +746,16 @@ RETURNING `+eventInfoColumns, id, by, reason))
 		if err != nil {
 			return err
 		}
-		if err := unparkTx(ctx, tx, a.schema, e.AggregateType, e.AggregateID); err != nil {
+		// The next event becomes the head: unpark the lane, unless that
+		// one is quarantined too and the lane stays blocked behind it.
+		next, err := a.neighbour(ctx, tx, e, false)
+		if err != nil {
 			return err
+		}
+		if next == nil || !next.Quarantined {
+			if err := unparkTx(ctx, tx, a.schema, e.AggregateType, e.AggregateID); err != nil {
+				return err
+			}
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO `+a.t.operations+` (action, actor, event_id, reason, detail)
 VALUES ('skip', $1, $2, $3, jsonb_build_object('aggregate_type', $4::text, 'aggregate_id', $5::text,

@@ -77,6 +77,11 @@ func explainClaim(t *testing.T, r *outbox.Relay) claimPlan {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return parsePlan(text)
+}
+
+// parsePlan reads the figures of a claim's EXPLAIN (ANALYZE, BUFFERS).
+func parsePlan(text string) claimPlan {
 	p := claimPlan{text: text, seqScan: strings.Contains(text, "Seq Scan on outbox_events")}
 	if m := buffersRE.FindStringSubmatch(text); m != nil { // the first is the root's, children included
 		hit, _ := strconv.ParseInt(m[1], 10, 64)

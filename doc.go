@@ -58,8 +58,9 @@
 //
 // The relay reports its work to [RelayConfig].Observer, any value
 // implementing one or more of [ClaimObserver], [PublishObserver],
-// [SettleObserver] and [CleanupObserver]; [Relay.Ready] backs a readiness
-// probe. Package outboxprom turns these into Prometheus metrics, so this
+// [SettleObserver], [CleanupObserver] and [DurabilityObserver] (what the
+// destination's acknowledgement is worth, checked at start through a
+// [DurabilityChecker]); [Relay.Ready] backs a readiness probe. Package outboxprom turns these into Prometheus metrics, so this
 // package depends on no metrics library.
 //
 // # Tracing

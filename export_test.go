@@ -63,3 +63,13 @@ func ClaimIDsStatements(schema string) (claim, missing string, err error) {
 	events := s.Table("outbox_events")
 	return claimIDsSQL(events), missingIDsSQL(events), nil
 }
+
+// FreshClaimStatement returns the incremental claim statement for schema
+// and a relay of batchSize, for plan tests.
+func FreshClaimStatement(schema string, batchSize int) (string, error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return "", err
+	}
+	return fastClaimSQL(s.Table("outbox_events"), batchSize), nil
+}

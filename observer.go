@@ -7,10 +7,11 @@ import (
 
 // The relay reports what it does to an observer, for metrics. An observer is
 // any value set as RelayConfig.Observer that implements one or more of
-// ClaimObserver, PublishObserver, SettleObserver and CleanupObserver: the
-// relay detects each interface once, by type assertion, and calls only those
-// implemented. New observation kinds come as new interfaces, so existing
-// observers keep compiling. Package outboxprom implements all of them for
+// ClaimObserver, PublishObserver, SettleObserver, CleanupObserver,
+// DestinationObserver and DurabilityObserver: the relay detects each
+// interface once, by type assertion, and calls only those implemented. New
+// observation kinds come as new interfaces, so existing observers keep
+// compiling. Package outboxprom implements all of them for
 // Prometheus; the root package itself depends on no metrics library.
 //
 // Observers are called synchronously from the relay's loop (and its
@@ -142,12 +143,34 @@ type CleanupObservation struct {
 	Duration time.Duration
 }
 
+// DestinationObserver is told, after every look at the destination (a
+// batch, or a probe while it is unavailable), what the relay makes of it:
+// the state Relay.Ready reports, as numbers for alerts.
+type DestinationObserver interface {
+	ObserveDestination(DestinationObservation)
+}
+
+// DestinationObservation is the relay's view of its destination.
+type DestinationObservation struct {
+	// Unavailable reports that the destination is unavailable as a whole
+	// (two looks in a row found it so; see Relay.Ready). The events wait,
+	// untouched, and no attempt is spent.
+	Unavailable bool
+	// RefusedRoutes is how many routes the destination refuses (see
+	// RouteUnavailable) whose events the relay holds back, counting those
+	// refused in two batches or more.
+	RefusedRoutes int
+}
+
 // observers holds the interfaces an observer value implements.
 type observers struct {
-	claim   ClaimObserver
-	publish PublishObserver
-	settle  SettleObserver
-	cleanup CleanupObserver
+	claim       ClaimObserver
+	publish     PublishObserver
+	settle      SettleObserver
+	cleanup     CleanupObserver
+	destination DestinationObserver
+	// durability: see DurabilityObserver (durability.go).
+	durability DurabilityObserver
 }
 
 // detectObservers type-asserts o once. It refuses a value that implements
@@ -161,8 +184,10 @@ func detectObservers(o any) (observers, error) {
 	obs.publish, _ = o.(PublishObserver)
 	obs.settle, _ = o.(SettleObserver)
 	obs.cleanup, _ = o.(CleanupObserver)
-	if obs.claim == nil && obs.publish == nil && obs.settle == nil && obs.cleanup == nil {
-		return obs, errors.New("outbox: RelayConfig.Observer implements none of ClaimObserver, PublishObserver, SettleObserver, CleanupObserver")
+	obs.destination, _ = o.(DestinationObserver)
+	obs.durability, _ = o.(DurabilityObserver)
+	if obs.claim == nil && obs.publish == nil && obs.settle == nil && obs.cleanup == nil && obs.destination == nil && obs.durability == nil {
+		return obs, errors.New("outbox: RelayConfig.Observer implements none of ClaimObserver, PublishObserver, SettleObserver, CleanupObserver, DestinationObserver, DurabilityObserver")
 	}
 	return obs, nil
 }

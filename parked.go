@@ -29,8 +29,10 @@ package outbox
 //   - the writer, for an event written to a parked lane (born parked);
 //   - Admin.Retry and Admin.Skip, which unpark the lane they unblock;
 //   - the relay's lane sweep (sweepLanes), which repairs lanes left
-//     otherwise: events written by writers that do not read parked_at, lanes
-//     blocked before migration 006, quarantines or repairs done by hand.
+//     otherwise: lanes a settle left because a writer's transaction held
+//     their counter row, events written by writers that do not read
+//     parked_at, lanes blocked before migration 006, quarantines or repairs
+//     done by hand.
 //
 // Lock order: the writer locks the counter row, then inserts events (it
 // locks no existing event). The settle and Admin lock the quarantined
@@ -38,8 +40,11 @@ package outbox
 // statement, whose snapshot is taken once the counter row is held: no
 // writer of the lane is then in flight, so every event up to last_sequence
 // is committed and visible, and every later writer reads the new flag. The
-// sweep takes the counter row with SKIP LOCKED and gives up the lane when it
-// is busy, so it never waits while holding it.
+// settle and the sweep take the counter row with SKIP LOCKED and leave the
+// lane (to the sweep's next run) when it is busy, so neither ever waits for
+// a writer's transaction; only an operator's Retry or Skip waits for it,
+// holding nothing the relay needs (the quarantined event's row, which no
+// claim locks).
 
 import (
 	"context"
@@ -52,6 +57,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	backoffpkg "github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
@@ -59,40 +65,70 @@ import (
 const parkedAvailableAt = `'infinity'::timestamptz`
 
 // parkSQL is the statements that park the lanes of the events a batch
-// quarantined ($1: their ids): lock the lanes' counter rows in key order
-// (the writers' order), then, in a statement whose snapshot sees every event
-// of those lanes, flag the rows and take the next laneParkBatch waiting
-// events out of the claim. A longer lane is flagged all the same (its
-// writers write parked) and the lane sweep, woken by the relay, parks the
-// rest in transactions of its own: the settle, which the relay's batch loop
-// waits for, stays bounded (parking one event costs about as much as
-// writing it: every index of outbox_events gets a new entry). A quarantine fenced off by the batch token (a lost lease) parks
-// nothing, unless another relay quarantined the event meanwhile: the
-// condition is the event's state, not who set it.
-func parkSQL(s pgident.Schema) (lock, park string) {
+// quarantined ($1: their ids), in the settle's transaction. The settle must
+// never wait for an application's transaction (issue 19, item 1): a writer
+// open on the lane (a slow request, a session idle in transaction) holds
+// its counter row until it ends, and the relay's batch loop waits for its
+// settle. So:
+//
+//   - flag takes the lanes' counter rows with SKIP LOCKED and flags those it
+//     got (parked_at, parked_through); it returns how many it flagged and
+//     how many counter rows there are. A lane whose row is busy is left
+//     unflagged: its quarantine, the failure record and the batch's marks
+//     commit all the same, and the lane sweep, woken by the relay, parks it
+//     once the row is free (it finds it: a quarantined head under an
+//     unflagged counter row).
+//   - park, a later statement whose snapshot is taken once the rows are
+//     held (so it sees every event of those lanes up to last_sequence: no
+//     writer of them is in flight), takes the next laneParkBatch waiting
+//     events of the lanes flag flagged (the counter rows this transaction
+//     updated: xmin is its own id) out of the claim. A longer lane is
+//     flagged all the same (its writers write parked) and the lane sweep,
+//     woken by the relay, parks the rest in transactions of its own: the
+//     settle stays bounded (parking one event costs about as much as
+//     writing it: every index of outbox_events gets a new entry).
+//
+// Neither waits for a row lock held by anyone but a short statement. A lane
+// left unparked costs claim time only: its waiting events are not heads
+// while the quarantined event is unpublished, so the claim never takes them
+// (docs/design.md, "Parked lanes"). A quarantine fenced off by the batch
+// token (a lost lease) parks nothing, unless another relay quarantined the
+// event meanwhile: the condition is the event's state, not who set it.
+func parkSQL(s pgident.Schema) (flag, park string) {
 	events, aggregates := s.Table("outbox_events"), s.Table("outbox_aggregates")
-	heads := `SELECT q.aggregate_type, q.aggregate_id, q.aggregate_sequence FROM ` + events + ` q
-	WHERE q.event_id = ANY($1) AND q.quarantined_at IS NOT NULL AND q.published_at IS NULL`
-	lock = `SELECT 1 FROM ` + aggregates + ` a
-WHERE (a.aggregate_type, a.aggregate_id) IN (SELECT h.aggregate_type, h.aggregate_id FROM (` + heads + `) h)
-ORDER BY a.aggregate_type, a.aggregate_id
-FOR UPDATE OF a`
+	heads := `heads AS (
+	SELECT q.aggregate_type, q.aggregate_id, min(q.aggregate_sequence) AS aggregate_sequence FROM ` + events + ` q
+	WHERE q.event_id = ANY($1) AND q.quarantined_at IS NOT NULL AND q.published_at IS NULL
+	GROUP BY q.aggregate_type, q.aggregate_id
+)`
 	limit := strconv.Itoa(laneParkBatch)
-	park = `WITH heads AS (` + heads + `
-), lanes AS (
+	flag = `WITH ` + heads + `, free AS MATERIALIZED (
+	SELECT a.aggregate_type, a.aggregate_id FROM ` + aggregates + ` a
+	WHERE (a.aggregate_type, a.aggregate_id) IN (SELECT h.aggregate_type, h.aggregate_id FROM heads h)
+	FOR UPDATE OF a SKIP LOCKED
+), flagged AS (
 	UPDATE ` + aggregates + ` a SET parked_at = coalesce(a.parked_at, now()),
 		parked_through = least(a.last_sequence, h.aggregate_sequence + ` + limit + `)
-	FROM heads h WHERE a.aggregate_type = h.aggregate_type AND a.aggregate_id = h.aggregate_id
+	FROM free f JOIN heads h USING (aggregate_type, aggregate_id)
+	WHERE a.aggregate_type = f.aggregate_type AND a.aggregate_id = f.aggregate_id
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM flagged),
+	(SELECT count(*) FROM ` + aggregates + ` a
+	 WHERE (a.aggregate_type, a.aggregate_id) IN (SELECT h.aggregate_type, h.aggregate_id FROM heads h))`
+	park = `WITH ` + heads + `, lanes AS (
+	SELECT h.* FROM heads h JOIN ` + aggregates + ` a USING (aggregate_type, aggregate_id)
+	WHERE a.xmin = pg_current_xact_id_if_assigned()::xid
 )
 UPDATE ` + events + ` e SET available_at = ` + parkedAvailableAt + `
-FROM heads h
+FROM lanes h
 WHERE e.published_at IS NULL
   AND e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
   AND e.aggregate_sequence > h.aggregate_sequence
   AND e.aggregate_sequence <= h.aggregate_sequence + ` + limit + `
   AND e.quarantined_at IS NULL
   AND e.available_at <> ` + parkedAvailableAt
-	return lock, park
+	return flag, park
 }
 
 // unparkSQL is the statements that unpark one lane ($1, $2: aggregate type
@@ -102,7 +138,7 @@ WHERE e.published_at IS NULL
 func unparkSQL(s pgident.Schema) (flag, events string) {
 	flag = `UPDATE ` + s.Table("outbox_aggregates") + ` SET parked_at = NULL, parked_through = NULL
 WHERE aggregate_type = $1 AND aggregate_id = $2`
-	events = `UPDATE ` + s.Table("outbox_events") + ` SET available_at = now()
+	events = `UPDATE ` + s.Table("outbox_events") + ` SET available_at = ` + dueAgainSQL("") + `
 WHERE published_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2 AND available_at = ` + parkedAvailableAt
 	return flag, events
 }
@@ -241,7 +277,7 @@ CROSS JOIN LATERAL (`+head("l")+`) h`, typ, id).Scan(&headSeq, &quarantined)
 			if !isParked {
 				return nil
 			}
-			tag, err := tx.Exec(ctx, `UPDATE `+events+` SET available_at = now()
+			tag, err := tx.Exec(ctx, `UPDATE `+events+` SET available_at = `+dueAgainSQL("")+`
 WHERE published_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2 AND available_at = `+parkedAvailableAt, typ, id)
 			if err != nil {
 				return err
@@ -277,8 +313,15 @@ WHERE aggregate_type = $1 AND aggregate_id = $2`, typ, id, to)
 }
 
 // laneSweepLoop runs the lane sweep at start, then every LaneSweepInterval
-// and whenever a settle parked a lane (sweepSoon), until ctx ends.
+// and whenever a settle parked a lane or left one to it (sweepSoon), until
+// ctx ends. A run that found lanes busy (a writer's transaction open on
+// them) runs again sooner, after a backoff from laneBusyRetryMin doubling up
+// to laneBusyRetryMax (or LaneSweepInterval, when shorter), so that a lane a
+// settle could not park is parked within seconds of the writer's end,
+// without a query per busy lane every few milliseconds while the writer
+// stays open.
 func (r *Relay) laneSweepLoop(ctx context.Context) {
+	busyRuns := 0
 	for {
 		res, err := sweepLanes(ctx, r.pool, r.schema)
 		switch {
@@ -290,7 +333,14 @@ func (r *Relay) laneSweepLoop(ctx context.Context) {
 			r.log.Info("lane sweep repaired lanes", slog.Int("lanes", res.Lanes), slog.Int64("events_parked", res.Parked),
 				slog.Int64("events_unparked", res.Unparked), slog.Int("lanes_busy", res.Busy))
 		}
-		t := time.NewTimer(r.cfg.LaneSweepInterval)
+		wait := r.cfg.LaneSweepInterval
+		if err == nil && res.Busy > 0 {
+			busyRuns++
+			wait = min(wait, backoffpkg.Exponential(busyRuns, laneBusyRetryMin, laneBusyRetryMax))
+		} else {
+			busyRuns = 0
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -301,6 +351,13 @@ func (r *Relay) laneSweepLoop(ctx context.Context) {
 		}
 	}
 }
+
+// laneBusyRetryMin and laneBusyRetryMax bound the pause before the lane
+// sweep looks again at lanes it found busy.
+const (
+	laneBusyRetryMin = 100 * time.Millisecond
+	laneBusyRetryMax = 5 * time.Second
+)
 
 // sweepSoon makes the lane sweep run now (or right after its current run).
 func (r *Relay) sweepSoon() {

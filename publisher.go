@@ -52,9 +52,13 @@ type Message struct {
 //     entry per message (nil for those that succeeded).
 //   - Errors are classified, not retried: wrap errors the destination will
 //     never accept (message too large, refused by schema) with [Permanent],
-//     and errors meaning the destination cannot be reached at all with
-//     [Unavailable]. Anything else is a retryable failure of that message.
-//     [RetryAfter] adds the delay the destination asked for.
+//     errors meaning the destination cannot be reached at all with
+//     [Unavailable], and a refusal of everything sent on one route (a
+//     missing binding, topic or stream, no authorization for it) with
+//     [RouteUnavailable]. Anything else is a retryable failure of that
+//     message. [RetryAfter] adds the delay the destination asked for.
+//     A refusal that does not depend on the message must never be
+//     Permanent: the relay would quarantine every event in turn.
 //     The relay owns retries, backoff and quarantine.
 //   - The relay never passes two messages of the same aggregate in one call,
 //     so a destination may send all of them concurrently; unless the
@@ -144,6 +148,43 @@ func Unavailable(err error) error {
 	return unavailableError{err}
 }
 
+type routeError struct {
+	route string
+	err   error
+}
+
+func (e routeError) Error() string {
+	return fmt.Sprintf("destination unavailable for route %q: %s", e.route, e.err.Error())
+}
+func (e routeError) Unwrap() error { return e.err }
+
+// RouteUnavailable marks err as "the destination refuses everything sent on
+// this route now", as opposed to "the destination refused this message": a
+// RabbitMQ routing key no queue is bound for, a Kafka topic that does not
+// exist or that the relay may not write to. route names it (a routing key, a
+// topic) and should be shared by every message that goes the same way: the
+// relay keeps its state per route. The relay spends no attempt and never
+// quarantines such an event; it holds the route's events back, probes the
+// route with one of them, reports it in Relay.Ready, and releases them all
+// as soon as one is published (see docs/design.md, "Outages, routes and
+// readiness"). IsUnavailable reports true for such an error.
+func RouteUnavailable(route string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return routeError{route, err}
+}
+
+// UnavailableRoute returns the route err was marked with by
+// RouteUnavailable.
+func UnavailableRoute(err error) (string, bool) {
+	var e routeError
+	if errors.As(err, &e) {
+		return e.route, true
+	}
+	return "", false
+}
+
 // RetryAfterMax bounds the delay a destination may ask for with RetryAfter.
 const RetryAfterMax = time.Hour
 
@@ -179,8 +220,11 @@ func RetryDelay(err error) (time.Duration, bool) {
 // IsPermanent reports whether err was marked with Permanent.
 func IsPermanent(err error) bool { return errors.As(err, new(permanentError)) }
 
-// IsUnavailable reports whether err was marked with Unavailable.
-func IsUnavailable(err error) bool { return errors.As(err, new(unavailableError)) }
+// IsUnavailable reports whether err was marked with Unavailable or
+// RouteUnavailable.
+func IsUnavailable(err error) bool {
+	return errors.As(err, new(unavailableError)) || errors.As(err, new(routeError))
+}
 
 // SequenceHeader formats an aggregate sequence the way destinations carry it:
 // zero-padded to 20 digits, so that it sorts as text.

@@ -41,6 +41,8 @@ const (
 	VacuumIntervalDefault = time.Minute
 	// LoneOutageLimitDefault is RelayConfig.LoneOutageLimit's default.
 	LoneOutageLimitDefault = 3
+	// OutageProbeMaxDefault is RelayConfig.OutageProbeMax's default.
+	OutageProbeMaxDefault = time.Second
 )
 
 // RelayConfig configures a Relay.
@@ -62,10 +64,23 @@ type RelayConfig struct {
 	// again when no notification wakes it. Defaults to PollIntervalDefault.
 	PollInterval time.Duration
 	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff (with
-	// jitter) before a failed event is tried again. Default to
-	// RetryBackoffMinDefault and RetryBackoffMaxDefault.
+	// jitter) before a failed event is tried again, and before the events of
+	// a route the destination refuses are tried again (the route is probed
+	// meanwhile, see OutageProbeMax). Default to RetryBackoffMinDefault and
+	// RetryBackoffMaxDefault. They never apply to an outage of the whole
+	// destination, which is the destination's state, not the events'.
 	RetryBackoffMin time.Duration
 	RetryBackoffMax time.Duration
+	// OutageProbeMax is the longest wait between two looks at a destination
+	// that is unavailable (a Probe, or, for a Publisher that is no Prober, a
+	// batch): the waits grow from an eighth of it to it, and wake-up
+	// notifications do not cut them short. The events that met the outage
+	// are released untouched (no attempt spent, available_at unchanged) and
+	// go out as soon as a look finds the destination back, so an outage
+	// delays them by at most this much past its end. It is also the longest
+	// wait between two probes of a route the destination refuses (see
+	// RouteUnavailable). Defaults to OutageProbeMaxDefault.
+	OutageProbeMax time.Duration
 	// MaxAttempts is how many failed attempts quarantine an event. Defaults
 	// to MaxAttemptsDefault.
 	MaxAttempts int
@@ -96,8 +111,8 @@ type RelayConfig struct {
 	Logger *slog.Logger
 	// Observer receives measurements of the relay's work, for metrics: any
 	// value implementing one or more of ClaimObserver, PublishObserver,
-	// SettleObserver and CleanupObserver (outboxprom.Metrics implements them
-	// all). Optional.
+	// SettleObserver, CleanupObserver and DurabilityObserver
+	// (outboxprom.Metrics implements them all). Optional.
 	Observer any
 	// HeartbeatInterval is how often the relay records itself alive in
 	// outbox_relays; it counts as alive for three intervals after each
@@ -145,6 +160,17 @@ type RelayConfig struct {
 	// are the same, so the two never publish an aggregate out of order.
 	// Zero (the default) claims every due event: ordinary polling.
 	ReconcileAfter time.Duration
+	// RescanInterval is how often the relay claims with a full scan of the
+	// pending events instead of reading only what is new since its last
+	// claim (see docs/design.md, "Claiming only what is new"). The full scan
+	// finds what the incremental claim does not look for: events leased by a
+	// relay that died, once their lease expires, and rows without a
+	// dispatch_xid (written before migration 009). A full scan that fills its
+	// batch is followed by another one at once. A negative value makes every
+	// claim a full scan, as before the incremental claim existed. Defaults to
+	// RescanIntervalDefault (5s).
+	RescanInterval time.Duration
+
 	// TracerProvider receives a PRODUCER span per event published (see
 	// docs/operations.md, "Tracing"): a child of the trace context the
 	// writer stored with the event, whose own context replaces the
@@ -178,12 +204,14 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.PollInterval, PollIntervalDefault)
 	def(&c.RetryBackoffMin, RetryBackoffMinDefault)
 	def(&c.RetryBackoffMax, RetryBackoffMaxDefault)
+	def(&c.OutageProbeMax, OutageProbeMaxDefault)
 	def(&c.ShutdownTimeout, ShutdownTimeoutDefault)
 	def(&c.CatchUpInterval, CatchUpIntervalDefault)
 	def(&c.HeartbeatInterval, HeartbeatIntervalDefault)
 	def(&c.CleanupInterval, CleanupIntervalDefault)
 	def(&c.LaneSweepInterval, LaneSweepIntervalDefault)
 	def(&c.VacuumInterval, VacuumIntervalDefault)
+	def(&c.RescanInterval, RescanIntervalDefault)
 	if c.Cleanup.BatchSize == 0 {
 		c.Cleanup.BatchSize = CleanupBatchSizeDefault
 	}
@@ -207,6 +235,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: RetryBackoffMax %s is below RetryBackoffMin %s", c.RetryBackoffMax, c.RetryBackoffMin)
 	case c.MaxAttempts < 1:
 		return fmt.Errorf("outbox: MaxAttempts %d must be positive", c.MaxAttempts)
+	case c.OutageProbeMax < 8*time.Millisecond:
+		return fmt.Errorf("outbox: OutageProbeMax %s is under 8ms", c.OutageProbeMax)
 	case c.LoneOutageLimit < 1:
 		return fmt.Errorf("outbox: LoneOutageLimit %d must be positive", c.LoneOutageLimit)
 	case c.HeartbeatInterval < 10*time.Millisecond:
@@ -241,6 +271,13 @@ type RelayStats struct {
 	LeaseConflicts int64
 	// TakenOver counts events this relay claimed from an expired lease.
 	TakenOver int64
+	// Outages counts the looks at the destination (a batch in which nothing
+	// was published and some event failed as Unavailable, or a failed
+	// Probe) that found it unavailable as a whole.
+	Outages int64
+	// Held counts the failures of events held back because the destination
+	// refused their route (see RouteUnavailable): no attempt spent.
+	Held int64
 }
 
 // Relay moves committed events from the outbox table to a destination,
@@ -276,15 +313,26 @@ type Relay struct {
 	sweep  chan struct{} // runs the lane sweep now (a settle parked part of a long lane)
 
 	claimed, published, failed, quarantined, conflicts, takenOver atomic.Int64
-	outages                                                       int // consecutive unavailable batches
-	lone                                                          loneOutages
+	outageLooks, held                                             atomic.Int64
+
+	// The loop's own state (Run's goroutine, or the PublishIDs caller's):
+	outages   int    // consecutive looks that found the destination unavailable; 0: no outage
+	outageErr string // the last of those looks' error
+	// dbFailingSince is when the current run of batches failing on the
+	// database began (zero: the last batch reached it); see noteBatch.
+	dbFailingSince time.Time
+	lone           loneOutages
+	routes         routeHolds
 
 	obs    observers
 	prober Prober // cfg.Publisher, when it implements Prober
+	// ack: what the destination's acknowledgement is worth (relay_durability.go).
+	ack ackState
 	// pipelined: cfg.Publisher declares ordered pipelining (and
 	// DisablePipelining is not set): a batch goes out in one call.
 	pipelined bool
 	ahead     *ahead         // the next batch, claimed while this one is published
+	cursor    claimCursor    // where the next incremental claim starts
 	tracer    *publishTracer // nil: tracing off (a no-op provider)
 	running   atomic.Bool
 	health    atomic.Pointer[error] // nil: the last batch went well
@@ -342,6 +390,7 @@ func (r *Relay) Stats() RelayStats {
 	return RelayStats{
 		Claimed: r.claimed.Load(), Published: r.published.Load(), Failed: r.failed.Load(),
 		Quarantined: r.quarantined.Load(), LeaseConflicts: r.conflicts.Load(), TakenOver: r.takenOver.Load(),
+		Outages: r.outageLooks.Load(), Held: r.held.Load(),
 	}
 }
 
@@ -357,15 +406,26 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer func() { stopListen(); <-done }()
 	}
 	defer r.startMaintenance(ctx)()
+	// Registered after startMaintenance: it stops before the heartbeat row goes.
+	defer r.startAckDurabilityCheck(ctx)()
 	defer r.dropAhead(ctx) // a batch claimed ahead and never published
 	r.log.Info("relay started", slog.String("schema", r.schema.Name()), slog.Int("batch_size", r.cfg.BatchSize),
 		slog.Duration("lease", r.cfg.LeaseDuration))
 	dbBackoff := 0
 	for ctx.Err() == nil {
 		claimStart := time.Now()
+		r.probeRoutes(ctx)
+		// In an outage the destination is looked at before anything is
+		// claimed: with a Prober, a probe; without one, the batch itself.
+		if r.outages > 0 && !r.probeOutage(ctx) {
+			r.noteBatch(nil)
+			r.waitOutage(ctx)
+			continue
+		}
+		probed := r.outages > 0 && r.prober != nil
 		n, err := r.runBatch(ctx)
-		if err == nil && n == 0 && r.outages > 0 {
-			r.probeOutage(ctx) // nothing to publish that would tell
+		if err == nil && n == 0 && probed {
+			r.endOutage("the probe succeeded and nothing is left to publish")
 		}
 		r.noteBatch(err)
 		switch {
@@ -377,12 +437,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			sleep(ctx, d)
 		case r.outages > 0:
 			dbBackoff = 0
-			d := backoff(r.outages, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
-			r.log.Warn("destination unavailable", slog.Int("consecutive", r.outages), slog.Duration("retry_in", d))
-			r.waitIdle(ctx, d)
+			r.waitOutage(ctx)
 		case n == 0:
 			dbBackoff = 0
-			r.waitIdle(ctx, r.cfg.PollInterval)
+			r.waitIdle(ctx, r.routesUntilProbe(r.cfg.PollInterval))
 		case n < r.cfg.BatchSize:
 			dbBackoff = 0
 			sleep(ctx, r.cfg.CatchUpInterval-time.Since(claimStart)) // caught up: let a few events gather

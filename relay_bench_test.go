@@ -146,7 +146,7 @@ func BenchmarkPrepare(b *testing.B) {
 		b.ReportAllocs()
 		evs := []Event{ev}
 		for b.Loop() {
-			if _, _, err := w.prepare(evs, traceContext{}); err != nil {
+			if _, _, _, err := w.prepare(evs, traceContext{}); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -26,6 +26,10 @@ type claimedEvent struct {
 type batch struct {
 	token    uuid.UUID
 	deadline time.Time // local time after which the lease may be gone
+	// leaseEnd is when the lease ends by this process's clock, at the
+	// latest: the claim's now() is no earlier than the moment it was sent.
+	// A settle that lost its connection is retried until then.
+	leaseEnd time.Time
 	lanes    [][]claimedEvent
 	total    int
 	// takenOver counts events claimed from an expired lease.
@@ -38,9 +42,7 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 	// The claim is one autocommit statement (one round trip). Only when
 	// failpoints are enabled does it run in an explicit transaction, so that
 	// relay/during-claim sits between the UPDATE and the COMMIT.
-	var q interface {
-		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	} = r.pool
+	var q querier = r.pool
 	var tx pgx.Tx
 	if failpoint.Enabled() {
 		var err error
@@ -50,11 +52,18 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 		q = tx
 	}
-	rows, err := q.Query(ctx, r.sql.claim, r.cfg.BatchSize, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds())
-	if err != nil {
-		return b, fmt.Errorf("claim batch: %w", err)
+	kind := r.claimKind(start)
+	var takenOver int64
+	var err error
+	if kind == claimFresh {
+		takenOver, err = r.claimFresh(ctx, q, &b)
+	} else {
+		var rows pgx.Rows
+		if rows, err = q.Query(ctx, r.sql.claim, r.cfg.BatchSize, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds()); err != nil {
+			return b, fmt.Errorf("claim batch: %w", err)
+		}
+		takenOver, err = scanClaimed(rows, &b)
 	}
-	takenOver, err := scanClaimed(rows, &b)
 	if err != nil {
 		return b, err
 	}
@@ -67,6 +76,9 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 		if err := tx.Commit(ctx); err != nil {
 			return batch{}, fmt.Errorf("claim batch: %w", err)
 		}
+	}
+	if kind == claimFull {
+		r.cursor.fullDone(start, b.total, r.cfg.BatchSize)
 	}
 	r.takenOver.Add(takenOver)
 	b.takenOver = int(takenOver)
@@ -83,6 +95,7 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 	// Leave a safety margin: stop publishing well before the lease could have
 	// been taken over, since the database clock and ours may differ slightly.
 	b.deadline = start.Add(r.cfg.LeaseDuration * 8 / 10)
+	b.leaseEnd = start.Add(r.cfg.LeaseDuration)
 	r.claimed.Add(int64(b.total))
 	return b, nil
 }
@@ -92,33 +105,49 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 // events taken over from an expired lease. It closes rows.
 func scanClaimed(rows pgx.Rows, b *batch) (takenOver int64, err error) {
 	defer rows.Close()
-	laneOf := map[[2]string]int{}
+	var l laneBuilder
 	for rows.Next() {
 		var row messageRow
-		var ev claimedEvent
+		var attempts int
 		var prevOwner *string
-		if err := rows.Scan(row.dest(&ev.attempts, &prevOwner)...); err != nil {
-			return takenOver, fmt.Errorf("claim batch: %w", err)
+		if err := rows.Scan(row.dest(&attempts, &prevOwner)...); err != nil {
+			return l.takenOver, fmt.Errorf("claim batch: %w", err)
 		}
-		ev.Message, ev.undecodable = row.decode()
-		ev.Attempt = ev.attempts + 1
-		if prevOwner != nil {
-			takenOver++
-		}
-		key := [2]string{ev.AggregateType, ev.AggregateID}
-		i, ok := laneOf[key]
-		if !ok {
-			i = len(b.lanes)
-			laneOf[key] = i
-			b.lanes = append(b.lanes, nil)
-		}
-		b.lanes[i] = append(b.lanes[i], ev)
-		b.total++
+		l.add(b, row, attempts, prevOwner)
 	}
 	if err := rows.Err(); err != nil {
-		return takenOver, fmt.Errorf("claim batch: %w", err)
+		return l.takenOver, fmt.Errorf("claim batch: %w", err)
 	}
-	return takenOver, nil
+	return l.takenOver, nil
+}
+
+// laneBuilder groups claimed rows into a batch's lanes.
+type laneBuilder struct {
+	laneOf    map[[2]string]int
+	takenOver int64
+}
+
+// add decodes a claimed row into b, in its aggregate's lane.
+func (l *laneBuilder) add(b *batch, row messageRow, attempts int, prevOwner *string) {
+	if l.laneOf == nil {
+		l.laneOf = map[[2]string]int{}
+	}
+	var ev claimedEvent
+	ev.attempts = attempts
+	ev.Message, ev.undecodable = row.decode()
+	ev.Attempt = ev.attempts + 1
+	if prevOwner != nil {
+		l.takenOver++
+	}
+	key := [2]string{ev.AggregateType, ev.AggregateID}
+	i, ok := l.laneOf[key]
+	if !ok {
+		i = len(b.lanes)
+		l.laneOf[key] = i
+		b.lanes = append(b.lanes, nil)
+	}
+	b.lanes[i] = append(b.lanes[i], ev)
+	b.total++
 }
 
 func allIDs(b batch) []uuid.UUID {

@@ -43,13 +43,17 @@ type PublishIDsResult struct {
 	// caller should retry those shortly, and give up after a while (an
 	// event deleted by clean-up stays missing).
 	Missing []uuid.UUID
-	// Unavailable reports that the destination was unreachable for some
-	// event (see Unavailable): the caller should wait RetryIn and call again
-	// with the same ids before treating them as handled.
+	// Unavailable reports that the destination was unavailable as a whole
+	// (see Unavailable: nothing of the call was published, or the relay is
+	// in an outage and its probe failed, in which case nothing was claimed):
+	// the caller should wait RetryIn and call again with the same ids before
+	// treating them as handled. The events that met the outage were
+	// released untouched.
 	Unavailable bool
 	// RetryIn is the wait before the next call when Unavailable: the
-	// longest backoff recorded for the events that met the outage, so that
-	// they are due again when the call is repeated.
+	// relay's wait before its next look at the destination (at most
+	// RelayConfig.OutageProbeMax), or the longest delay the destination
+	// asked for with RetryAfter, if longer.
 	RetryIn time.Duration
 }
 
@@ -104,6 +108,12 @@ func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResu
 	if err != nil {
 		return res, err
 	}
+	r.probeRoutes(ctx)
+	if r.outages > 0 && !r.probeOutage(ctx) {
+		// Still unavailable: claim nothing, look again after the wait.
+		res.Left, res.Unavailable, res.RetryIn = len(ids), true, r.outageWait()
+		return res, nil
+	}
 	start := time.Now()
 	b, missing, err := r.claimIDs(ctx, ids, acked)
 	r.observeClaim(b, time.Since(start), err)
@@ -147,27 +157,30 @@ func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResu
 	}
 	outagesBefore := r.outages
 	if len(o.failures) == 0 && len(o.published) == b.total {
-		r.settleBookkeeping(o)
+		r.settleBookkeeping(&o)
 		r.markInBackground(workCtx, b, o.published)
-	} else if err := r.settleOutcome(workCtx, b, o); err != nil {
-		res.Left = len(ids)
-		return res, err
+	} else {
+		// After the bookkeeping, o.failures holds only the failures to
+		// record: the events that met an outage are released untouched.
+		r.settleBookkeeping(&o)
+		if err := r.settleOutcome(workCtx, b, o); err != nil {
+			res.Left = len(ids)
+			return res, err
+		}
 	}
 	res.Published = len(o.published)
 	res.Failed = len(o.failures)
 	res.Left = len(ids) - res.Published
 	if r.outages > outagesBefore {
-		// Wait until the events that met the outage are due again (their
-		// backoff, recorded in available_at), so that the retry claims
+		// Look again after the outage wait, or once the events the
+		// destination asked to wait are due again, so that the retry claims
 		// them instead of leaving them to the polling path.
 		res.Unavailable = true
+		res.RetryIn = r.outageWait()
 		for _, f := range o.failures {
-			if f.outage {
+			if f.outage && f.route == "" {
 				res.RetryIn = max(res.RetryIn, f.delay)
 			}
-		}
-		if res.RetryIn == 0 {
-			res.RetryIn = backoff(r.outages, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
 		}
 	}
 	return res, nil
@@ -216,10 +229,21 @@ func (r *Relay) claimIDs(ctx context.Context, ids, acked []uuid.UUID) (batch, []
 			return b, missing, err
 		}
 	}
+	if b.undecodableHead() {
+		// A head claimed behind events whose marks are being written
+		// (acked) is quarantined only once those marks are written, as a
+		// call settles its own events only after the previous call's
+		// marks: the table then never shows a quarantined event behind an
+		// unpublished one. On error the batch's leases expire.
+		if err := r.awaitMarks(ctx); err != nil {
+			return b, missing, err
+		}
+	}
 	if err := r.quarantineUndecodable(ctx, &b); err != nil {
 		return b, missing, err
 	}
 	b.deadline = start.Add(r.cfg.LeaseDuration * 8 / 10)
+	b.leaseEnd = start.Add(r.cfg.LeaseDuration)
 	r.claimed.Add(int64(b.total))
 	return b, missing, nil
 }
@@ -270,7 +294,7 @@ func claimIDsSQL(events string) string {
 	FROM unnest($1::uuid[]) AS i(id)
 	CROSS JOIN LATERAL (
 		SELECT * FROM ` + events + ` e WHERE e.event_id = i.id OFFSET 0 FOR UPDATE SKIP LOCKED) e
-	WHERE ` + claimable("e") + `
+	WHERE ` + claimableNow("e") + `
 ), lowest AS (
 	SELECT DISTINCT ON (l.aggregate_type, l.aggregate_id) l.aggregate_type, l.aggregate_id, l.aggregate_sequence
 	FROM locked l

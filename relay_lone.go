@@ -26,23 +26,25 @@ type loneOutages map[uuid.UUID]int
 
 const maxLoneOutages = 10000
 
-// blameLoneOutages is called for a batch in which some events were published
-// and some failed as Unavailable. It counts each such failure and turns those
-// that reached the limit into ordinary failures (attempts spent, backoff,
-// quarantine after MaxAttempts). It reports whether an outage is still
-// plausible: some Unavailable failure was not blamed on its event.
-func (r *Relay) blameLoneOutages(fs []failure) (outage bool) {
+// blameLoneOutages is called with the failures of a batch in which some
+// events were published and these failed as Unavailable (neither throttled
+// nor refused for their route). It counts each, and retries it after a short
+// delay, spending nothing, while its count is below the limit: the
+// destination is there (the batch published), so this is no outage, and a
+// blip that touched a few events heals within a look or two. At the limit
+// the failure becomes an ordinary one: attempts spent, backoff, quarantine
+// after MaxAttempts.
+func (r *Relay) blameLoneOutages(fs []*failure) {
+	if len(fs) == 0 {
+		return
+	}
 	if r.lone == nil || len(r.lone) >= maxLoneOutages {
 		r.lone = make(loneOutages)
 	}
-	for i := range fs {
-		f := &fs[i]
-		if !f.outage {
-			continue
-		}
+	for _, f := range fs {
 		r.lone[f.id]++
-		if r.lone[f.id] < r.cfg.LoneOutageLimit {
-			outage = true
+		if n := r.lone[f.id]; n < r.cfg.LoneOutageLimit {
+			f.delay = r.shortDelay(n)
 			continue
 		}
 		delete(r.lone, f.id)
@@ -58,7 +60,6 @@ func (r *Relay) blameLoneOutages(fs []failure) (outage bool) {
 		r.log.Warn("destination unavailable for one event only: counting it as the event's failure",
 			slog.String("event_id", f.id.String()), slog.Int("attempt", f.prior+1), slog.Bool("quarantined", f.quarantine))
 	}
-	return outage
 }
 
 // forgetLoneOutage drops the count of an event that was published.

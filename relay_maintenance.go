@@ -12,6 +12,10 @@ import (
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
+// dbFailureReadyAfter is how long batches must keep failing on the database
+// before Ready reports it (docs/operations.md, "Health and readiness").
+const dbFailureReadyAfter = 2 * time.Second
+
 var (
 	errNotStarted = errors.New("relay has not finished a batch yet")
 	errStopped    = errors.New("relay is not running")
@@ -19,11 +23,16 @@ var (
 
 // Ready reports whether the relay is doing its job: nil while it runs and its
 // last batch reached the database and the destination; otherwise an error
-// saying why not (not started or stopped, the database failing, the
-// destination unavailable). A relay that saw the destination unavailable
-// stays not ready until a publish succeeds or, while it has nothing to
-// publish, until its publisher's Probe (see Prober) succeeds. It backs the
-// /readyz endpoint of `outbox relay`.
+// saying why not (not started or stopped, the database failing for
+// dbFailureReadyAfter (2 s) in a row, not one failed batch; the
+// destination unavailable, a route the destination refuses). The
+// destination counts as unavailable once two consecutive looks at it (a
+// batch that published nothing, then the probe or batch after the wait)
+// found it so, and until a batch publishes something or, with nothing to
+// publish, its publisher's Probe (see Prober) succeeds; a route, once the
+// destination refused it twice, until an event held for it is published
+// (docs/design.md, "Outages, routes and readiness"). It backs the /readyz
+// endpoint of `outbox relay`.
 func (r *Relay) Ready() error {
 	if !r.running.Load() {
 		if p := r.health.Load(); p != nil && *p == errNotStarted {
@@ -48,13 +57,27 @@ func (r *Relay) setHealth(err error) {
 // noteBatch records the outcome of one batch for Ready. It runs on the
 // relay's loop, which owns r.outages.
 func (r *Relay) noteBatch(err error) {
+	if err == nil {
+		r.dbFailingSince = time.Time{}
+	} else if r.dbFailingSince.IsZero() {
+		r.dbFailingSince = time.Now()
+	}
 	switch {
 	case err != nil:
-		r.setHealth(fmt.Errorf("last batch failed: %w", err))
-	case r.outages > 0:
-		r.setHealth(fmt.Errorf("destination unavailable (%d batches or probes in a row)", r.outages))
+		// One failed batch (a connection killed by a pooler or an
+		// operator, a failover's first second) is retried at once and is
+		// not worth a 503: only batches failing for dbFailureReadyAfter in
+		// a row make the relay not ready.
+		if failing := time.Since(r.dbFailingSince); failing >= dbFailureReadyAfter {
+			r.setHealth(fmt.Errorf("batches failing for %s, the last: %w", failing.Round(100*time.Millisecond), err))
+		}
+	case r.outages >= outageReadyAfter:
+		r.setHealth(fmt.Errorf("destination unavailable (%d looks in a row): %s", r.outages, r.outageErr))
 	default:
-		r.setHealth(nil)
+		r.setHealth(r.routesHealth())
+	}
+	if r.obs.destination != nil {
+		r.obs.destination.ObserveDestination(DestinationObservation{Unavailable: r.outages >= outageReadyAfter, RefusedRoutes: r.refusedRoutes()})
 	}
 }
 

@@ -14,12 +14,13 @@ import (
 )
 
 // failOnce is the real NATS publisher, except that its first Publish fails
-// as unavailable (a broker blip seen by this relay only). Probe is the real
-// publisher's.
+// as unavailable (a broker blip seen by this relay only), and its Probe
+// fails until probeOK is closed.
 type failOnce struct {
 	*outboxnats.Publisher
-	once   sync.Once
-	failed chan struct{}
+	once    sync.Once
+	failed  chan struct{}
+	probeOK chan struct{}
 }
 
 func (p *failOnce) Publish(ctx context.Context, msgs []outbox.Message) []error {
@@ -37,10 +38,20 @@ func (p *failOnce) Publish(ctx context.Context, msgs []outbox.Message) []error {
 	return p.Publisher.Publish(ctx, msgs)
 }
 
+func (p *failOnce) Probe(ctx context.Context) error {
+	select {
+	case <-p.probeOK:
+		return p.Publisher.Probe(ctx)
+	default:
+		return outbox.Unavailable(errors.New("still down"))
+	}
+}
+
 // TestIdleRelayBecomesReadyWhenDestinationIsBack: relay A sees the
-// destination unavailable once; relay B then publishes the event. A, with
-// nothing left to publish, probes the destination and is ready again,
-// without publishing anything itself.
+// destination unavailable, and its probes fail too: it is not ready, and
+// claims nothing meanwhile (the event it failed was released untouched).
+// Relay B then publishes the event. Once A's probe succeeds, A, with nothing
+// left to publish, is ready again without publishing anything itself.
 func TestIdleRelayBecomesReadyWhenDestinationIsBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -49,26 +60,30 @@ func TestIdleRelayBecomesReadyWhenDestinationIsBack(t *testing.T) {
 	b := newNATS(t, outboxtest.NATSURL(), 0)
 	writeEvents(t, pool, w, 1, 1)
 
-	pubA := &failOnce{Publisher: b.pub, failed: make(chan struct{})}
+	pubA := &failOnce{Publisher: b.pub, failed: make(chan struct{}), probeOK: make(chan struct{})}
 	cfgA := quietConfig(schema, pubA)
-	// A backs off (and backs the event off) for an hour: only a wake-up
-	// makes it look again, and the event is B's to publish.
-	cfgA.RetryBackoffMin, cfgA.RetryBackoffMax = time.Hour, time.Hour
-	cfgA.PollInterval = time.Hour
+	cfgA.OutageProbeMax = 50 * time.Millisecond
+	destA := &destinationRecorder{}
+	cfgA.Observer = destA
 	cfgA.DisableNotify = true
 	relayA, _ := startRelay(t, pool, cfgA)
 	<-pubA.failed
-	outboxtest.Eventually(t, 10*time.Second, "A recorded the outage and is not ready", func() bool {
-		var recorded bool
-		_ = pool.QueryRow(ctx, `SELECT last_error IS NOT NULL FROM `+schema+`.outbox_events`).Scan(&recorded)
+	outboxtest.Eventually(t, 10*time.Second, "A is in an outage and not ready", func() bool {
 		err := relayA.Ready()
-		return recorded && err != nil && strings.Contains(err.Error(), "destination unavailable")
+		return err != nil && strings.Contains(err.Error(), "destination unavailable") && strings.Contains(err.Error(), "still down")
 	})
-
-	// The backoff passes; B publishes the event.
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET available_at = now()`); err != nil {
+	if o := destA.last(); !o.Unavailable {
+		t.Fatalf("A not ready, but its DestinationObserver was told %+v", o)
+	}
+	var untouched bool
+	if err := pool.QueryRow(ctx, `SELECT available_at <= now() AND attempt_count = 0 AND last_error IS NULL AND claim_token IS NULL
+		FROM `+schema+`.outbox_events`).Scan(&untouched); err != nil {
 		t.Fatal(err)
 	}
+	if !untouched {
+		t.Fatal("the event that met the outage was not released untouched")
+	}
+
 	cfgB := quietConfig(schema, b.pub)
 	cfgB.DisableNotify = true
 	relayB, stopB := startRelay(t, pool, cfgB)
@@ -78,10 +93,29 @@ func TestIdleRelayBecomesReadyWhenDestinationIsBack(t *testing.T) {
 		t.Fatalf("B published %d events, want 1", relayB.Stats().Published)
 	}
 
-	// A looks again, finds nothing to publish, and is ready.
-	relayA.Wake()
-	outboxtest.Eventually(t, 10*time.Second, "A ready again", func() bool { return relayA.Ready() == nil })
-	if st := relayA.Stats(); st.Published != 0 || st.Failed != 1 {
-		t.Fatalf("A stats %+v: want nothing published, one failure", st)
+	// A's probe succeeds, it finds nothing to publish, and is ready.
+	close(pubA.probeOK)
+	outboxtest.Eventually(t, 10*time.Second, "A ready again", func() bool { return relayA.Ready() == nil && !destA.last().Unavailable })
+	if st := relayA.Stats(); st.Published != 0 || st.Failed != 1 || st.Outages < 2 {
+		t.Fatalf("A stats %+v: want nothing published, one failure, the outage counted", st)
 	}
+}
+
+// destinationRecorder is a DestinationObserver keeping the last
+// observation.
+type destinationRecorder struct {
+	mu sync.Mutex
+	o  outbox.DestinationObservation
+}
+
+func (d *destinationRecorder) ObserveDestination(o outbox.DestinationObservation) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.o = o
+}
+
+func (d *destinationRecorder) last() outbox.DestinationObservation {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.o
 }

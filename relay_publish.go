@@ -1,8 +1,11 @@
 package outbox
 
 // Publishing: a batch goes out in waves, one event per lane per wave, and
-// each failure is classified as an outage, a retry or a quarantine.
-// The argument: docs/design.md, "Publishing and fencing".
+// each failure is classified: the event's own (a retry or a quarantine), or
+// the destination's (an outage, a route refused, a throttled request), which
+// spends no attempt.
+// The argument: docs/design.md, "Publishing and fencing" and "Outages,
+// routes and readiness".
 
 import (
 	"context"
@@ -15,9 +18,14 @@ import (
 )
 
 type failure struct {
-	id         uuid.UUID
-	prior      int  // the event's attempt_count before this attempt
-	outage     bool // failed as Unavailable: no attempt spent
+	id     uuid.UUID
+	prior  int  // the event's attempt_count before this attempt
+	outage bool // failed as Unavailable (or RouteUnavailable): no attempt spent
+	// route is the route the destination refuses (RouteUnavailable), "" if
+	// none; throttled: failed as Unavailable with a RetryAfter (the
+	// destination said when to come back, for this request).
+	route      string
+	throttled  bool
 	delay      time.Duration
 	attempts   int // attempts to add
 	err        string
@@ -38,7 +46,12 @@ func (r *Relay) publishAndSettle(ctx context.Context, b batch) error {
 	if err != nil {
 		return err
 	}
-	return r.settleOutcome(ctx, b, o)
+	r.settleBookkeeping(&o)
+	if err := r.settleOutcome(ctx, b, o); err != nil {
+		return err
+	}
+	r.cursor.continueLanes(b, o.published)
+	return nil
 }
 
 // outcome is what publishing a batch came to.
@@ -101,12 +114,14 @@ func (r *Relay) publishWaves(ctx context.Context, b batch) (outcome, error) {
 	return o, nil
 }
 
-// settleOutcome records a batch's outcome: marks, failure records, and the
-// release of every event that was not attempted.
+// settleOutcome records a batch's outcome, after settleBookkeeping: marks,
+// failure records, and the release of every event that was not attempted
+// or met an outage (and so is not among o.failures).
 func (r *Relay) settleOutcome(ctx context.Context, b batch, o outcome) error {
 	published, failures := o.published, o.failures
 	var unsent []uuid.UUID
-	// Whatever was not attempted goes back to the table untouched.
+	// Whatever was not attempted, or met an outage, goes back to the table
+	// untouched.
 	for _, lane := range b.lanes {
 		if len(published)+len(failures) == b.total {
 			break // everything was attempted (the common case)
@@ -117,7 +132,6 @@ func (r *Relay) settleOutcome(ctx context.Context, b batch, o outcome) error {
 			}
 		}
 	}
-	r.settleBookkeeping(o)
 	settleCtx := context.WithoutCancel(ctx)
 	if len(failures) == 0 && len(unsent) == 0 {
 		if len(published) == 0 {
@@ -128,33 +142,79 @@ func (r *Relay) settleOutcome(ctx context.Context, b batch, o outcome) error {
 	return r.settleAll(settleCtx, b, published, failures, unsent)
 }
 
-// settleBookkeeping updates the relay's outage counts from a batch's
-// outcome: a batch met an outage unless only lone events did (see
-// blameLoneOutages); a batch that published something ends the run of
-// outages.
-func (r *Relay) settleBookkeeping(o outcome) {
-	outage := o.outage
-	if outage && len(o.published) > 0 {
-		outage = r.blameLoneOutages(o.failures)
-	}
+// settleBookkeeping decides, from a batch's outcome as a whole, what each
+// failure that was not the event's own comes to, and updates the relay's
+// outage state (docs/design.md, "Outages, routes and readiness"):
+//
+//   - a batch that published anything ends an outage: the destination is
+//     there;
+//   - a batch that published nothing, with an event failed as Unavailable,
+//     is a look that found the destination unavailable: those events are
+//     released untouched (dropped from o.failures, so settleOutcome releases
+//     them), unless the destination asked for a pause (RetryAfter), which
+//     delays that event;
+//   - an event whose route the destination refuses is held (holdForRoute),
+//     never blamed on the event;
+//   - an event throttled with a RetryAfter waits that long, spending
+//     nothing, whatever the rest of the batch did;
+//   - an event that failed as Unavailable while others were published is
+//     retried shortly, and counted against itself after LoneOutageLimit
+//     such claims in a row (blameLoneOutages).
+func (r *Relay) settleBookkeeping(o *outcome) {
+	r.routes.look++
+	published := len(o.published) > 0
 	for _, id := range o.published {
 		r.forgetLoneOutage(id)
 	}
-	if outage {
-		r.outages++
-	} else if len(o.published) > 0 {
-		r.outages = 0
+	outage, reason := false, ""
+	var lone []*failure
+	kept := o.failures[:0]
+	for _, f := range o.failures {
+		switch {
+		case !f.outage: // the event's own failure, classified already
+		case f.route != "":
+			r.holdForRoute(&f)
+		case !published:
+			outage, reason = true, f.err
+			if f.delay == 0 {
+				continue // released untouched
+			}
+		case f.throttled:
+			// Its RetryAfter, set by classify; never less than a short
+			// delay (a Retry-After of 0 would be a hot loop).
+			f.delay = max(f.delay, r.shortDelay(1))
+		default:
+			// kept reuses o.failures' array and never outgrows it, so the
+			// pointer stays valid.
+			kept = append(kept, f)
+			lone = append(lone, &kept[len(kept)-1])
+			continue
+		}
+		kept = append(kept, f)
+	}
+	o.failures = kept
+	r.blameLoneOutages(lone)
+	switch {
+	case published:
+		r.endOutage("a batch was published")
+	case outage:
+		r.noteOutage(reason)
 	}
 }
 
+// classify turns a publish error into the event's failure. The failures
+// that are the destination's (Unavailable, RouteUnavailable) get their
+// delay in settleBookkeeping, which knows the rest of the batch.
 func (r *Relay) classify(ev claimedEvent, err error, outage *bool) failure {
 	r.failed.Add(1)
 	f := failure{id: ev.ID, prior: ev.attempts, err: truncate(err.Error(), 2000)}
-	switch {
+	retryAfter, asked := RetryDelay(err)
+	switch route, isRoute := UnavailableRoute(err); {
+	case isRoute:
+		*outage, f.outage, f.route = true, true, route
 	case IsUnavailable(err):
-		// The destination is down: no attempt is spent on this event.
-		*outage, f.outage = true, true
-		f.delay = backoff(r.outages+1, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
+		// The destination is down or throttling: no attempt is spent.
+		*outage, f.outage, f.throttled = true, true, asked
 	case IsPermanent(err):
 		f.attempts, f.quarantine = 1, true
 	default:
@@ -165,9 +225,9 @@ func (r *Relay) classify(ev claimedEvent, err error, outage *bool) failure {
 			f.delay = backoff(ev.attempts+1, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax)
 		}
 	}
-	if d, ok := RetryDelay(err); ok && !f.quarantine {
+	if asked && !f.quarantine {
 		// The destination asked for a pause: honour it, within reason.
-		f.delay = max(f.delay, min(d, RetryAfterMax))
+		f.delay = max(f.delay, min(retryAfter, RetryAfterMax))
 	}
 	if f.quarantine {
 		r.quarantined.Add(1)

@@ -14,6 +14,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/outbox/internal/pgretry"
 )
 
 // settleAll writes a batch's outcome when some of it failed or was not
@@ -31,41 +33,68 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 		tag  pgconn.CommandTag
 	}
 	var ops []*op
-	// A batch runs as one implicit transaction: all or nothing.
-	var q pgx.Batch
-	if len(published) > 0 {
-		q.Queue(r.sql.markPublished, uuidArgs(published), b.token)
-		ops = append(ops, &op{kind: SettleMarkPublished, name: "mark published", n: len(published)})
-	}
-	if len(fs) > 0 {
-		q.Queue(r.sql.markFailed, failureArgs(fs, b.token)...)
-		ops = append(ops, &op{kind: SettleRecordFailures, name: "record failures", n: len(fs)})
-	}
-	if len(unsent) > 0 {
-		q.Queue(r.sql.release, uuidArgs(unsent), b.token)
-		ops = append(ops, &op{kind: SettleRelease, name: "release", n: len(unsent)})
-	}
-	// Quarantined events park their lanes in the same transaction, so the
-	// events waiting behind leave the claim's range as their head becomes
-	// unclaimable (see parked.go). Two statements: the second one's
-	// snapshot is taken once the lanes' counter rows are held, so it sees
-	// every event written to them.
-	if ids := quarantinedIDs(fs); len(ids) > 0 {
-		q.Queue(r.sql.lockLanes, ids)
-		q.Queue(r.sql.parkLanes, ids)
-		ops = append(ops, &op{kind: settleParkLanes, name: "lock lanes"}, &op{kind: settleParkLanes, name: "park lanes"})
-	}
-	start := time.Now()
-	res := r.pool.SendBatch(ctx, &q)
-	var err error
-	for _, o := range ops {
-		if o.tag, err = res.Exec(); err != nil {
-			break
+	var flagged, lanes int64
+	// A batch runs as one implicit transaction: all or nothing. queue
+	// builds it (again for each attempt: a pgx.Batch is not reusable once
+	// sent) and lists its statements once.
+	queue := func(q *pgx.Batch, list bool) {
+		if len(published) > 0 {
+			q.Queue(r.sql.markPublished, uuidArgs(published), b.token)
+			if list {
+				ops = append(ops, &op{kind: SettleMarkPublished, name: "mark published", n: len(published)})
+			}
+		}
+		if len(fs) > 0 {
+			q.Queue(r.sql.markFailed, failureArgs(fs, b.token)...)
+			if list {
+				ops = append(ops, &op{kind: SettleRecordFailures, name: "record failures", n: len(fs)})
+			}
+		}
+		if len(unsent) > 0 {
+			q.Queue(r.sql.release, uuidArgs(unsent), b.token)
+			if list {
+				ops = append(ops, &op{kind: SettleRelease, name: "release", n: len(unsent)})
+			}
+		}
+		// Quarantined events park their lanes in the same transaction, so the
+		// events waiting behind leave the claim's range as their head becomes
+		// unclaimable (see parked.go). Two statements: the first flags the
+		// lanes whose counter rows are free (SKIP LOCKED: a writer's open
+		// transaction never holds the settle), the second one's snapshot is
+		// taken once those rows are held, so it sees every event written to
+		// them. Busy lanes are left to the lane sweep.
+		if ids := quarantinedIDs(fs); len(ids) > 0 {
+			q.Queue(r.sql.flagLanes, ids)
+			q.Queue(r.sql.parkLanes, ids)
+			if list {
+				ops = append(ops, &op{kind: settleParkLanes, name: "flag lanes"}, &op{kind: settleParkLanes, name: "park lanes"})
+			}
 		}
 	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
-	}
+	queue(new(pgx.Batch), true)
+	start := time.Now()
+	retried := false
+	err := pgretry.Do(ctx, b.leaseEnd, func(ctx context.Context, a pgretry.Attempt) error {
+		retried = a.Retried()
+		var q pgx.Batch
+		queue(&q, false)
+		res := r.pool.SendBatch(ctx, &q)
+		var err error
+		for _, o := range ops {
+			if o.name == "flag lanes" {
+				err = res.QueryRow().Scan(&flagged, &lanes)
+			} else {
+				o.tag, err = res.Exec()
+			}
+			if err != nil {
+				break
+			}
+		}
+		if cerr := res.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
 	for _, o := range ops {
 		if o.kind != settleParkLanes {
 			r.observeSettle(o.kind, o.n, o.tag.RowsAffected(), start, err)
@@ -73,6 +102,14 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 	}
 	if err != nil {
 		return fmt.Errorf("settle batch: %w", err)
+	}
+	if retried {
+		r.log.Info("settle written again after a lost connection", slog.Int("events", b.total))
+	}
+	if busy := lanes - flagged; busy > 0 {
+		r.log.Info("lane not parked yet: a transaction holds its counter row; the lane sweep parks it",
+			slog.Int64("lanes", busy))
+		r.sweepSoon()
 	}
 	for _, o := range ops {
 		if o.kind == settleParkLanes {
@@ -82,6 +119,16 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 				if o.tag.RowsAffected() >= laneParkBatch {
 					r.sweepSoon() // the lane may be longer: the sweep parks the rest
 				}
+			}
+			continue
+		}
+		if retried {
+			// The first attempt may have committed unseen: the rows it
+			// settled are no longer under the token, so the retry finds
+			// fewer. Within the lease nobody else can hold them: count the
+			// batch as settled, not as lease conflicts.
+			if o.kind == SettleMarkPublished {
+				r.published.Add(int64(o.n))
 			}
 			continue
 		}
@@ -109,27 +156,54 @@ func quarantinedIDs(fs []failure) [][16]byte {
 	return ids
 }
 
+// markPublished marks the acknowledged events ids of b, fenced by b's
+// token. A lost connection does not lose the mark: it is written again on
+// another connection until b's lease ends (see settled).
 func (r *Relay) markPublished(ctx context.Context, b batch, ids []uuid.UUID) error {
-	start := time.Now()
-	tag, err := r.pool.Exec(ctx, r.sql.markPublished, uuidArgs(ids), b.token)
-	r.observeSettle(SettleMarkPublished, len(ids), tag.RowsAffected(), start, err)
+	n, err := r.settled(ctx, b, SettleMarkPublished, r.sql.markPublished, ids)
 	if err != nil {
 		return fmt.Errorf("mark published: %w", err)
 	}
-	r.published.Add(tag.RowsAffected())
-	r.noteConflicts("mark published", len(ids), tag.RowsAffected())
+	r.published.Add(n)
 	return nil
 }
 
 func (r *Relay) release(ctx context.Context, b batch, ids []uuid.UUID) error {
-	start := time.Now()
-	tag, err := r.pool.Exec(ctx, r.sql.release, uuidArgs(ids), b.token)
-	r.observeSettle(SettleRelease, len(ids), tag.RowsAffected(), start, err)
-	if err != nil {
+	if _, err := r.settled(ctx, b, SettleRelease, r.sql.release, ids); err != nil {
 		return fmt.Errorf("release claims: %w", err)
 	}
-	r.noteConflicts("release", len(ids), tag.RowsAffected())
 	return nil
+}
+
+// settled runs a fenced write-back of b's events ids (statement stmt, with
+// the ids and b's token) and returns how many it settled. When the
+// connection is lost (a failover, a pooler restart, pg_terminate_backend)
+// it writes again on another connection, until b's lease ends: the
+// acknowledged events of a relay whose connection died are neither left to
+// wait for their lease to expire nor published again once it has. The
+// write is fenced, so a retry after a first attempt that committed unseen
+// changes nothing; its missing rows are then this relay's own, not lease
+// conflicts (nobody else can hold them before the lease ends).
+func (r *Relay) settled(ctx context.Context, b batch, op SettleOp, stmt string, ids []uuid.UUID) (int64, error) {
+	start := time.Now()
+	var tag pgconn.CommandTag
+	retried := false
+	err := pgretry.Do(ctx, b.leaseEnd, func(ctx context.Context, a pgretry.Attempt) error {
+		retried = a.Retried()
+		var err error
+		tag, err = r.pool.Exec(ctx, stmt, uuidArgs(ids), b.token)
+		return err
+	})
+	r.observeSettle(op, len(ids), tag.RowsAffected(), start, err)
+	if err != nil {
+		return 0, err
+	}
+	if retried {
+		r.log.Info("settle written again after a lost connection", slog.String("op", string(op)), slog.Int("events", len(ids)))
+		return int64(len(ids)), nil
+	}
+	r.noteConflicts(string(op), len(ids), tag.RowsAffected())
+	return tag.RowsAffected(), nil
 }
 
 func (r *Relay) noteConflicts(op string, want int, got int64) {

@@ -12,9 +12,15 @@ type relaySQL struct {
 	// claimIDs claims given events for PublishIDs; missingIDs finds those
 	// of them that have no row.
 	claimIDs, missingIDs string
-	// lockLanes and parkLanes park the lanes of quarantined events (see
-	// parkSQL).
-	lockLanes, parkLanes string
+	// flagLanes and parkLanes park the lanes of quarantined events whose
+	// counter rows are free (see parkSQL).
+	flagLanes, parkLanes string
+	// fastClaim is the incremental claim and cursorStart its cursor's
+	// start-up query (relay_cursor.go).
+	fastClaim, cursorStart string
+	// probeRoutes probes the routes the destination refuses (see
+	// probeRoutesSQL).
+	probeRoutes string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -24,12 +30,14 @@ type relaySQL struct {
 // where a LIMIT $1 makes it re-plan the statement on every execution.
 func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	events := s.Table("outbox_events")
-	lockLanes, parkLanes := parkSQL(s)
+	flagLanes, parkLanes := parkSQL(s)
 	return relaySQL{
-		lockLanes: lockLanes, parkLanes: parkLanes,
-		claim: claimSQL(events, batchSize, ""),
+		flagLanes: flagLanes, parkLanes: parkLanes,
+		claim:     claimSQL(events, batchSize, ""),
+		fastClaim: fastClaimSQL(events, batchSize), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
+		probeRoutes: probeRoutesSQL(events),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.
@@ -38,7 +46,7 @@ SET published_at = now(), claimed_by = NULL, claim_token = NULL, claim_until = N
 WHERE event_id = ANY($1) AND claim_token = $2`,
 
 		markFailed: `UPDATE ` + events + ` e
-SET available_at = now() + f.delay_ms * interval '1 millisecond',
+SET available_at = greatest(now() + f.delay_ms * interval '1 millisecond', e.occurred_at + interval '1 microsecond'),
 	attempt_count = e.attempt_count + f.attempts,
 	last_error = f.error,
 	quarantined_at = CASE WHEN f.quarantine THEN now() END,
@@ -47,10 +55,27 @@ FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::text[], $5::bool[])
 	AS f(event_id, delay_ms, attempts, error, quarantine)
 WHERE e.event_id = f.event_id AND e.claim_token = $6`,
 
+		// A released event is due again at once; available_at moves past
+		// occurred_at so that it is in outbox_rescheduled_idx, where an
+		// incremental claim finds it (relay_cursor.go): its dispatch_xid may
+		// be behind every relay's cursor.
 		release: `UPDATE ` + events + `
-SET claimed_by = NULL, claim_token = NULL, claim_until = NULL
+SET claimed_by = NULL, claim_token = NULL, claim_until = NULL,
+	available_at = ` + dueAgainSQL("") + `
 WHERE event_id = ANY($1) AND claim_token = $2`,
 	}
+}
+
+// dueAgainSQL is the available_at of an event made due again now (released,
+// retried, unparked), for the row alias e ("" for the unqualified columns):
+// now, and strictly after occurred_at, so that the event is in
+// outbox_rescheduled_idx (migration 009), where an incremental claim looks
+// for events whose transaction is behind its cursor.
+func dueAgainSQL(e string) string {
+	if e != "" {
+		e += "."
+	}
+	return `greatest(clock_timestamp(), ` + e + `occurred_at + interval '1 microsecond')`
 }
 
 // claimSQL is the polling claim. heads, when not empty, is a further
@@ -157,6 +182,22 @@ func claimable(e string) string {
 	return e + `.published_at IS NULL
 	  AND ` + e + `.quarantined_at IS NULL
 	  AND ` + e + `.available_at <= now()
+	  AND (` + e + `.claim_until IS NULL OR ` + e + `.claim_until < now())`
+}
+
+// claimableNow is claimable for a row the claim found by its transaction
+// (the incremental claim's fresh events, PublishIDs's ids): an event never
+// rescheduled (available_at = occurred_at, the writer's transaction start)
+// is due as soon as it is visible. Comparing its available_at with the
+// claim's now() is wrong there: now() is the claim's transaction start,
+// taken before its snapshot, so an event whose writer started after the
+// claim's now() and committed before its snapshot is visible but looks
+// not yet due, and the claim would leave it (the incremental claim's cursor
+// would pass it; PublishIDs would leave it to the safety net).
+func claimableNow(e string) string {
+	return e + `.published_at IS NULL
+	  AND ` + e + `.quarantined_at IS NULL
+	  AND (` + e + `.available_at <= now() OR ` + e + `.available_at <= ` + e + `.occurred_at)
 	  AND (` + e + `.claim_until IS NULL OR ` + e + `.claim_until < now())`
 }
 

@@ -2,7 +2,9 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,5 +75,69 @@ VALUES (gen_random_uuid(), 'order', 'hand-made', 1, 'OrderCreated', '{}', '{"ret
 	}
 	if repaired.Headers["retries"] != "3" {
 		t.Fatalf("repaired event's headers %v", repaired.Headers)
+	}
+}
+
+// TestUndecodableRowBehindAPendingEventIsNotQuarantined is a regression
+// test of issue 19, item 2. A row the relay cannot read, claimed as the
+// successor of a pending head, used to be quarantined at claim time while
+// its predecessor was still unpublished (k+1 quarantined while k was
+// pending): an operator's skip of it then let k+2 out before k. Now it is
+// released unattempted and quarantined only once it is the head of its lane;
+// the events behind it wait parked, and after the skip go out in order,
+// declaring the skip.
+func TestUndecodableRowBehindAPendingEventIsNotQuarantined(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	if _, err := pool.Exec(ctx, `
+INSERT INTO `+schema+`.outbox_aggregates VALUES ('order', 'hand-made', 3);
+INSERT INTO `+schema+`.outbox_events (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, headers)
+VALUES (gen_random_uuid(), 'order', 'hand-made', 1, 'OrderCreated', '{}', '{}'),
+       (gen_random_uuid(), 'order', 'hand-made', 2, 'OrderPaid', '{}', '{"retries": 3}'),
+       (gen_random_uuid(), 'order', 'hand-made', 3, 'OrderShipped', '{}', '{}');`); err != nil {
+		t.Fatal(err)
+	}
+	var held atomic.Bool
+	held.Store(true)
+	var attempts atomic.Int64
+	pub := failingPublisher{next: b.pub, fail: func(m outbox.Message) error {
+		if m.Sequence == 1 && held.Load() {
+			attempts.Add(1)
+			return errors.New("destination busy, try again")
+		}
+		return nil
+	}}
+	cfg := quietConfig(schema, pub)
+	cfg.MaxAttempts = 1 << 20
+	startRelay(t, pool, cfg)
+	second, first := eventID(t, pool, schema, "hand-made", 2), eventID(t, pool, schema, "hand-made", 1)
+	admin := newAdmin(t, pool, schema)
+	outboxtest.Eventually(t, 30*time.Second, "hand-made #1 tried three times", func() bool { return attempts.Load() >= 3 })
+	if e, err := admin.Event(ctx, second); err != nil || e.State() != "pending" {
+		t.Fatalf("hand-made #2 while #1 is pending: %+v (%v), want it pending, not quarantined", e, err)
+	}
+
+	held.Store(false)
+	outboxtest.Eventually(t, 30*time.Second, "hand-made #2 quarantined once #1 is published", func() bool {
+		e, err := admin.Event(ctx, second)
+		return err == nil && e.State() == "quarantined"
+	})
+	if e, err := admin.Event(ctx, first); err != nil || e.State() != "published" {
+		t.Fatalf("hand-made #1: %+v (%v), want it published before #2 was quarantined", e, err)
+	}
+	outboxtest.Eventually(t, 30*time.Second, "hand-made #3 parked behind #2", func() bool {
+		s := readLane(t, pool, schema, "hand-made")
+		return s.headQuarantined && s.head == 2 && s.behindParked == 1
+	})
+	if _, err := admin.Skip(ctx, second, "test", "headers written by hand"); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 30*time.Second, "hand-made drained", func() bool { return unpublished(t, pool, schema) == 0 })
+	lanes := checkOrderAllowingSkips(t, b.streamEvents(t))
+	got := lanes["order/hand-made"]
+	if len(got) != 2 || got[0].Sequence != 1 || got[1].Sequence != 3 || got[1].SkippedFrom != 2 {
+		t.Fatalf("at the destination: %+v, want #1 then #3 declaring #2 skipped", got)
 	}
 }

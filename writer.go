@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -39,8 +41,9 @@ type WriterConfig struct {
 type Writer struct {
 	schema     pgident.Schema
 	maxPayload int
-	insertSQL  string // any number of events, one jsonb parameter
-	insertOne  string // exactly one event, typed parameters
+	insertSQL  string // any number of events, one jsonb parameter: a transaction's first call
+	insertLate string // the same, for a later call: checks the order of the aggregates locked
+	insertOne  string // exactly one event, typed parameters: a transaction's first call
 	channel    string
 	noTrace    bool
 }
@@ -60,7 +63,8 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 	return &Writer{
 		schema:     s,
 		maxPayload: cfg.MaxPayloadBytes,
-		insertSQL:  insertEventsSQL(s),
+		insertSQL:  insertEventsSQL(s, false),
+		insertLate: insertEventsSQL(s, true),
 		insertOne:  insertOneSQL(s),
 		channel:    NotifyChannel(s.Name()),
 		noTrace:    cfg.DisableTraceContext,
@@ -82,15 +86,81 @@ func parkedThroughSQL(n string) string {
 	return `CASE WHEN a.parked_through = a.last_sequence THEN a.last_sequence + ` + n + ` ELSE a.parked_through END`
 }
 
+// wroteSetting is the transaction-local setting (set_config(..., true)) in
+// which the writer's statements record the aggregates whose counter rows the
+// transaction holds: a jsonb array of strings, schema, aggregate type and
+// aggregate id joined by U+001F (which the writer refuses in names and ids,
+// see Event.validate). It reverts with the transaction, and with a
+// rolled-back savepoint, like the row locks it describes.
+const wroteSetting = "outbox.wrote"
+
+// heldKeySQL is the wroteSetting entry of aggregate (typ, id) in schema s
+// (heldKey in Go).
+func heldKeySQL(s pgident.Schema, typ, id string) string {
+	return `'` + s.Name() + `' || chr(31) || ` + typ + ` || chr(31) || ` + id
+}
+
+// heldKey is heldKeySQL in Go.
+func heldKey(s pgident.Schema, typ, id string) string {
+	return s.Name() + "\x1f" + typ + "\x1f" + id
+}
+
+// firstCallSQL is true, and records held (a wroteSetting value, as text) in
+// wroteSetting, when the transaction has not written events yet; otherwise
+// it is false and the statement inserts nothing (InsertTx then runs the
+// statement for later calls). Evaluate it once per statement: in an
+// uncorrelated subquery, or on a single row.
+func firstCallSQL(held string) string {
+	return `CASE WHEN coalesce(current_setting('` + wroteSetting + `', true), '') = ''
+		THEN set_config('` + wroteSetting + `', ` + held + `, true) IS NOT NULL
+		ELSE false END`
+}
+
+// laterCallSQL is the CTE "ordered" of a transaction's later call: ok is
+// true when the call's aggregates (counts) lock nothing out of order, and
+// then the call's aggregates ($2, a wroteSetting value) are added to
+// wroteSetting. A call may lock the counter row of an aggregate the
+// transaction holds already, or of one that sorts after every one it holds.
+// Then every transaction takes counter rows in one global order (schema,
+// aggregate type, aggregate id, by the database's collation; within a
+// statement the upsert sorts them), and no two can wait for each other.
+func laterCallSQL(s pgident.Schema) string {
+	return `wrote AS MATERIALIZED (
+	SELECT nullif(current_setting('` + wroteSetting + `', true), '')::jsonb AS w
+), ordered AS (
+	SELECT CASE WHEN wrote.w IS NULL OR NOT EXISTS (SELECT 1 FROM counts c
+			WHERE NOT jsonb_exists(wrote.w, ` + heldKeySQL(s, "c.aggregate_type", "c.aggregate_id") + `)
+			  AND ('` + s.Name() + `'::text, c.aggregate_type, c.aggregate_id) < (
+				SELECT split_part(h, chr(31), 1), split_part(h, chr(31), 2), split_part(h, chr(31), 3)
+				FROM jsonb_array_elements_text(wrote.w) h ORDER BY 1 DESC, 2 DESC, 3 DESC LIMIT 1))
+		THEN set_config('` + wroteSetting + `', (coalesce(wrote.w, '[]') || (SELECT coalesce(jsonb_agg(k), '[]')
+			FROM jsonb_array_elements_text($2::jsonb) k WHERE wrote.w IS NULL OR NOT jsonb_exists(wrote.w, k)))::text, true) IS NOT NULL
+		ELSE false END AS ok
+	FROM wrote
+)`
+}
+
 // insertEventsSQL allocates the sequences and inserts the rows of any number
-// of events in one statement (one round trip). The per-aggregate counter rows
-// are upserted in a fixed order, so writers touching several aggregates
-// cannot deadlock each other; the row lock they take serialises writers of
-// the same aggregate until commit, so sequences are gap-free and commit in
-// order. The upsert also returns the lane's parked flag, read under that
-// lock: an event written behind a quarantined event is written parked (see
-// parked.go).
-func insertEventsSQL(s pgident.Schema) string {
+// of events ($1, a jsonb document) in one statement (one round trip). The
+// per-aggregate counter rows are upserted in a fixed order, so writers
+// touching several aggregates cannot deadlock each other; the row lock they
+// take serialises writers of the same aggregate until commit, so sequences
+// are gap-free and commit in order. The upsert also returns the lane's
+// parked flag, read under that lock: an event written behind a quarantined
+// event is written parked (see parked.go).
+//
+// A transaction's first call (later false) records its aggregates ($2) in
+// wroteSetting; on a later call it inserts nothing and returns no row. The
+// statement for later calls (later true) inserts only when the call locks
+// nothing out of order (laterCallSQL), and otherwise inserts nothing and
+// returns no row (ErrInsertOrder). Either way the decision is made once,
+// before the upsert locks anything (an uncorrelated subquery: a one-time
+// filter); if the upsert then fails, its error aborts the transaction.
+func insertEventsSQL(s pgident.Schema, later bool) string {
+	ctes, filter := "", `(SELECT `+firstCallSQL("$2::text")+`)`
+	if later {
+		ctes, filter = ", "+laterCallSQL(s), "(SELECT ok FROM ordered)"
+	}
 	return `WITH input AS (
 	SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(
 		ord int, event_id uuid, aggregate_type text, aggregate_id text,
@@ -98,9 +168,10 @@ func insertEventsSQL(s pgident.Schema) string {
 ), counts AS (
 	SELECT aggregate_type, aggregate_id, count(*) AS n
 	FROM input GROUP BY aggregate_type, aggregate_id
-), seq AS (
+)` + ctes + `, seq AS (
 	INSERT INTO ` + s.Table("outbox_aggregates") + ` AS a (aggregate_type, aggregate_id, last_sequence)
-	SELECT aggregate_type, aggregate_id, n FROM counts ORDER BY aggregate_type, aggregate_id
+	SELECT aggregate_type, aggregate_id, n FROM counts WHERE ` + filter + `
+	ORDER BY aggregate_type, aggregate_id
 	ON CONFLICT (aggregate_type, aggregate_id)
 	DO UPDATE SET last_sequence = a.last_sequence + EXCLUDED.last_sequence,
 		parked_through = ` + parkedThroughSQL("EXCLUDED.last_sequence") + `
@@ -123,11 +194,18 @@ RETURNING event_id, aggregate_sequence, occurred_at`
 // the same counter upsert and insert, with typed parameters instead of a
 // jsonb document to decode, group and number. It is what one would write by
 // hand for one event, and costs the database less than the general
-// statement.
+// statement. It is also only for a transaction's first call: it records the
+// aggregate in wroteSetting, and on a later call (the setting is set) it
+// inserts nothing and returns no row, and InsertTx runs the general
+// statement, which checks the order. So the common case pays for a
+// setting read and written, not for the check (whose plan PostgreSQL would
+// set up on every execution: about 15 µs).
 func insertOneSQL(s pgident.Schema) string {
+	held := `'[' || to_json(` + heldKeySQL(s, "$2::text", "$3::text") + `)::text || ']'`
 	return `WITH seq AS (
 	INSERT INTO ` + s.Table("outbox_aggregates") + ` AS a (aggregate_type, aggregate_id, last_sequence)
-	VALUES ($2, $3, 1)
+	SELECT $2, $3, 1
+	WHERE ` + firstCallSQL(held) + `
 	ON CONFLICT (aggregate_type, aggregate_id)
 	DO UPDATE SET last_sequence = a.last_sequence + 1, parked_through = ` + parkedThroughSQL("1") + `
 	RETURNING a.last_sequence, a.parked_at
@@ -198,32 +276,38 @@ type eventRow struct {
 	Headers       map[string]string `json:"headers,omitempty"`
 }
 
-// prepare validates events and encodes them as the statement's argument.
-// Nothing is sent to the database when any event is invalid.
-func (w *Writer) prepare(events []Event, tc traceContext) (string, []uuid.UUID, error) {
+// prepare validates events and encodes them as the statement's arguments:
+// the events, and the wroteSetting value of their aggregates. Nothing is
+// sent to the database when any event is invalid.
+func (w *Writer) prepare(events []Event, tc traceContext) (arg string, ids []uuid.UUID, held string, err error) {
 	if len(events) == 0 {
-		return "", nil, fmt.Errorf("%w: no events given", ErrInvalidEvent)
+		return "", nil, "", fmt.Errorf("%w: no events given", ErrInvalidEvent)
 	}
 	rows := make([]eventRow, len(events))
-	ids := make([]uuid.UUID, len(events))
+	ids = make([]uuid.UUID, len(events))
 	seen := make(map[uuid.UUID]bool, len(events))
+	var keys []string
+	seenKey := map[string]bool{}
 	for i := range events {
 		ev := &events[i]
 		if err := ev.validate(i, w.maxPayload); err != nil {
-			return "", nil, err
+			return "", nil, "", err
 		}
 		id := ev.ID
 		if id == uuid.Nil {
-			var err error
 			if id, err = uuid.NewV7(); err != nil {
-				return "", nil, fmt.Errorf("outbox: new event id: %w", err)
+				return "", nil, "", fmt.Errorf("outbox: new event id: %w", err)
 			}
 		}
 		if seen[id] {
-			return "", nil, invalid(i, "event id %s given twice", id)
+			return "", nil, "", invalid(i, "event id %s given twice", id)
 		}
 		seen[id] = true
 		ids[i] = id
+		if k := heldKey(w.schema, ev.AggregateType, ev.AggregateID); !seenKey[k] {
+			seenKey[k] = true
+			keys = append(keys, k)
+		}
 		version := ev.SchemaVersion
 		if version == 0 {
 			version = 1
@@ -236,12 +320,52 @@ func (w *Writer) prepare(events []Event, tc traceContext) (string, []uuid.UUID, 
 			rows[i].ContentType = ct
 		}
 	}
-	arg, err := json.Marshal(rows)
+	b, err := json.Marshal(rows)
 	if err != nil {
-		return "", nil, fmt.Errorf("outbox: encode events: %w", err)
+		return "", nil, "", fmt.Errorf("outbox: encode events: %w", err)
 	}
-	return string(arg), ids, nil
+	h, err := json.Marshal(keys)
+	if err != nil {
+		return "", nil, "", fmt.Errorf("outbox: encode events: %w", err)
+	}
+	return string(b), ids, string(h), nil
 }
+
+// queryFunc runs one of the writer's statements in the caller's
+// transaction and collects the events it stored (see collect).
+type queryFunc func(sql string, ids []uuid.UUID, args ...any) ([]Recorded, error)
+
+// insertMany records events with the general statement: the one for a
+// transaction's first call, unless later says it is not (the single-event
+// statement found events already written), then, when the transaction had
+// written events before, the one for later calls, which checks the order.
+func (w *Writer) insertMany(events []Event, later bool, tc traceContext, query queryFunc) ([]Recorded, error) {
+	arg, ids, held, err := w.prepare(events, tc)
+	if err != nil {
+		return nil, err
+	}
+	if !later {
+		out, err := query(w.insertSQL, ids, arg, held)
+		if !errors.Is(err, errNoneStored) {
+			if err != nil {
+				return nil, fmt.Errorf("outbox: insert events: %w", err)
+			}
+			return out, nil
+		}
+	}
+	out, err := query(w.insertLate, ids, arg, held)
+	if errors.Is(err, errNoneStored) {
+		return nil, insertOrderError(events)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert events: %w", err)
+	}
+	return out, nil
+}
+
+// errNoneStored: the statement stored none of the events, which it does only
+// when the call would lock an aggregate out of order (ErrInsertOrder).
+var errNoneStored = errors.New("database stored none of the events")
 
 type rows interface {
 	Next() bool
@@ -272,10 +396,36 @@ func collect(r rows, ids []uuid.UUID) ([]Recorded, error) {
 	if err := r.Err(); err != nil {
 		return nil, err
 	}
+	if n == 0 {
+		return nil, errNoneStored
+	}
 	if n != len(ids) {
 		return nil, fmt.Errorf("database stored %d of %d events", n, len(ids))
 	}
 	return out, nil
+}
+
+// ErrInsertOrder is returned (wrapped) by InsertTx and InsertSQLTx for a
+// further call in a transaction that would lock an aggregate sorting before
+// one the transaction already wrote to. Nothing was written, nothing was
+// locked, and the transaction is still usable. See InsertTx.
+var ErrInsertOrder = errors.New("a further InsertTx call in a transaction must not write to an aggregate that sorts before one it already wrote to")
+
+// insertOrderError says which of events' aggregates a refused call would
+// have locked out of order.
+func insertOrderError(events []Event) error {
+	var names []string
+	seen := map[[2]string]bool{}
+	for _, ev := range events {
+		k := [2]string{ev.AggregateType, ev.AggregateID}
+		if !seen[k] && len(names) < 5 {
+			seen[k] = true
+			names = append(names, ev.AggregateType+"/"+ev.AggregateID)
+		}
+	}
+	return fmt.Errorf("outbox: insert events of %s: %w (by aggregate type, then id, in the database's collation): "+
+		"two transactions doing so in opposite orders deadlock. Record all of a transaction's events in one call, "+
+		"or call in that order; nothing was written and the transaction is usable", strings.Join(names, ", "), ErrInsertOrder)
 }
 
 // InsertTx records events in tx, the caller's pgx transaction, and returns
@@ -285,72 +435,85 @@ func collect(r rows, ids []uuid.UUID) ([]Recorded, error) {
 // transaction stays usable); on any other error the caller should roll tx
 // back.
 //
-// Record all of a transaction's events in one call. Each aggregate's counter
-// row stays locked until tx ends, so that its sequences commit in order; one
-// call locks the rows of all its aggregates in a fixed order, but two
-// transactions that call InsertTx once per aggregate, for the same
-// aggregates in different orders, can deadlock (PostgreSQL then aborts one
-// of them with SQLSTATE 40P01). If events must be recorded in several calls,
-// make every transaction touch aggregates in the same order.
+// Record all of a transaction's events in one call when you can. Each
+// aggregate's counter row stays locked until tx ends, so that its sequences
+// commit in order; one call locks the rows of all its aggregates in a fixed
+// order (by aggregate type, then id), so writers cannot deadlock on them. A
+// transaction may call InsertTx again, for aggregates it already wrote to
+// and for aggregates that sort after all of those; a call that would lock an
+// aggregate sorting before one the transaction holds is refused with
+// ErrInsertOrder before it locks or writes anything (two transactions doing
+// that in opposite orders would deadlock, and PostgreSQL would abort one
+// after deadlock_timeout). The transaction records what it holds in a
+// transaction-local setting (outbox.wrote).
 func (w *Writer) InsertTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]Recorded, error) {
+	tc := w.traceContext(ctx)
+	later := false
 	if len(events) == 1 {
-		p, err := w.prepareOne(&events[0], w.traceContext(ctx))
+		p, err := w.prepareOne(&events[0], tc)
 		if err != nil {
 			return nil, err
 		}
 		var rec Recorded
-		if err := tx.QueryRow(ctx, w.insertOne, p.args[:]...).Scan(&rec.ID, &rec.Sequence, &rec.OccurredAt); err != nil {
+		err = tx.QueryRow(ctx, w.insertOne, p.args[:]...).Scan(&rec.ID, &rec.Sequence, &rec.OccurredAt)
+		if err == nil {
+			rec.OccurredAt = rec.OccurredAt.UTC()
+			return []Recorded{rec}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, fmt.Errorf("outbox: insert events: %w", err)
 		}
-		rec.OccurredAt = rec.OccurredAt.UTC()
-		return []Recorded{rec}, nil
+		// Not the transaction's first call: the statement for later calls
+		// checks the order. The event keeps the id it was given.
+		events, later = []Event{events[0]}, true
+		events[0].ID = p.id
 	}
-	arg, ids, err := w.prepare(events, w.traceContext(ctx))
-	if err != nil {
-		return nil, err
-	}
-	r, err := tx.Query(ctx, w.insertSQL, arg)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: insert events: %w", err)
-	}
-	defer r.Close()
-	out, err := collect(r, ids)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: insert events: %w", err)
-	}
-	return out, nil
+	return w.insertMany(events, later, tc, func(sql string, ids []uuid.UUID, args ...any) ([]Recorded, error) {
+		r, err := tx.Query(ctx, sql, args...)
+		if err != nil {
+			return nil, err
+		}
+		defer r.Close()
+		return collect(r, ids)
+	})
 }
 
 // InsertSQLTx is InsertTx for a database/sql transaction, so that code built
 // on sqlx, GORM, bun or ent (with any PostgreSQL driver) records events in
-// its own transaction. The same rule applies: one call per transaction.
+// its own transaction. The same rules apply: one call per transaction when
+// you can, and later calls only in aggregate order (ErrInsertOrder).
 func (w *Writer) InsertSQLTx(ctx context.Context, tx *sql.Tx, events ...Event) ([]Recorded, error) {
+	tc := w.traceContext(ctx)
+	later := false
 	if len(events) == 1 {
-		p, err := w.prepareOne(&events[0], w.traceContext(ctx))
+		p, err := w.prepareOne(&events[0], tc)
 		if err != nil {
 			return nil, err
 		}
 		var rec Recorded
-		if err := tx.QueryRowContext(ctx, w.insertOne, p.args[:]...).Scan(&rec.ID, &rec.Sequence, &rec.OccurredAt); err != nil {
+		err = tx.QueryRowContext(ctx, w.insertOne, p.args[:]...).Scan(&rec.ID, &rec.Sequence, &rec.OccurredAt)
+		if err == nil {
+			rec.OccurredAt = rec.OccurredAt.UTC()
+			return []Recorded{rec}, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
 			return nil, fmt.Errorf("outbox: insert events: %w", err)
 		}
-		rec.OccurredAt = rec.OccurredAt.UTC()
-		return []Recorded{rec}, nil
+		events, later = []Event{events[0]}, true
+		events[0].ID = p.id
 	}
-	arg, ids, err := w.prepare(events, w.traceContext(ctx))
-	if err != nil {
-		return nil, err
-	}
-	r, err := tx.QueryContext(ctx, w.insertSQL, arg)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: insert events: %w", err)
-	}
-	defer r.Close()
-	out, err := collect(r, ids)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: insert events: %w", err)
-	}
-	return out, r.Close()
+	return w.insertMany(events, later, tc, func(q string, ids []uuid.UUID, args ...any) ([]Recorded, error) {
+		r, err := tx.QueryContext(ctx, q, args...)
+		if err != nil {
+			return nil, err
+		}
+		defer r.Close()
+		out, err := collect(r, ids)
+		if err != nil {
+			return nil, err
+		}
+		return out, r.Close()
+	})
 }
 
 // Execer is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.

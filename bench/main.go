@@ -10,8 +10,10 @@
 //	cd bench && go run . --long     # a 1,000,000-event backlog
 //	cd bench && go run . --json     # one JSON object per scenario
 //	cd bench && go run . --only soak  # writers and relay together, 10 minutes
+//	cd bench && go run . --only outage  # a 2 s NATS outage under load; a webhook answering 5% 503 or 500
 //	cd bench && go run . --only destinations  # each destination beside a naive publisher
 //	cd bench && go run . --only destinations --destinations kafka
+//	cd bench && go run . --only pressure  # the pressure cells of issues 24 and 27 (over an hour; see --pressure-*)
 //
 // Every scenario uses its own PostgreSQL schema (or database) and its own
 // JetStream stream (in the destinations group, its own Kafka cluster and
@@ -57,6 +59,8 @@ type Result struct {
 	Target  string   `json:"target,omitempty"`
 	Met     *bool    `json:"met,omitempty"`
 	Note    string   `json:"note,omitempty"`
+	// Series is a figure at every second (the pressure group: the backlog).
+	Series []int64 `json:"backlog_per_sec,omitempty"`
 }
 
 func f(v float64) *float64 {
@@ -85,6 +89,7 @@ type sizes struct {
 	idleDur        time.Duration
 	soak           soakSizes
 	outage         time.Duration // cdc-outage: how long no relay runs
+	pressure       pressureSizes
 }
 
 func defaultSizes() sizes {
@@ -93,7 +98,7 @@ func defaultSizes() sizes {
 		backlog: 200_000, aggregates: 10_000, watermillCap: 40 * time.Second,
 		latencyDur: 30 * time.Second, latencyRate: 1000, latencyClients: 16, notifyWriteDur: 1500 * time.Millisecond,
 		scaleCounts: []int{1, 2, 4}, history: 5_000_000, idleDur: 20 * time.Second,
-		soak: defaultSoak(), outage: 5 * time.Minute,
+		soak: defaultSoak(), outage: 5 * time.Minute, pressure: defaultPressure(),
 	}
 }
 
@@ -103,7 +108,7 @@ func quickSizes() sizes {
 		backlog: 5_000, aggregates: 500, watermillCap: 4 * time.Second,
 		latencyDur: 3 * time.Second, latencyRate: 1000, latencyClients: 16, notifyWriteDur: 500 * time.Millisecond,
 		scaleCounts: []int{1, 2, 4}, history: 50_000, idleDur: 4 * time.Second,
-		soak: quickSoak(), outage: 5 * time.Second,
+		soak: quickSoak(), outage: 5 * time.Second, pressure: quickPressure(),
 	}
 }
 
@@ -111,7 +116,7 @@ func quickSizes() sizes {
 var allGroups = []string{"write", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
 
 // extraGroups run only when named with --only: they take long.
-var extraGroups = []string{"soak", "cdc", "cdc-outage"}
+var extraGroups = []string{"soak", "cdc", "cdc-outage", "outage", "pressure"}
 
 type options struct {
 	json, quick, long, keep bool
@@ -155,6 +160,15 @@ func main() {
 	fs.DurationVar(&soak.relayVacuum, "soak-relay-vacuum", 0, "soak: the relay's RelayConfig.VacuumInterval (default the library's; negative: the relay never vacuums, as in run (a) of BENCHMARKS.md)")
 	fs.DurationVar(&soak.vacuumEvery, "soak-vacuum-every", 0, "soak: also run VACUUM (ANALYZE) on the outbox tables this often, as a cron job would where autovacuum is off (default never)")
 	fs.IntVar(&soak.aggregates, "soak-aggregates", 0, "soak: events go to this many aggregates, so counter rows are updated (default 10000)")
+	var pf pressureFlags
+	fs.StringVar(&pf.cells, "pressure-cells", "", "pressure: comma-separated cells to run, in this order: "+strings.Join(pressureCells, ",")+" (default all)")
+	fs.StringVar(&pf.relays, "pressure-relays", "", "pressure: comma-separated relay kinds, one after the other: "+strings.Join(pressureRelayKinds, ",")+" (default all)")
+	fs.StringVar(&pf.cellDur, "pressure-cell-duration", "", "pressure: each cell's duration, or cell=duration,... (default clean 2m, xmin 10m, readers 10m, load 2m, kill-busy 2m, kill-idle 2m, pool 2m; --quick 10s, xmin 20s)")
+	fs.DurationVar(&pf.recovery, "pressure-recovery", 0, "pressure: the recovery after each cell, at the base rate (default 1m, --quick 5s)")
+	fs.IntVar(&pf.rate, "pressure-rate", 0, "pressure: events/s offered, one event per transaction (default 800; the load cell offers 1.5x)")
+	fs.IntVar(&pf.aggregates, "pressure-aggregates", 0, "pressure: events go to this many aggregates (default 2000)")
+	fs.DurationVar(&pf.killEvery, "pressure-kill-every", 0, "pressure: the kill cells' interval between two pg_terminate_backend rounds (default 1s)")
+	fs.BoolVar(&pf.countPending, "pressure-count-pending", false, "pressure: also count the pending rows with count(*) once a second (a monitoring query: itself a load under a pinned xmin)")
 	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL (env DATABASE_URL)")
 	fs.StringVar(&o.natsURL, "nats-url", envOr("NATS_URL", "nats://127.0.0.1:4222"), "NATS with JetStream (env NATS_URL)")
 	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://127.0.0.1:5672/"), "RabbitMQ, for the destinations group (env AMQP_URL; no user: guest)")
@@ -175,6 +189,11 @@ func main() {
 		o.sz.backlog, o.sz.aggregates = backlog, max(1, backlog/20)
 	}
 	o.sz.soak = o.sz.soak.override(soak)
+	var perr error
+	if o.sz.pressure, perr = pf.apply(o.sz.pressure); perr != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", perr)
+		os.Exit(2)
+	}
 	if outage > 0 {
 		o.sz.outage = outage
 	}
@@ -293,6 +312,10 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchCDC(ctx, e)
 		case "cdc-outage":
 			rs, err = benchCDCOutage(ctx, e)
+		case "outage":
+			rs, err = benchOutage(ctx, e)
+		case "pressure":
+			rs, err = benchPressure(ctx, e)
 		}
 		all = append(all, rs...)
 		if err != nil {

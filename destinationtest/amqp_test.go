@@ -35,12 +35,15 @@ func TestAMQP(t *testing.T) {
 	})
 }
 
+// amqpMaxMessage is the publishers' MaxMessageBytes.
+const amqpMaxMessage = 1 << 20
+
 // amqpTarget declares an exchange of the test's own and a classic durable
 // queue bound to every aggregate type's routing key (a classic queue keeps
 // persistent messages across a restart, like a quorum queue, on one node).
 func amqpTarget(t *testing.T, url string) destinationtest.Target {
 	exchange, queue := rabbittest.UniqueName("conformance-x"), rabbittest.UniqueName("conformance-q")
-	p := amqpPublisher(t, outboxamqp.Config{URL: url, Exchange: exchange})
+	p := amqpPublisher(t, outboxamqp.Config{URL: url, Exchange: exchange, MaxMessageBytes: amqpMaxMessage})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := p.Probe(ctx); err != nil { // declares the exchange
@@ -86,6 +89,11 @@ func amqpTarget(t *testing.T, url string) destinationtest.Target {
 			return amqpPublisher(t, outboxamqp.Config{URL: "amqp://guest:guest@" + free + "/", Exchange: exchange, DialTimeout: time.Second})
 		},
 		Refuse: func(m outbox.Message) outbox.Message {
+			m.Payload = make([]byte, amqpMaxMessage+1)
+			m.ContentType = "application/octet-stream"
+			return m
+		},
+		Unroute: func(m outbox.Message) outbox.Message {
 			m.AggregateType = "unrouted" // no queue is bound to its routing key: returned (mandatory)
 			return m
 		},

@@ -49,9 +49,21 @@ type Target struct {
 	// server was shut down). Required.
 	Unreachable func(t *testing.T) outbox.Publisher
 	// Refuse returns msg changed so that the destination can never accept
-	// it (too large, unroutable, refused by the endpoint), keeping its id.
+	// it (too large, refused by the endpoint), keeping its id. The refusal
+	// must depend on the message: a route the destination lacks is Unroute's.
 	// Required.
 	Refuse func(msg outbox.Message) outbox.Message
+	// RefuseAtDestination returns msg changed so that the publisher sends
+	// it and the destination refuses it (a Kafka record over the topic's
+	// max.message.bytes that the client's own limit allows), keeping its id.
+	// Nil when a message the destination cannot take is always refused
+	// before it is sent. Optional.
+	RefuseAtDestination func(msg outbox.Message) outbox.Message
+	// Unroute returns msg changed so that it goes by a route the
+	// destination does not have (a routing key no queue is bound for, a
+	// topic that does not exist), keeping its id. Nil when every message
+	// goes the same way. Optional.
+	Unroute func(msg outbox.Message) outbox.Message
 	// Restart stops the broker and starts it again with its data, and
 	// returns once it accepts connections. Set by OpenRestartable only.
 	Restart func(t *testing.T)
@@ -79,9 +91,31 @@ func Run(t *testing.T, d Destination) {
 	t.Run("Replay", func(t *testing.T) { replay(t, d) })
 	t.Run("OrderAcrossRetries", func(t *testing.T) { orderAcrossRetries(t, d) })
 	t.Run("Unavailable", func(t *testing.T) { unavailable(t, d) })
-	t.Run("PermanentAlone", func(t *testing.T) { permanentAlone(t, d) })
-	if op, ok := open(t, d.Open).Publisher.(outbox.OrderedPipeliner); ok && op.OrderedPipelining() {
-		t.Run("Pipelining", func(t *testing.T) { pipelining(t, d) })
+	t.Run("PermanentAlone", func(t *testing.T) {
+		permanentAlone(t, d, func(tg Target) func(outbox.Message) outbox.Message { return tg.Refuse })
+	})
+	tg := open(t, d.Open)
+	if tg.RefuseAtDestination != nil {
+		t.Run("RefusedAtDestinationAlone", func(t *testing.T) {
+			permanentAlone(t, d, func(tg Target) func(outbox.Message) outbox.Message { return tg.RefuseAtDestination })
+		})
+	} else {
+		t.Log("destinationtest: no RefuseAtDestination: the RefusedAtDestinationAlone check is left out")
+	}
+	if tg.Unroute != nil {
+		t.Run("RouteRefused", func(t *testing.T) { routeRefused(t, d) })
+	} else {
+		t.Log("destinationtest: no Unroute: the RouteRefused check is left out")
+	}
+	if op, ok := tg.Publisher.(outbox.OrderedPipeliner); ok && op.OrderedPipelining() {
+		t.Run("Pipelining", func(t *testing.T) {
+			pipelining(t, d, func(tg Target) func(outbox.Message) outbox.Message { return tg.Refuse })
+		})
+		if tg.RefuseAtDestination != nil {
+			t.Run("PipeliningRefusedAtDestination", func(t *testing.T) {
+				pipelining(t, d, func(tg Target) func(outbox.Message) outbox.Message { return tg.RefuseAtDestination })
+			})
+		}
 	} else {
 		t.Log("destinationtest: the publisher does not declare ordered pipelining: the Pipelining check is left out")
 	}

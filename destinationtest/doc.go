@@ -40,6 +40,16 @@
 //     says so too.
 //   - PermanentAlone: a message the destination can never accept fails as
 //     [outbox.Permanent], alone: the other messages of its call succeed.
+//   - RefusedAtDestinationAlone (when Target.RefuseAtDestination is set): the
+//     same for a message the client sends and the destination itself
+//     refuses (a Kafka record over the topic's max.message.bytes), where the
+//     protocol may fail its neighbours with the same error: they must still
+//     succeed.
+//   - RouteRefused (when Target.Unroute is set): a message for a route the
+//     destination does not have (no queue bound for its routing key, a
+//     topic that does not exist) fails, alone, as that route being
+//     unavailable ([outbox.RouteUnavailable]), never as permanent: a refusal
+//     that does not depend on the message must not quarantine it.
 //   - Restart (when the destination can be restarted here): the broker is
 //     stopped and started again while batches are being published; every
 //     message that was reported as succeeded is there afterwards, and none
@@ -47,7 +57,8 @@
 //   - Pipelining (when the publisher declares [outbox.OrderedPipeliner]):
 //     in one call holding two aggregates' runs of events, a refused message
 //     in the middle of a run fails, the run's later messages fail too and
-//     are not at the destination, and the rest arrive in sequence order.
+//     are not at the destination, and the rest arrive in sequence order;
+//     with RefuseAtDestination, also for a message the destination refuses.
 //     OrderAcrossRetries then also runs pipelined.
 //
 // The suite uses PostgreSQL (DATABASE_URL, default

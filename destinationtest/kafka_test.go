@@ -2,6 +2,7 @@ package destinationtest_test
 
 import (
 	"context"
+	"crypto/rand"
 	"net"
 	"strconv"
 	"testing"
@@ -28,7 +29,13 @@ func TestKafka(t *testing.T) {
 	})
 }
 
-const kafkaMaxRecord = 512 << 10
+// kafkaMaxRecord is the publisher's MaxRecordBytes; the cluster's
+// message.max.bytes, kafkaBrokerMax, is below it, so that a record between
+// the two is sent and refused by the broker.
+const (
+	kafkaMaxRecord = 512 << 10
+	kafkaBrokerMax = 256 << 10
+)
 
 func kafkaTarget(t *testing.T, restartable bool) destinationtest.Target {
 	var topics []string
@@ -39,7 +46,8 @@ func kafkaTarget(t *testing.T, restartable bool) destinationtest.Target {
 		}
 		topics = append(topics, topic)
 	}
-	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(4, topics...)}
+	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(4, topics...),
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(kafkaBrokerMax)})}
 	if restartable {
 		opts = append(opts, kfake.DataDir(t.TempDir()), kfake.SyncWrites())
 	}
@@ -79,6 +87,18 @@ func kafkaTarget(t *testing.T, restartable bool) destinationtest.Target {
 		Refuse: func(m outbox.Message) outbox.Message {
 			m.Payload = make([]byte, kafkaMaxRecord+1)
 			m.ContentType = "application/octet-stream"
+			return m
+		},
+		RefuseAtDestination: func(m outbox.Message) outbox.Message {
+			m.Payload = make([]byte, kafkaBrokerMax+1024) // compressed, the record still exceeds the broker's limit
+			if _, err := rand.Read(m.Payload); err != nil {
+				panic(err)
+			}
+			m.ContentType = "application/octet-stream"
+			return m
+		},
+		Unroute: func(m outbox.Message) outbox.Message {
+			m.AggregateType = "unrouted" // its topic does not exist (the publisher creates none)
 			return m
 		},
 	}

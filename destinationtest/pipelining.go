@@ -11,10 +11,10 @@ import (
 
 // pipelining checks the promise of a publisher that declares ordered
 // pipelining: in one call holding two aggregates' runs, a message the
-// destination refuses in the middle of one run fails, the run's later
-// messages fail too and are not at the destination, and everything else is
-// delivered in sequence order.
-func pipelining(t *testing.T, d Destination) {
+// destination refuses (refuse) in the middle of one run fails, the run's
+// later messages fail too and are not at the destination, and everything
+// else is delivered in sequence order.
+func pipelining(t *testing.T, d Destination, refuse func(Target) func(outbox.Message) outbox.Message) {
 	tg := open(t, d.Open)
 	op, ok := tg.Publisher.(outbox.OrderedPipeliner)
 	if !ok || !op.OrderedPipelining() {
@@ -28,7 +28,7 @@ func pipelining(t *testing.T, d Destination) {
 	for seq := int64(1); seq <= 3; seq++ {
 		b = append(b, message("pb", seq))
 	}
-	a[2] = tg.Refuse(a[2])
+	a[2] = refuse(tg)(a[2])
 	msgs := append(append([]outbox.Message(nil), a...), b...)
 	errs := tg.Publisher.Publish(ctx, msgs)
 	if len(errs) != len(msgs) {

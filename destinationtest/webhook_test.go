@@ -1,10 +1,13 @@
 package destinationtest_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -17,18 +20,29 @@ import (
 	"github.com/pgoutbox/outbox/outboxwebhook"
 )
 
-// TestWebhook runs the suite on HTTP webhooks: the destination is a
-// verifying receiver (outboxwebhook.NewReceiver) on a local port that keeps
-// what it accepted; the restart closes its server and opens another on the
-// same port, the store kept, as a receiver with a database would.
+// TestWebhook runs the suite on HTTP webhooks, in the default structured
+// mode (the attributes are members of the JSON body) and in binary mode
+// (ce- headers): the destination is a verifying receiver
+// (outboxwebhook.NewReceiver) on a local port that keeps what it accepted;
+// the restart closes its server and opens another on the same port, the
+// store kept, as a receiver with a database would.
 func TestWebhook(t *testing.T) {
 	t.Parallel()
-	destinationtest.Run(t, destinationtest.Destination{
-		AttributePrefix: "ce-",
-		DedupKey:        true, // Idempotency-Key and webhook-id
-		Open:            webhookTarget,
-		OpenRestartable: webhookTarget,
-	})
+	for _, tc := range []struct {
+		mode   outboxwebhook.Mode
+		prefix string
+	}{{outboxwebhook.Structured, ""}, {outboxwebhook.Binary, "ce-"}} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			t.Parallel()
+			open := func(t *testing.T) destinationtest.Target { return webhookTarget(t, tc.mode) }
+			destinationtest.Run(t, destinationtest.Destination{
+				AttributePrefix: tc.prefix,
+				DedupKey:        true, // Idempotency-Key and webhook-id
+				Open:            open,
+				OpenRestartable: open,
+			})
+		})
+	}
 }
 
 // endpoint is a receiver that records every request it accepted (2xx).
@@ -42,12 +56,10 @@ type endpoint struct {
 	h    http.Handler
 }
 
-type slotKey struct{}
-
 // refusedType is the event type the endpoint answers 422 for.
 const refusedType = "RefusedByTheEndpoint"
 
-func webhookTarget(t *testing.T) destinationtest.Target {
+func webhookTarget(t *testing.T, mode outboxwebhook.Mode) destinationtest.Target {
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
 		t.Fatal(err)
@@ -58,22 +70,45 @@ func webhookTarget(t *testing.T) destinationtest.Target {
 		if m.Type == refusedType {
 			return outbox.Permanent(errors.New("this endpoint does not take that event type"))
 		}
-		*ctx.Value(slotKey{}).(*outbox.Message) = m
 		return nil
 	}, outboxwebhook.ReceiverOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var m outbox.Message
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		rw := &statusWriter{ResponseWriter: w}
-		rc.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), slotKey{}, &m)))
+		rc.ServeHTTP(rw, r)
 		if rw.status/100 != 2 {
+			return
+		}
+		// Accepted: a first delivery, or a copy the receiver remembered
+		// (answered 204 without handling it again); both are deliveries.
+		m, err := outboxwebhook.Decode(r.Header, body)
+		if err != nil {
+			t.Errorf("the receiver accepted a request Decode refuses: %v", err)
 			return
 		}
 		attrs := map[string]string{}
 		for k, v := range r.Header {
 			attrs[strings.ToLower(k)] = v[0]
+		}
+		if mode == outboxwebhook.Structured {
+			var members map[string]any
+			if err := json.Unmarshal(body, &members); err != nil {
+				t.Errorf("a structured-mode body is not a JSON object: %v", err)
+				return
+			}
+			for k, v := range members {
+				if s, ok := v.(string); ok {
+					attrs[k] = s
+				}
+			}
 		}
 		e.mu.Lock()
 		e.accepted = append(e.accepted, destinationtest.Delivery{Message: m, Attributes: attrs, Key: r.Header.Get("Idempotency-Key")})
@@ -88,7 +123,7 @@ func webhookTarget(t *testing.T) destinationtest.Target {
 	e.addr = l.Addr().String()
 	e.serve(l)
 	t.Cleanup(func() { e.srv.Close() })
-	p, err := outboxwebhook.NewPublisher(outboxwebhook.Config{URL: "http://" + e.addr + "/events", Secrets: secrets})
+	p, err := outboxwebhook.NewPublisher(outboxwebhook.Config{URL: "http://" + e.addr + "/events", Secrets: secrets, Mode: mode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +137,7 @@ func webhookTarget(t *testing.T) destinationtest.Target {
 			}
 			free := l.Addr().String()
 			l.Close()
-			p, err := outboxwebhook.NewPublisher(outboxwebhook.Config{URL: "http://" + free + "/events", Secrets: secrets})
+			p, err := outboxwebhook.NewPublisher(outboxwebhook.Config{URL: "http://" + free + "/events", Secrets: secrets, Mode: mode})
 			if err != nil {
 				t.Fatal(err)
 			}

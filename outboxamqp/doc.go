@@ -38,8 +38,9 @@
 // [RoutingKey]); bind queues with keys such as "outbox.order" or
 // "outbox.#". The publisher declares no queues: what is stored, and where,
 // is the bindings' business. Bind the queues before the relay publishes: a
-// message no queue is bound for fails as permanent (see below), and the
-// relay quarantines it. A deleted exchange is not declared again while the
+// message no queue is bound for fails as its routing key being unavailable
+// (see below), and the relay holds it, quarantining nothing, until a queue
+// is bound. A deleted exchange is not declared again while the
 // connection lasts (its bindings went with it): publishing fails as
 // unavailable until it is back.
 //
@@ -79,14 +80,18 @@
 // confirmed, Config.ConfirmTimeout passed or the context ended. A message
 // the broker confirmed was routed to every queue bound for it and, for
 // durable queues, written to disk. A message no queue is bound for comes
-// back as a basic.return (before its confirmation) and fails as
-// outbox.Permanent alone; the rest of the batch is unaffected. A message
+// back as a basic.return (before its confirmation) and fails alone as
+// outbox.RouteUnavailable, the route being its routing key: nothing is wrong
+// with the message, the binding is missing, and the relay holds the events
+// of that routing key (no attempt spent, never quarantined) and probes it
+// until a queue is bound; the rest of the batch is unaffected. A message
 // over Config.MaxMessageBytes (16 MiB by default; RabbitMQ refuses messages
 // over its max_message_size, 128 MiB by default, by closing the channel,
 // which would fail the whole batch) or with a routing key over 255 bytes
 // fails as outbox.Permanent before it is sent. A nack (a queue refusing
-// with overflow=reject-publish, an internal error) is a plain, retryable
-// error. When the broker cannot be reached, the connection is lost before
+// with overflow=reject-publish, an internal error of a queue) concerns the
+// queues bound for the routing key, not the message: outbox.RouteUnavailable
+// too. When the broker cannot be reached, the connection is lost before
 // the confirmation, no confirmation comes within ConfirmTimeout, the broker
 // blocked the connection (a memory or disk alarm), the exchange is missing
 // or access is refused, the messages not confirmed fail as
@@ -95,6 +100,17 @@
 // Probe reconnects. Messages confirmed twice (the relay publishes again
 // after a lost confirmation) are stored twice: consumers drop the copy by
 // message-id (the inbox does).
+//
+// # Durability
+//
+// What a confirm is worth depends on the queues the message was routed to:
+// fsynced by a majority of a quorum queue's replicas, fsynced on a durable
+// classic queue's node, replicated but not fsynced in a stream, in memory in
+// a transient queue. AMQP 0-9-1 shows neither bindings nor queue types:
+// [Publisher.CheckDurability] (outbox.DurabilityChecker, called by the relay
+// at start) inspects the queues named in Config.CheckQueues (check_queues in
+// the URL) by declaring them again and reading the broker's refusal. See
+// docs/destinations.md, "What an acknowledgement is worth".
 //
 // # Order
 //

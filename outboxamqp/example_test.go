@@ -38,7 +38,8 @@ func Example() {
 	}
 
 	// A consumer binds its queue before events are published: a message no
-	// queue is bound for fails as permanent.
+	// queue is bound for fails as its route being unavailable (the relay
+	// holds it, spending no attempt, until a queue is bound).
 	conn, err := amqp.Dial(rabbittest.URL())
 	if err != nil {
 		fmt.Println(err)
@@ -76,7 +77,8 @@ func Example() {
 	lost.ID, lost.AggregateType = uuid.MustParse("0194a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5c"), "invoice"
 	errs := p.Publish(ctx, []outbox.Message{msg, lost})
 	fmt.Println("order:", errs[0])
-	fmt.Println("invoice permanent:", outbox.IsPermanent(errs[1]))
+	route, _ := outbox.UnavailableRoute(errs[1])
+	fmt.Println("invoice route unavailable:", route, "permanent:", outbox.IsPermanent(errs[1]))
 
 	d, ok, err := ch.Get(queue, true)
 	if err != nil || !ok {
@@ -96,7 +98,7 @@ func Example() {
 	fmt.Println("decoded:", got.AggregateType, got.AggregateID, got.Sequence, got.Type, string(got.Payload), got.Headers["traceparent"])
 	// Output:
 	// order: <nil>
-	// invoice permanent: true
+	// invoice route unavailable: shop.invoice permanent: false
 	// routing key: shop.order message-id: 0194a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b persistent: true
 	// cloudEvents:id: 0194a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b
 	// cloudEvents:type: OrderCreated

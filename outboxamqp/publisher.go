@@ -74,6 +74,11 @@ type Config struct {
 	// neither), for a broker that requires one. They need an amqps:// URL,
 	// and are read by NewPublisher.
 	CAFile, CertFile, KeyFile string
+	// CheckQueues names the queues bound to Exchange for the relay's
+	// messages, which CheckDurability inspects (durable? quorum?): AMQP
+	// 0-9-1 cannot list an exchange's bindings, so the publisher cannot
+	// find them itself. Optional; ParseURL sets it from check_queues.
+	CheckQueues []string
 	// TLSConfig is the TLS configuration to start from for amqps:// (it is
 	// cloned, and CAFile, CertFile and KeyFile are added to the clone). Nil
 	// starts from the system's roots; the server name is the URL's host
@@ -402,15 +407,17 @@ func (p *Publisher) release(s *session, clean bool) {
 // ConfirmTimeout passed or ctx ended. It returns nil when all were
 // confirmed, otherwise one error per message, nil for those confirmed.
 //
-// Errors are classified for the relay: outbox.Permanent when the message
-// can never be accepted as it is (over MaxMessageBytes, a routing key that
-// is not valid, or returned by the broker as unroutable: no queue is bound
-// for its routing key), outbox.Unavailable when the broker cannot be
-// reached or cannot take messages now (no connection, connection lost
-// before the confirmation, no confirmation within ConfirmTimeout, the
-// connection blocked by a resource alarm, the exchange missing or access
-// refused), and a plain, retryable error when the broker nacked the
-// message. Publish does not retry.
+// Errors are classified for the relay, by whether the refusal depends on
+// the message: outbox.Permanent when the message can never be accepted as
+// it is (over MaxMessageBytes, a routing key that is not valid),
+// outbox.RouteUnavailable, the route being the routing key, when the
+// broker refuses everything sent with that routing key for now (returned as
+// unroutable, 312 NO_ROUTE: no queue is bound for it; nacked: a queue bound
+// to it is full with x-overflow reject-publish, or cannot take messages),
+// and outbox.Unavailable when the broker cannot be reached or cannot take
+// messages now (no connection, connection lost before the confirmation, no
+// confirmation within ConfirmTimeout, the connection blocked by a resource
+// alarm, the exchange missing or access refused). Publish does not retry.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
 	if len(msgs) == 0 {
 		return nil
@@ -545,7 +552,8 @@ func (s *session) publish(ctx context.Context, p *Publisher, msgs []outbox.Messa
 			if s.ch.IsClosed() {
 				errs[i] = s.classify(ctx, p, fmt.Errorf("publish event %s: channel closed before the confirmation", msgs[i].ID))
 			} else {
-				errs[i] = fmt.Errorf("outboxamqp: publish event %s: the broker nacked it", msgs[i].ID)
+				errs[i] = outbox.RouteUnavailable(keys[i], fmt.Errorf("outboxamqp: publish event %s: the broker nacked it (exchange %q, routing key %q: a queue bound for it refused it, full with x-overflow reject-publish, or could not take it)",
+					msgs[i].ID, p.cfg.Exchange, keys[i]))
 			}
 		}
 	}
@@ -565,7 +573,9 @@ func (s *session) publish(ctx context.Context, p *Publisher, msgs []outbox.Messa
 	}
 	for i, r := range returned {
 		if r != nil {
-			errs[i] = outbox.Permanent(fmt.Errorf("outboxamqp: event %s returned by the broker: %d %s (exchange %q, routing key %q: no queue is bound for it)",
+			// The route is missing, not the message wrong: bind a queue and
+			// every event held for it goes out.
+			errs[i] = outbox.RouteUnavailable(keys[i], fmt.Errorf("outboxamqp: event %s returned by the broker: %d %s (exchange %q, routing key %q: no queue is bound for it)",
 				msgs[i].ID, r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey))
 		}
 	}

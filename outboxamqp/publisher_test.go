@@ -113,11 +113,13 @@ func TestAggregateOrderOnQueue(t *testing.T) {
 	}
 }
 
-// TestUnroutableIsPermanentForItAlone: a message whose routing key no queue
-// is bound for comes back (mandatory) and fails as permanent, alone; the
-// others of the same call are stored. So do one over MaxMessageBytes and
-// one whose routing key is too long, before sending.
-func TestUnroutableIsPermanentForItAlone(t *testing.T) {
+// TestRefusalsAreClassifiedAlone: a message whose routing key no queue is
+// bound for comes back (mandatory) and fails, alone, as its route being
+// unavailable (the route is missing, nothing is wrong with the message: it
+// must never be permanent); one over MaxMessageBytes and one whose routing
+// key is too long fail as permanent, before sending; the others of the same
+// call are stored.
+func TestRefusalsAreClassifiedAlone(t *testing.T) {
 	t.Parallel()
 	p, b := setup(t, rabbittest.URL(), outboxamqp.Config{MaxMessageBytes: 4096}, "outbox.order")
 	nowhere := event("n-1", 1)
@@ -135,7 +137,11 @@ func TestUnroutableIsPermanentForItAlone(t *testing.T) {
 	}
 	for i, err := range errs {
 		switch i {
-		case 1, 2, 4, 5:
+		case 1, 5:
+			if route, ok := outbox.UnavailableRoute(err); !ok || route != "outbox.nowhere" || outbox.IsPermanent(err) {
+				t.Errorf("message %d: %v, want an error marked RouteUnavailable(\"outbox.nowhere\")", i, err)
+			}
+		case 2, 4:
 			if !outbox.IsPermanent(err) || outbox.IsUnavailable(err) {
 				t.Errorf("message %d: %v, want a permanent error", i, err)
 			}
@@ -273,7 +279,7 @@ func TestConcurrentPublish(t *testing.T) {
 				good, lost := event(fmt.Sprintf("w%d-%d", w, i), 1), event(fmt.Sprintf("w%d-%d", w, i), 1)
 				lost.AggregateType = "lost"
 				errs := p.Publish(ctx, []outbox.Message{good, lost})
-				if len(errs) != 2 || errs[0] != nil || !outbox.IsPermanent(errs[1]) {
+				if _, unrouted := outbox.UnavailableRoute(errs[1]); len(errs) != 2 || errs[0] != nil || !unrouted {
 					errc <- fmt.Errorf("worker %d: %v", w, errs)
 					return
 				}
@@ -337,7 +343,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		}
 		lost := event("o-1", 1)
 		lost.AggregateType = "lost"
-		if errs := p.Publish(ctx, []outbox.Message{lost}); len(errs) != 1 || !outbox.IsPermanent(errs[0]) {
+		if errs := p.Publish(ctx, []outbox.Message{lost}); len(errs) != 1 || !outbox.IsUnavailable(errs[0]) {
 			t.Fatalf("Publish: %v", errs)
 		}
 		short, cancel := context.WithTimeout(ctx, time.Microsecond)

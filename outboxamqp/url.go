@@ -28,7 +28,9 @@ const PasswordEnv = "OUTBOX_AMQP_PASSWORD"
 // a user without a password, the password is taken from the environment
 // variable OUTBOX_AMQP_PASSWORD, so that it need not appear in a command
 // line. The query parameters are optional and set the Config field of their
-// name (declare=false sets NoDeclare); unknown parameters are refused.
+// name (declare=false sets NoDeclare; check_queues=q1,q2 sets CheckQueues,
+// the queues the relay's start-up check inspects); unknown parameters are
+// refused.
 // Errors never repeat the password.
 func ParseURL(raw string) (Config, error) {
 	u, err := url.Parse(raw)
@@ -76,12 +78,14 @@ func ParseURL(raw string) (Config, error) {
 			cfg.CertFile = v
 		case "key_file":
 			cfg.KeyFile = v
+		case "check_queues":
+			cfg.CheckQueues, err = parseQueueList(v)
 		case "declare":
 			var declare bool
 			declare, err = strconv.ParseBool(v)
 			cfg.NoDeclare = !declare
 		default:
-			err = errors.New("unknown parameter (known: exchange, routing_key, source, confirm_timeout, dial_timeout, max_message_bytes, declare, ca_file, cert_file, key_file)")
+			err = errors.New("unknown parameter (known: exchange, routing_key, source, confirm_timeout, dial_timeout, max_message_bytes, declare, check_queues, ca_file, cert_file, key_file)")
 		}
 		if err != nil {
 			return Config{}, fmt.Errorf("outboxamqp: destination %s: %s=%q: %w", shown, k, v, err)
@@ -100,4 +104,20 @@ func ParseURL(raw string) (Config, error) {
 		return Config{}, fmt.Errorf("outboxamqp: destination %s: %s", shown, strings.TrimPrefix(err.Error(), "outboxamqp: "))
 	}
 	return cfg, nil
+}
+
+// parseQueueList splits check_queues: queue names separated by commas.
+func parseQueueList(v string) ([]string, error) {
+	var out []string
+	for _, q := range strings.Split(v, ",") {
+		q = strings.TrimSpace(q)
+		switch {
+		case q == "":
+			return nil, errors.New("empty queue name")
+		case len(q) > maxShortString:
+			return nil, fmt.Errorf("queue name of %d bytes exceeds AMQP's %d", len(q), maxShortString)
+		}
+		out = append(out, q)
+	}
+	return out, nil
 }

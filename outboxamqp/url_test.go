@@ -1,6 +1,7 @@
 package outboxamqp_test
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -11,13 +12,14 @@ import (
 // TestParseURL: the destination URL names the broker and the Config fields;
 // anything it cannot honour is refused without repeating a password.
 func TestParseURL(t *testing.T) {
-	cfg, err := outboxamqp.ParseURL("amqps://relay:s3cret@mq.example:5671/shop?exchange=events&routing_key=shop.{aggregate_type}.{aggregate_id}&source=/shop&confirm_timeout=3s&dial_timeout=1s&max_message_bytes=2048&declare=false")
+	cfg, err := outboxamqp.ParseURL("amqps://relay:s3cret@mq.example:5671/shop?exchange=events&routing_key=shop.{aggregate_type}.{aggregate_id}&source=/shop&confirm_timeout=3s&dial_timeout=1s&max_message_bytes=2048&declare=false&check_queues=orders,%20audit")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := outboxamqp.Config{URL: "amqps://relay:s3cret@mq.example:5671/shop", Exchange: "events", NoDeclare: true,
-		RoutingKey: "shop.{aggregate_type}.{aggregate_id}", Source: "/shop", ConfirmTimeout: 3 * time.Second, DialTimeout: time.Second, MaxMessageBytes: 2048}
-	if cfg != want {
+		RoutingKey: "shop.{aggregate_type}.{aggregate_id}", Source: "/shop", ConfirmTimeout: 3 * time.Second, DialTimeout: time.Second, MaxMessageBytes: 2048,
+		CheckQueues: []string{"orders", "audit"}}
+	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("ParseURL = %s, want %s", cfg, want)
 	}
 	if cfg, err := outboxamqp.ParseURL("amqp://127.0.0.1"); err != nil || cfg.URL != "amqp://127.0.0.1" || cfg.Exchange != "" || cfg.NoDeclare {
@@ -31,6 +33,7 @@ func TestParseURL(t *testing.T) {
 		"amqp://user:s3cret@mq:5672/?confirm_timeout=-1s",
 		"amqp://user:s3cret@mq:5672/?max_message_bytes=0",
 		"amqp://user:s3cret@mq:5672/?declare=maybe",
+		"amqp://user:s3cret@mq:5672/?check_queues=a,,b",
 		"amqp://user:s3cret@mq:5672/?routing_key=" + strings.Repeat("k", 300),
 		"amqp://user:s3cret@mq:5672/#x",
 		"amqp://user:s3cret@/",

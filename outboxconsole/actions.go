@@ -28,10 +28,12 @@ func (c *console) eventParam(w http.ResponseWriter, r *http.Request) (uuid.UUID,
 }
 
 // actionStatus maps an Admin refusal to a status: a stale page (the event
-// was settled or retried meanwhile) is a conflict, not a server error.
+// was settled or retried meanwhile), or a skip of an event behind an
+// unsettled one of its aggregate (the message names that one), is a
+// conflict, not a server error.
 func actionStatus(err error) int {
 	switch {
-	case errors.Is(err, outbox.ErrNotQuarantined):
+	case errors.Is(err, outbox.ErrNotQuarantined), errors.Is(err, outbox.ErrNotLaneHead):
 		return http.StatusConflict
 	case errors.Is(err, outbox.ErrEventNotFound):
 		return http.StatusNotFound

@@ -3,10 +3,12 @@ package outboxconsole
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
+	"net"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -52,12 +54,16 @@ func (c *console) tokenMatches(presented string) bool {
 	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
 }
 
-// newSession returns a session cookie's value: the name, the expiry and
-// their HMAC.
+// newSession returns a session cookie's value: the name, the expiry, a
+// random nonce (so that two logins never share a value, which logout
+// revokes) and their HMAC.
 func (c *console) newSession(name string, now time.Time) string {
 	exp := strconv.FormatInt(now.Add(c.cfg.SessionTTL).Unix(), 10)
 	n := base64.RawURLEncoding.EncodeToString([]byte(name))
-	return n + "." + exp + "." + base64.RawURLEncoding.EncodeToString(c.mac("session", n, exp))
+	nonce := make([]byte, 16)
+	_, _ = rand.Read(nonce) // crypto/rand never fails
+	r := base64.RawURLEncoding.EncodeToString(nonce)
+	return n + "." + exp + "." + r + "." + base64.RawURLEncoding.EncodeToString(c.mac("session", n, exp, r))
 }
 
 // session checks the request's session cookie and returns the operator's
@@ -71,15 +77,15 @@ func (c *console) session(r *http.Request) (name, value string, ok bool) {
 		return "", "", false
 	}
 	parts := strings.Split(ck.Value, ".")
-	if len(parts) != 3 {
+	if len(parts) != 4 {
 		return "", "", false
 	}
-	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
-	if err != nil || !hmac.Equal(sig, c.mac("session", parts[0], parts[1])) {
+	sig, err := base64.RawURLEncoding.DecodeString(parts[3])
+	if err != nil || !hmac.Equal(sig, c.mac("session", parts[0], parts[1], parts[2])) {
 		return "", "", false
 	}
 	exp, err := strconv.ParseInt(parts[1], 10, 64)
-	if err != nil || time.Now().Unix() >= exp {
+	if err != nil || time.Now().Unix() >= exp || c.revoked.has(ck.Value, time.Now().Unix()) {
 		return "", "", false
 	}
 	n, err := base64.RawURLEncoding.DecodeString(parts[0])
@@ -94,10 +100,19 @@ func (c *console) csrfToken(sessionValue string) string {
 	return hex.EncodeToString(c.mac("csrf", sessionValue))
 }
 
-// sameOrigin reports whether a POST comes from the console's own pages:
-// its Origin header, or else its Referer, must be the console's origin.
-// A request with neither is refused.
+// sameOrigin reports whether a POST comes from the console's own pages.
+// http.CrossOriginProtection decides first (Sec-Fetch-Site, or the Origin
+// header's host against Host or Config.Origin); a request that has neither
+// header, which it lets through as a non-browser request, must then carry a
+// Referer of the console's origin. A request with no clue at all is
+// refused: the CSRF token is checked besides.
 func (c *console) sameOrigin(r *http.Request) bool {
+	if c.cop.Check(r) != nil {
+		return false
+	}
+	if r.Header.Get("Sec-Fetch-Site") != "" || r.Header.Get("Origin") != "" {
+		return true
+	}
 	want := c.cfg.Origin
 	if want == "" {
 		scheme := "http"
@@ -107,9 +122,6 @@ func (c *console) sameOrigin(r *http.Request) bool {
 		want = scheme + "://" + r.Host
 	}
 	want = strings.TrimSuffix(want, "/")
-	if o := r.Header.Get("Origin"); o != "" {
-		return strings.EqualFold(o, want)
-	}
 	if ref := r.Header.Get("Referer"); ref != "" {
 		u, err := url.Parse(ref)
 		return err == nil && strings.EqualFold(u.Scheme+"://"+u.Host, want)
@@ -130,11 +142,14 @@ func operatorOf(r *http.Request) (operator, bool) {
 	return op, ok
 }
 
-// guard sets the security headers, attaches the session to the request,
-// and refuses every POST that is not allowed, before routing and before
-// any database work: 403 in read-only mode, 403 from another origin, 401
-// without a valid session (or, at login, with a wrong token), 403 without
-// the session's CSRF token. Other methods than GET, HEAD and POST get 405.
+// guard sets the security headers, refuses a request for another host
+// (421: DNS rebinding), attaches the session to the request, sends a
+// visitor without a session to the login page when pages need one, and
+// refuses every POST that is not allowed, before routing and before any
+// database work: 403 in read-only mode (but for logging in and out), 403
+// from another origin, 429 after too many failed logins, 401 without a
+// valid session (or, at login, with a wrong token), 403 without the
+// session's CSRF token. Other methods than GET, HEAD and POST get 405.
 func (c *console) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
@@ -143,11 +158,24 @@ func (c *console) guard(next http.Handler) http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "same-origin")
 		h.Set("Cache-Control", "no-store")
+		if !c.hosts.allows(r.Host) {
+			c.log.Warn("console: request for a host it does not serve refused", "host", safeText(r.Host), "remote_addr", r.RemoteAddr)
+			http.Error(w, "misdirected request: this console does not serve that host name (start it with --allowed-host NAME, or set Config.AllowedHosts)", http.StatusMisdirectedRequest)
+			return
+		}
 		if name, value, ok := c.session(r); ok {
 			r = r.WithContext(context.WithValue(r.Context(), operatorKey, operator{name: name, session: value}))
 		}
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:
+			if c.loginRequired(r) {
+				if r.URL.Path == "/" || r.URL.Path == "/quarantine" || r.URL.Path == "/inbox" || r.URL.Path == "/operations" {
+					http.Redirect(w, r, "/login", http.StatusSeeOther)
+					return
+				}
+				http.Error(w, "log in first: the console's pages need the console token", http.StatusUnauthorized)
+				return
+			}
 			next.ServeHTTP(w, r)
 			return
 		case http.MethodPost:
@@ -156,7 +184,8 @@ func (c *console) guard(next http.Handler) http.Handler {
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
-		if c.cfg.ReadOnly {
+		account := r.URL.Path == "/login" || r.URL.Path == "/logout"
+		if c.cfg.ReadOnly && !(account && c.sessionKey != nil) {
 			http.Error(w, "the console is read-only", http.StatusForbidden)
 			return
 		}
@@ -169,8 +198,23 @@ func (c *console) guard(next http.Handler) http.Handler {
 			http.Error(w, "bad form", http.StatusBadRequest)
 			return
 		}
+		for _, vs := range r.PostForm {
+			for _, v := range vs {
+				if !validText(v) {
+					http.Error(w, "bad form: a value holds a NUL or bytes that are not UTF-8", http.StatusBadRequest)
+					return
+				}
+			}
+		}
 		if r.URL.Path == "/login" {
+			if wait, ok := c.throttle.allow(clientIP(r), time.Now()); !ok {
+				c.log.Warn("console login throttled", "remote_addr", r.RemoteAddr)
+				h.Set("Retry-After", strconv.Itoa(int(wait.Seconds()+1)))
+				c.render(w, r, http.StatusTooManyRequests, "login", pageData{Error: "Too many failed logins: wait a minute."})
+				return
+			}
 			if !c.tokenMatches(r.PostForm.Get("token")) {
+				c.throttle.failed(clientIP(r), time.Now())
 				c.log.Warn("console login refused", "remote_addr", r.RemoteAddr)
 				c.render(w, r, http.StatusUnauthorized, "login", pageData{Error: "Wrong token."})
 				return
@@ -190,6 +234,28 @@ func (c *console) guard(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// loginRequired reports whether a GET needs a session it lacks: whenever
+// the console has a token and Config.PublicRead is off, for everything but
+// the login page and the static files (which hold no data).
+func (c *console) loginRequired(r *http.Request) bool {
+	if c.sessionKey == nil || c.cfg.PublicRead {
+		return false
+	}
+	if _, ok := operatorOf(r); ok {
+		return false
+	}
+	return r.URL.Path != "/login" && !strings.HasPrefix(r.URL.Path, "/static/")
+}
+
+// clientIP is the host part of the request's remote address.
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 func (c *console) setSession(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
@@ -213,7 +279,20 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/quarantine", http.StatusSeeOther)
 }
 
+// logout ends the session on the server too: its cookie value is revoked
+// until it expires, so a copy of the cookie (a stolen one, a browser that
+// kept it) is refused from now on.
 func (c *console) logout(w http.ResponseWriter, r *http.Request) {
+	if op, ok := operatorOf(r); ok {
+		exp := time.Now().Add(c.cfg.SessionTTL).Unix()
+		if parts := strings.Split(op.session, "."); len(parts) == 4 {
+			if e, err := strconv.ParseInt(parts[1], 10, 64); err == nil {
+				exp = e
+			}
+		}
+		c.revoked.add(op.session, exp, time.Now().Unix())
+		c.log.Info("console logout", "operator", op.name, "remote_addr", r.RemoteAddr)
+	}
 	c.setSession(w, r, "", -1)
-	http.Redirect(w, r, "/", http.StatusSeeOther)
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }

@@ -109,7 +109,8 @@ func fetchStatus(t *testing.T, ctx context.Context, path, form string) int {
 }
 
 // TestConsoleInBrowser drives the console in a real headless Chromium
-// against a real database with quarantined events: it logs in, retries one
+// against a real database with quarantined events: sent to the login page
+// first (the pages need a login), it logs in, retries one
 // event and skips another with a reason, checks the audit rows, checks that
 // a POST without the CSRF token (logged in) or the session (logged out) is
 // refused, and saves screenshots as test artifacts (go test -artifacts).
@@ -143,6 +144,25 @@ func TestConsoleInBrowser(t *testing.T) {
 	t.Logf("screenshots in %s", dir)
 	ctx := browser(t, 2*time.Minute)
 
+	// The pages need a login: the overview sends the browser to the login
+	// page, where a POST is refused for want of a session.
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#token`))); err != nil {
+		t.Fatalf("overview before logging in: %v", err)
+	}
+	if s := fetchStatus(t, ctx, "/quarantine/retry", "event_id="+f.quarantined[0].String()); s != 401 {
+		t.Fatalf("POST retry without logging in: %d, want 401", s)
+	}
+	screenshot(t, ctx, dir, "login.png")
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS(`#name`), "alice"),
+		chromedp.SendKeys(chromedp.CSS(`#token`), testToken),
+		chromedp.Click(chromedp.CSS(`#login`)),
+		chromedp.WaitVisible(chromedp.CSS(`table.quarantine`)),
+	); err != nil {
+		t.Fatalf("log in: %v", err)
+	}
+	screenshot(t, ctx, dir, "quarantine.png")
+
 	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#backlog`))); err != nil {
 		t.Fatalf("overview: %v", err)
 	}
@@ -156,23 +176,9 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-
-	// Logged out, a POST is refused for want of a session.
-	if s := fetchStatus(t, ctx, "/quarantine/retry", "event_id="+f.quarantined[0].String()); s != 401 {
-		t.Fatalf("POST retry without logging in: %d, want 401", s)
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/quarantine"), chromedp.WaitVisible(chromedp.CSS(`table.quarantine`))); err != nil {
+		t.Fatalf("quarantine page: %v", err)
 	}
-
-	if err := chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(`#login-link`)),
-		chromedp.WaitVisible(chromedp.CSS(`#token`)),
-		chromedp.SendKeys(chromedp.CSS(`#name`), "alice"),
-		chromedp.SendKeys(chromedp.CSS(`#token`), testToken),
-		chromedp.Click(chromedp.CSS(`#login`)),
-		chromedp.WaitVisible(chromedp.CSS(`table.quarantine`)),
-	); err != nil {
-		t.Fatalf("log in: %v", err)
-	}
-	screenshot(t, ctx, dir, "quarantine.png")
 
 	// Logged in, a POST without the form's CSRF token is refused.
 	if s := fetchStatus(t, ctx, "/quarantine/retry", "event_id="+f.quarantined[0].String()); s != 403 {
@@ -209,8 +215,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	screenshot(t, ctx, dir, "operations.png")
 
-	// Logged out again: refused for want of a session.
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button.link`)), chromedp.WaitVisible(chromedp.CSS(`#login-link`))); err != nil {
+	// Logged out again: back on the login page, and refused for want of a
+	// session.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`button.link`)), chromedp.WaitVisible(chromedp.CSS(`#token`))); err != nil {
 		t.Fatalf("log out: %v", err)
 	}
 	if s := fetchStatus(t, ctx, "/quarantine/skip", "event_id="+f.quarantined[2].String()+"&reason=x"); s != 401 {

@@ -4,10 +4,12 @@ import (
 	"crypto/rand"
 	"embed"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -36,9 +38,21 @@ type Config struct {
 	// console shows. Defaults to Schema.
 	InboxSchema string
 	// Token, when set, is the secret an operator gives at login to be
-	// allowed to act (at least TokenMinLength bytes). Without it the
-	// console is read-only.
+	// allowed to act, and to see the pages unless PublicRead (at least
+	// TokenMinLength bytes, of at least TokenMinDistinctBytes different
+	// bytes). Without it the console is read-only and its pages public.
 	Token string
+	// PublicRead serves the pages without a login even though Token is
+	// set; actions still need one. Off by default: with a token, every
+	// page but the login page needs a session.
+	PublicRead bool
+	// AllowedHosts are the Host header values the console answers (421
+	// for any other, which stops DNS rebinding): "name" allows that host
+	// on any port, "name:port" that port only, "*" any host. Empty: the
+	// loopback names (localhost, 127.0.0.1, ::1), plus the host of Origin
+	// when set. "outbox console" sets them from --listen and
+	// --allowed-host.
+	AllowedHosts []string
 	// ReadOnly hides the actions and refuses every POST, token or not.
 	ReadOnly bool
 	// Publisher, when set, lets the console replay an aggregate's events
@@ -46,7 +60,8 @@ type Config struct {
 	Publisher outbox.Publisher
 	// Origin is the console's origin as the browser sees it
 	// ("https://outbox.example.com"), when a proxy in front rewrites the
-	// Host header. Defaults to the scheme and Host of each request.
+	// Host header: POSTs from it are same-origin, and its host is allowed.
+	// Defaults to the scheme and Host of each request.
 	Origin string
 	// PageSize is the number of rows of each list page. Defaults to
 	// PageSizeDefault.
@@ -78,6 +93,10 @@ type console struct {
 	sessionKey []byte
 	pages      map[string]*template.Template
 	log        *slog.Logger
+	hosts      hostSet
+	cop        *http.CrossOriginProtection
+	revoked    revocations
+	throttle   loginThrottle
 }
 
 // New returns the console's handler. It does not touch the database until
@@ -86,8 +105,10 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("outboxconsole: Config.Pool is required")
 	}
-	if cfg.Token != "" && len(cfg.Token) < TokenMinLength {
-		return nil, errors.New("outboxconsole: the token is too short (at least 16 bytes; e.g. openssl rand -hex 32)")
+	if cfg.Token != "" {
+		if err := checkToken(cfg.Token); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Schema == "" {
 		cfg.Schema = "outbox"
@@ -121,7 +142,17 @@ func New(cfg Config) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &console{cfg: cfg, admin: admin, inbox: inboxAdmin, log: cfg.Logger}
+	hosts, err := newHostSet(cfg.AllowedHosts, cfg.Origin)
+	if err != nil {
+		return nil, err
+	}
+	cop := http.NewCrossOriginProtection()
+	if cfg.Origin != "" {
+		if err := cop.AddTrustedOrigin(strings.TrimSuffix(cfg.Origin, "/")); err != nil {
+			return nil, fmt.Errorf("outboxconsole: Config.Origin: %w", err)
+		}
+	}
+	c := &console{cfg: cfg, admin: admin, inbox: inboxAdmin, log: cfg.Logger, hosts: hosts, cop: cop}
 	if cfg.Token != "" {
 		salt := make([]byte, 32)
 		if _, err := rand.Read(salt); err != nil {
@@ -137,7 +168,7 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.Handle("GET /static/", http.StripPrefix("/static/", noListing(http.FileServerFS(static))))
 	mux.HandleFunc("GET /{$}", c.overview)
 	mux.HandleFunc("GET /quarantine", c.quarantine)
 	mux.HandleFunc("GET /inbox", c.inboxPage)
@@ -149,4 +180,16 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("POST /quarantine/skip", c.skip)
 	mux.HandleFunc("POST /replay", c.replay)
 	return c.guard(mux), nil
+}
+
+// noListing answers 404 for a directory (a path ending in "/"), which a
+// file server would list.
+func noListing(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "" || strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

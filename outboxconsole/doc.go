@@ -31,21 +31,42 @@
 //
 // # Security
 //
-// Actions need Config.Token. An operator logs in by posting the token and
-// a name on the login page; the console answers with a session cookie
-// (HttpOnly, SameSite=Strict, Secure over TLS) holding the name, an expiry
-// and an HMAC-SHA256 keyed from the token and a random per-process secret
-// (so restarting the console, or changing the token, ends every session).
-// The token is compared in constant time and never rendered or logged.
+// The console answers only requests whose Host header it serves
+// (Config.AllowedHosts; by default the loopback names and the host of
+// Config.Origin), with 421 for any other, before anything else: a DNS
+// rebinding page cannot read a console on 127.0.0.1 or behind "ssh -L".
+//
+// With Config.Token set, every page but the login page and the static
+// files needs a login (a visitor without a session is sent to /login),
+// unless Config.PublicRead; actions always need one. An operator logs in by
+// posting the token and a name; the console answers with a session cookie
+// (HttpOnly, SameSite=Strict, Secure over TLS) holding the name, an expiry,
+// a random nonce and an HMAC-SHA256 keyed from the token and a random
+// per-process secret (so restarting the console, or changing the token,
+// ends every session). Logging out revokes the cookie on the server until
+// it expires, so a copy of it is refused too. Failed logins are throttled
+// per client address and overall (429 with Retry-After, before the token is
+// checked). The token must be at least TokenMinLength bytes of at least
+// TokenMinDistinctBytes different values (CheckToken); it is compared in
+// constant time and never rendered or logged.
 //
 // Every POST is checked before routing and before any database work, and
-// refused with 401 (no valid session, or a wrong token at login) or 403
-// (read-only, cross-origin, or a missing or wrong CSRF token). The CSRF
-// token is an HMAC of the session, in a hidden field of every form; the
-// Origin (or Referer) of a POST must be the console's own origin
-// (Config.Origin, or the request's Host). Responses carry a strict
-// Content-Security-Policy (no inline script, no framing).
+// refused with 401 (no valid session, or a wrong token at login), 403
+// (read-only, cross-origin, or a missing or wrong CSRF token) or 400 (a
+// form value with a NUL or bytes that are not UTF-8). The CSRF token is an
+// HMAC of the session, in a hidden field of every form; cross-origin
+// requests are refused by http.CrossOriginProtection (Sec-Fetch-Site, or
+// the Origin against the Host or Config.Origin), and a POST with neither
+// header must carry a Referer of the console's origin. Responses carry a
+// strict Content-Security-Policy (no inline script, no framing).
+//
+// Text from the database (ids, types, reasons, last errors) is shown with
+// bidirectional overrides, zero-width and other invisible characters as
+// [U+XXXX], and webhook URLs without their path (which can be a token);
+// a filter with a NUL or bytes that are not UTF-8 is answered 400. The
+// static directory is not listed.
 //
 // Without a token, or with Config.ReadOnly, the console is read-only: the
-// action forms are not rendered and every POST is refused.
+// action forms are not rendered and every POST is refused (but logging in
+// and out, when there is a token).
 package outboxconsole

@@ -5,6 +5,7 @@ import (
 
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/inbox"
+	"github.com/pgoutbox/outbox/internal/redact"
 )
 
 // overviewListSize is the number of quarantined events and waiting
@@ -38,6 +40,7 @@ type pageData struct {
 	// forms; CanAct is set when actions are offered.
 	Operator  string
 	CSRF      string
+	CanLogin  bool
 	CanAct    bool
 	ReadOnly  bool
 	CanReplay bool
@@ -66,9 +69,10 @@ var funcs = template.FuncMap{
 	"until":   func(t, now time.Time) string { return fmtAge(t.Sub(now).Seconds()) },
 	"ts":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 	"num":     fmtNum,
-	"preview": func(s string) string { return cut(oneLine(s), previewRunes) },
-	"line":    func(s string, n int) string { return cut(oneLine(s), n) },
+	"preview": func(s string) string { return cut(safeText(oneLine(s)), previewRunes) },
+	"line":    func(s string, n int) string { return cut(safeText(oneLine(redact.Text(s))), n) },
 	"detail":  fmtDetail,
+	"t":       safeText,
 	"deref": func(t *time.Time) time.Time {
 		if t == nil {
 			return time.Time{}
@@ -100,9 +104,12 @@ func (c *console) render(w http.ResponseWriter, r *http.Request, status int, pag
 	if c.cfg.Refresh > 0 && page != "login" && page != "error" {
 		d.Refresh = int(c.cfg.Refresh.Seconds())
 	}
-	if op, ok := operatorOf(r); ok && !c.cfg.ReadOnly {
-		d.Operator, d.CSRF, d.CanAct = op.name, c.csrfToken(op.session), true
-		d.CanReplay = c.cfg.Publisher != nil
+	d.CanLogin = c.sessionKey != nil
+	if op, ok := operatorOf(r); ok {
+		d.Operator, d.CSRF = op.name, c.csrfToken(op.session)
+		if !c.cfg.ReadOnly {
+			d.CanAct, d.CanReplay = true, c.cfg.Publisher != nil
+		}
 	}
 	if d.Notice == "" {
 		d.Notice = notice(r)
@@ -123,7 +130,7 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, status int, what 
 	if status >= 500 {
 		c.log.Error("console: "+what, "path", r.URL.Path, "err", err)
 	}
-	c.render(w, r, status, "error", pageData{Title: "error", Error: what + ": " + oneLine(err.Error())})
+	c.render(w, r, status, "error", pageData{Title: "error", Error: what + ": " + safeText(oneLine(redact.Text(err.Error())))})
 }
 
 // notice is the message of a redirect after an action, from fixed texts
@@ -134,7 +141,7 @@ func notice(r *http.Request) string {
 	switch q.Get("done") {
 	case "retried":
 		if err == nil {
-			return "Event " + id.String() + " retried: it is back at the head of its lane."
+			return "Event " + id.String() + " retried: it is back in its lane."
 		}
 	case "skipped":
 		if err == nil {
@@ -180,7 +187,26 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "overview", d)
 }
 
+// badFilter answers 400 for a filter or cursor that no row can match
+// because PostgreSQL cannot even compare with it (a NUL, bytes that are not
+// UTF-8), instead of letting the query fail with a 500.
+func (c *console) badFilter(w http.ResponseWriter, r *http.Request, names ...string) bool {
+	q := r.URL.Query()
+	for _, n := range names {
+		for _, v := range q[n] {
+			if !validText(v) {
+				c.fail(w, r, http.StatusBadRequest, "bad filter", fmt.Errorf("%s holds a NUL or bytes that are not UTF-8", n))
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (c *console) quarantine(w http.ResponseWriter, r *http.Request) {
+	if c.badFilter(w, r, "type", "after") {
+		return
+	}
 	q := r.URL.Query()
 	f := outbox.QuarantineFilter{AggregateType: q.Get("type"), Limit: c.cfg.PageSize + 1, PreviewBytes: previewBytes}
 	if a := q.Get("after"); a != "" {
@@ -207,6 +233,9 @@ func (c *console) quarantine(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *console) inboxPage(w http.ResponseWriter, r *http.Request) {
+	if c.badFilter(w, r, "consumer", "after") {
+		return
+	}
 	q := r.URL.Query()
 	f := inbox.WaitingFilter{Consumer: q.Get("consumer"), Limit: c.cfg.PageSize + 1}
 	if a := q.Get("after"); a != "" {
@@ -214,6 +243,9 @@ func (c *console) inboxPage(w http.ResponseWriter, r *http.Request) {
 		raw, err := base64.RawURLEncoding.DecodeString(a)
 		if err == nil {
 			err = json.Unmarshal(raw, &cur)
+		}
+		if err == nil && (!validText(cur.Consumer) || !validText(cur.AggregateType) || !validText(cur.AggregateID)) {
+			err = errors.New("the cursor holds a NUL or bytes that are not UTF-8")
 		}
 		if err != nil {
 			c.fail(w, r, http.StatusBadRequest, "bad page cursor", err)
@@ -347,5 +379,5 @@ func fmtDetail(m map[string]any) string {
 		return ""
 	}
 	b, _ := json.Marshal(m)
-	return cut(string(b), 200)
+	return cut(safeText(redact.Text(string(b))), 200)
 }

@@ -38,10 +38,12 @@ func refuseProduce(c *kfake.Cluster, code *kerr.Error) {
 }
 
 // TestBrokerErrorsAreClassified: the broker's produce errors reach the
-// relay classified: the cluster cannot store anything now (not enough
-// replicas, no leader) is unavailable, a refusal of the message itself (too
-// large, invalid topic, not authorized) is permanent, anything else is a
-// plain retryable error.
+// relay classified by whether they depend on the message: the cluster
+// cannot store anything now (not enough replicas, no leader, not authorized
+// on the cluster) is unavailable, a refusal of the topic as a whole (it does
+// not exist, not authorized for it) is the topic's route unavailable, a
+// refusal of the record itself (too large, even alone; an invalid topic) is
+// permanent, anything else is a plain retryable error.
 func TestBrokerErrorsAreClassified(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -54,7 +56,8 @@ func TestBrokerErrorsAreClassified(t *testing.T) {
 		{kerr.MessageTooLarge, "permanent"},
 		{kerr.RecordListTooLarge, "permanent"},
 		{kerr.InvalidTopicException, "permanent"},
-		{kerr.TopicAuthorizationFailed, "permanent"},
+		{kerr.TopicAuthorizationFailed, "route"},
+		{kerr.ClusterAuthorizationFailed, "unavailable"},
 		{kerr.UnknownServerError, "retryable"},
 	} {
 		t.Run(tc.code.Message, func(t *testing.T) {
@@ -68,9 +71,12 @@ func TestBrokerErrorsAreClassified(t *testing.T) {
 			}
 			for i, err := range errs {
 				var got string
+				route, isRoute := outbox.UnavailableRoute(err)
 				switch {
 				case err == nil:
 					got = "success"
+				case isRoute && route == "cls.order" && outbox.IsUnavailable(err) && !outbox.IsPermanent(err):
+					got = "route"
 				case outbox.IsPermanent(err) && !outbox.IsUnavailable(err):
 					got = "permanent"
 				case outbox.IsUnavailable(err) && !outbox.IsPermanent(err):

@@ -89,17 +89,35 @@
 // a message the relay publishes again after an unacknowledged attempt may be
 // stored twice, and consumers drop the copy by ce_id (the inbox does).
 //
-// Publish sends a batch concurrently and returns once every record was
-// acknowledged, failed, Config.DeliveryTimeout passed or the context ended;
-// it does not retry beyond what the client does within DeliveryTimeout (the
-// relay owns retries). Failures are classified for the relay:
-// outbox.Unavailable when the cluster cannot be reached or cannot store
-// anything now (no broker answering, no acknowledgement in time, no partition
-// leader, not enough in-sync replicas, the client closed), outbox.Permanent
-// when this message can never be accepted (over Config.MaxRecordBytes,
-// checked before sending so that it fails alone; refused by the broker as too
-// large; an invalid topic; no authorization for the topic), and anything else
-// is a plain, retryable error. [Publisher.Probe] sends one metadata request.
+// Publish buffers a batch's records, then sends them (calls take turns), and
+// returns once every record was acknowledged, failed, Config.DeliveryTimeout
+// passed or the context ended; it does not retry beyond what the client does
+// within DeliveryTimeout (the relay owns retries), except for one thing: the
+// broker refuses a whole record batch over one record (or over its own size)
+// and the client then fails every record buffered behind it in the partition
+// with the same error, so Publish produces those records again alone, in
+// order, and only a record refused alone fails. Failures are classified for
+// the relay, by whether they depend on the message: outbox.Unavailable when
+// the cluster cannot be reached or cannot store anything now (no broker
+// answering, no acknowledgement in time, no partition leader, not enough
+// in-sync replicas, the client closed, no authorization on the cluster),
+// outbox.RouteUnavailable for the topic when the broker refuses the topic as
+// a whole (it does not exist, no authorization for it: the relay holds its
+// events, quarantining none), outbox.Permanent when this message can never
+// be accepted (over Config.MaxRecordBytes, checked before sending so that it
+// fails alone; refused by the broker when produced alone; an invalid topic
+// name), and anything else is a plain, retryable error. [Publisher.Probe]
+// sends one metadata request.
+//
+// # Durability
+//
+// An acknowledged record is on every in-sync replica, in memory: Kafka does
+// not fsync each record by default and relies on replication.
+// [Publisher.CheckDurability] (outbox.DurabilityChecker, called by the relay
+// at start) reports whether every topic the template names has a
+// replication factor and min.insync.replicas of at least 2 (or
+// flush.messages=1), without unclean leader election. See
+// docs/destinations.md, "What an acknowledgement is worth".
 //
 // # Tests
 //

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -195,6 +196,12 @@ func (c Config) withDefaults() Config {
 type Publisher struct {
 	cfg    Config
 	client *kgo.Client
+	// mu makes Publish calls take turns: a call buffers all its records
+	// before the client sends any (kgo.ManualFlushing), so that a record
+	// the broker refuses fails every later record of its partition in the
+	// call with it; another call flushing meanwhile would send some of them
+	// early.
+	mu sync.Mutex
 }
 
 var (
@@ -208,10 +215,12 @@ var (
 // They are produced in that order to one partition by an idempotent
 // producer: the broker refuses a record whose sequence number does not
 // follow the last one it stored, and when a record fails the client fails
-// every record buffered behind it in the partition, so a failed event is
-// never followed by a stored successor. An event that fails before it is
-// produced (over MaxRecordBytes, an invalid topic) takes the later events of
-// its aggregate in the call with it, unsent.
+// every record buffered behind it in the partition; every record of a call
+// is buffered before any is sent, so a failed event is never followed by a
+// stored successor. An event that fails before it is produced (over
+// MaxRecordBytes, an invalid topic) takes the later events of its aggregate
+// in the call with it, unsent; so does one the broker refuses when it is
+// produced again alone (see Publish).
 func (p *Publisher) OrderedPipelining() bool { return true }
 
 // NewPublisher creates a Kafka client for cfg.Brokers with acks=all,
@@ -247,6 +256,17 @@ func NewPublisher(cfg Config, opts ...kgo.Opt) (*Publisher, error) {
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout),
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxRecordBytes+512)),
+		// A call's records are all buffered, then flushed (see Publisher.mu);
+		// a relay's batch is far below this many records.
+		kgo.ManualFlushing(),
+		kgo.MaxBufferedRecords(1<<20),
+		// A topic the cluster does not have fails its records after one
+		// metadata retry (franz-go's default is four, with backoff), so that
+		// the refusal reaches the relay as its route's (RouteUnavailable)
+		// well within DeliveryTimeout: on a loaded machine the four retries
+		// outlasted a 2 s delivery timeout, and the records failed as timed
+		// out, an outage of the whole destination.
+		kgo.UnknownTopicRetries(1),
 	)
 	client, err := kgo.NewClient(all...)
 	if err != nil {
@@ -286,7 +306,8 @@ func (c Config) ConnectOptions() ([]kgo.Opt, error) {
 	return opts, nil
 }
 
-// Client returns the publisher's Kafka client.
+// Client returns the publisher's Kafka client. It flushes manually
+// (kgo.ManualFlushing): a caller producing through it calls Flush.
 func (p *Publisher) Client() *kgo.Client { return p.client }
 
 // Close closes the client; messages still in flight fail as unavailable.
@@ -304,36 +325,56 @@ type result struct {
 // when all were stored, otherwise one error per message, nil for those
 // stored.
 //
-// Errors are classified for the relay: outbox.Unavailable when the cluster
-// cannot be reached or cannot store anything now (no broker answering, no
-// acknowledgement within DeliveryTimeout or ctx's deadline, a partition
-// without a leader, not enough in-sync replicas, the client closed) and
-// outbox.Permanent when the message can never be accepted (over
-// MaxRecordBytes, refused by the broker as too large, an invalid topic name,
-// no authorization for the topic). A failed SASL authentication or TLS
-// handshake (a wrong password, a broker certificate not signed by a trusted
-// authority) is unavailable: no message can be published until the
-// configuration or the cluster is fixed. Anything else is a plain, retryable
-// error. Publish does not retry beyond what the client itself does within
-// DeliveryTimeout.
+// The broker refuses a whole record batch when one of its records is too
+// large for the topic (max.message.bytes, which may be below
+// MaxRecordBytes), or the batch as a whole is, and the client then fails
+// every record buffered for that partition with the same error. Such a
+// refusal says nothing about which record it concerns, so Publish produces
+// each record it failed again alone, one at a time per partition and in
+// call order (so an aggregate's records keep their order, and stop at the
+// first that fails): a record the broker refuses alone fails as permanent,
+// and the others are stored. The refusal of one record never fails its
+// neighbours.
+//
+// Errors are classified for the relay, by whether the refusal depends on
+// the message: outbox.Permanent when the message can never be accepted
+// (over MaxRecordBytes, refused by the broker as too large or invalid when
+// produced alone, an invalid topic name), outbox.RouteUnavailable, the
+// route being the topic, when the broker refuses the topic as a whole (it
+// does not exist, or the relay is not authorized to write to it), and
+// outbox.Unavailable when the cluster cannot be reached or cannot store
+// anything now (no broker answering, no acknowledgement within
+// DeliveryTimeout or ctx's deadline, a partition without a leader, not
+// enough in-sync replicas, the client closed, no authorization on the
+// cluster). A failed SASL authentication or TLS handshake (a wrong
+// password, a broker certificate not signed by a trusted authority) is
+// unavailable: no message can be published until the configuration or the
+// cluster is fixed. Anything else is a plain, retryable error. Publish does
+// not retry beyond what the client itself does within DeliveryTimeout, and
+// the one production alone of a refused record.
+//
+// Calls take turns: a call's records are all buffered before the client
+// sends any, so that a refused record fails the later records of its
+// partition in the call, never lets one of them be stored after it.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	parent := ctx
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	// The client enforces DeliveryTimeout only between requests; while no
 	// broker answers at all, this bound ends the wait.
-	ctx, cancel := context.WithTimeoutCause(ctx, p.cfg.DeliveryTimeout,
-		fmt.Errorf("no acknowledgement within %s: %w", p.cfg.DeliveryTimeout, kgo.ErrRecordTimeout))
+	ctx, cancel := p.deliveryCtx(parent)
 	defer cancel()
 	errs := make([]error, len(msgs))
-	done := make(chan result, len(msgs)) // buffered: a late promise never blocks
-	sent := make([]bool, len(msgs))
-	pending := 0
+	recs := make([]*kgo.Record, len(msgs))
+	var todo []int
 	var stopped map[aggregate]uuid.UUID // aggregates whose event failed before it was produced
 	for i := range msgs {
 		agg := aggregate{msgs[i].AggregateType, msgs[i].AggregateID}
 		if before, ok := stopped[agg]; ok {
-			errs[i] = fmt.Errorf("outboxkafka: event %s not produced: event %s of its aggregate, before it in the call, failed", msgs[i].ID, before)
+			errs[i] = notProduced(msgs[i].ID, before)
 			continue
 		}
 		r, err := p.record(&msgs[i])
@@ -345,47 +386,14 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) []error 
 			stopped[agg] = msgs[i].ID
 			continue
 		}
-		if ctx.Err() != nil {
-			errs[i] = ctxError(ctx)
-			continue
-		}
-		sent[i] = true
-		pending++
-		id := msgs[i].ID
-		p.client.Produce(ctx, r, func(r *kgo.Record, err error) {
-			if err != nil {
-				err = classify(fmt.Errorf("outboxkafka: publish event %s to %s: %w", id, r.Topic, err))
-			}
-			done <- result{i, err}
-		})
+		recs[i] = r
+		todo = append(todo, i)
 	}
-wait:
-	for pending > 0 {
-		select {
-		case r := <-done:
-			errs[r.i] = r.err
-			sent[r.i] = false
-			pending--
-		case <-ctx.Done():
-			break wait
-		}
-	}
-	if pending > 0 {
-		// ctx ended: take what is already resolved, wait for nothing more.
-		for drained := false; !drained; {
-			select {
-			case r := <-done:
-				errs[r.i] = r.err
-				sent[r.i] = false
-			default:
-				drained = true
-			}
-		}
-		for i, waiting := range sent {
-			if waiting {
-				errs[i] = ctxError(ctx)
-			}
-		}
+	p.produce(ctx, msgs, recs, todo, errs)
+	if refused := refusedInBatch(errs, todo); len(refused) > 0 {
+		actx, cancel := p.deliveryCtx(parent)
+		defer cancel()
+		p.produceAlone(actx, msgs, recs, refused, errs)
 	}
 	for _, err := range errs {
 		if err != nil {
@@ -393,6 +401,168 @@ wait:
 		}
 	}
 	return nil
+}
+
+// deliveryCtx bounds a wait for acknowledgements by DeliveryTimeout.
+func (p *Publisher) deliveryCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, p.cfg.DeliveryTimeout,
+		fmt.Errorf("no acknowledgement within %s: %w", p.cfg.DeliveryTimeout, kgo.ErrRecordTimeout))
+}
+
+// notProduced is the error of an event left unsent because an earlier event
+// of its aggregate in the call failed.
+func notProduced(id, before uuid.UUID) error {
+	return fmt.Errorf("outboxkafka: event %s not produced: event %s of its aggregate, before it in the call, failed", id, before)
+}
+
+// produce buffers the records recs[i] for i in todo, flushes them, and waits
+// until each one was acknowledged, failed, or ctx ended, setting errs[i].
+func (p *Publisher) produce(ctx context.Context, msgs []outbox.Message, recs []*kgo.Record, todo []int, errs []error) {
+	if len(todo) == 0 {
+		return
+	}
+	done := make(chan result, len(todo)) // buffered: a late promise never blocks
+	sent := make(map[int]bool, len(todo))
+	for _, i := range todo {
+		if ctx.Err() != nil {
+			errs[i] = ctxError(ctx)
+			continue
+		}
+		sent[i] = true
+		id := msgs[i].ID
+		p.client.Produce(ctx, recs[i], func(r *kgo.Record, err error) {
+			if err != nil {
+				err = classify(r.Topic, fmt.Errorf("outboxkafka: publish event %s to %s: %w", id, r.Topic, err))
+			}
+			done <- result{i, err}
+		})
+	}
+	if len(sent) == 0 {
+		return
+	}
+	flushed := make(chan struct{})
+	go func() { defer close(flushed); _ = p.client.Flush(ctx) }()
+	defer func() { <-flushed }() // returns once ctx ends at the latest
+wait:
+	for len(sent) > 0 {
+		select {
+		case r := <-done:
+			errs[r.i] = r.err
+			delete(sent, r.i)
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	if len(sent) > 0 {
+		// ctx ended: take what is already resolved, wait for nothing more.
+		for drained := false; !drained; {
+			select {
+			case r := <-done:
+				errs[r.i] = r.err
+				delete(sent, r.i)
+			default:
+				drained = true
+			}
+		}
+		for i := range sent {
+			errs[i] = ctxError(ctx)
+		}
+	}
+}
+
+// refusedInBatch returns, among the records produced (todo), those the
+// broker refused for a reason that concerns a record, not the cluster: too
+// large, invalid, corrupt. The client fails a refused batch's records, and
+// every record buffered behind them in the partition, with the same error,
+// so it may be another record's.
+func refusedInBatch(errs []error, todo []int) []int {
+	var out []int
+	for _, i := range todo {
+		if errs[i] != nil && recordRefusal(errs[i]) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// produceAlone produces again, each alone, the records refused (indices in
+// call order): one at a time per partition, partitions side by side. An
+// aggregate's records all go to one partition, so they go in order; the
+// first that fails stops its aggregate (the later ones are not produced).
+// A record the broker refuses alone is the refused one: permanent.
+func (p *Publisher) produceAlone(ctx context.Context, msgs []outbox.Message, recs []*kgo.Record, refused []int, errs []error) {
+	type partition struct {
+		topic string
+		n     int32
+	}
+	byPartition := map[partition][]int{}
+	var order []partition
+	for _, i := range refused {
+		k := partition{recs[i].Topic, recs[i].Partition}
+		if _, ok := byPartition[k]; !ok {
+			order = append(order, k)
+		}
+		byPartition[k] = append(byPartition[k], i)
+	}
+	var wg sync.WaitGroup
+	for _, k := range order {
+		wg.Add(1)
+		go func(idx []int) {
+			defer wg.Done()
+			stopped := map[aggregate]uuid.UUID{}
+			for _, i := range idx {
+				agg := aggregate{msgs[i].AggregateType, msgs[i].AggregateID}
+				if before, ok := stopped[agg]; ok {
+					errs[i] = notProduced(msgs[i].ID, before)
+					continue
+				}
+				first := errs[i]
+				if ctx.Err() != nil {
+					// No time left to tell: not the event's failure.
+					errs[i] = outbox.Unavailable(fmt.Errorf("outboxkafka: event %s: its record batch was refused (%v) and there was no time left to produce it alone", msgs[i].ID, first))
+					stopped[agg] = msgs[i].ID
+					continue
+				}
+				r, err := p.record(&msgs[i]) // a fresh record: the failed one carries the partition's old state
+				if err == nil {
+					err = p.produceOne(ctx, msgs[i].ID, r)
+				}
+				errs[i] = err
+				if err != nil {
+					if recordRefusal(err) {
+						errs[i] = outbox.Permanent(fmt.Errorf("refused when produced alone: %w", err))
+					}
+					stopped[agg] = msgs[i].ID
+				}
+			}
+		}(byPartition[k])
+	}
+	wg.Wait()
+}
+
+// produceOne produces r alone and waits for its acknowledgement.
+func (p *Publisher) produceOne(ctx context.Context, id uuid.UUID, r *kgo.Record) error {
+	done := make(chan error, 1)
+	p.client.Produce(ctx, r, func(r *kgo.Record, err error) {
+		if err != nil {
+			err = classify(r.Topic, fmt.Errorf("outboxkafka: publish event %s to %s: %w", id, r.Topic, err))
+		}
+		done <- err
+	})
+	flushed := make(chan struct{})
+	go func() { defer close(flushed); _ = p.client.Flush(ctx) }()
+	defer func() { <-flushed }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		select {
+		case err := <-done:
+			return err
+		default:
+			return ctxError(ctx)
+		}
+	}
 }
 
 // record builds the record of msg, within MaxRecordBytes.
@@ -419,27 +589,44 @@ func ctxError(ctx context.Context) error {
 	return err
 }
 
-// classify marks a produce error as unavailable, permanent or neither.
-func classify(err error) error {
+// classify marks a produce error to topic as permanent, the topic's route
+// unavailable, unavailable, or neither.
+func classify(topic string, err error) error {
 	switch {
 	case permanent(err):
 		return outbox.Permanent(err)
+	case routeUnavailable(err):
+		return outbox.RouteUnavailable(topic, err)
 	case unavailable(err):
 		return outbox.Unavailable(err)
 	}
 	return err
 }
 
-func permanent(err error) bool {
-	for _, target := range []error{
-		kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidTopicException,
-		kerr.TopicAuthorizationFailed, kerr.InvalidRecord, kerr.CorruptMessage,
-	} {
+// recordRefusal reports whether the broker refused err's record batch for
+// a reason that concerns a record (or the batch's size), not the cluster
+// or the topic: the client fails every record buffered behind it with the
+// same error, so it may be another record's.
+func recordRefusal(err error) bool {
+	for _, target := range []error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord, kerr.CorruptMessage} {
 		if errors.Is(err, target) {
 			return true
 		}
 	}
 	return false
+}
+
+func permanent(err error) bool {
+	return recordRefusal(err) || errors.Is(err, kerr.InvalidTopicException)
+}
+
+// routeUnavailable: the topic as a whole is refused, whatever the message:
+// it does not exist (the publisher does not create topics), or the relay
+// may not write to it. Create the topic or grant the ACL and every event
+// held for it goes out.
+func routeUnavailable(err error) bool {
+	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID) ||
+		errors.Is(err, kerr.TopicAuthorizationFailed)
 }
 
 func unavailable(err error) bool {
@@ -449,6 +636,7 @@ func unavailable(err error) bool {
 		kerr.NotLeaderForPartition, kerr.BrokerNotAvailable, kerr.RequestTimedOut,
 		kerr.NetworkException, kerr.KafkaStorageError,
 		kerr.SaslAuthenticationFailed, kerr.UnsupportedSaslMechanism, kerr.IllegalSaslState,
+		kerr.ClusterAuthorizationFailed,
 	} {
 		if errors.Is(err, target) {
 			return true

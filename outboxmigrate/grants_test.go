@@ -141,8 +141,12 @@ func TestGrantsLeastPrivilege(t *testing.T) {
 
 	// Relay: publishes to a real stream, with clean-up and a fast lane
 	// sweep, and logs no failure; no audit log, no business table.
-	js := natstest.JetStream(t, natstest.Conn(t))
+	// A server that fsyncs every write, seen through its monitoring
+	// endpoint: the relay's durability check has nothing to warn about.
+	nats := natstest.Embedded(t)
+	js := natstest.JetStream(t, natstest.Connect(t, nats.ClientURL()))
 	natsCfg := natstest.Config(t)
+	natsCfg.MonitorURL = nats.MonitorURL()
 	pub := natstest.Publisher(t, js, natsCfg)
 	warned := &warnings{}
 	relay, err := outbox.NewRelay(relayDB, outbox.RelayConfig{

@@ -95,9 +95,23 @@
 //
 // [Decode] turns a delivered message back into an outbox.Message.
 //
+// # Durability
+//
+// A PubAck means the stream stored the message, not that it is on disk: a
+// server fsyncs its file streams every sync_interval (two minutes by
+// default). [Publisher.CheckDurability] (outbox.DurabilityChecker, called by
+// the relay at start) reports whether an acknowledged message survives the
+// loss of the server: a file stream with two or more replicas, or one
+// replica on a server that fsyncs every write (sync_interval: always), which
+// it can only see through the server's monitoring endpoint
+// (Config.MonitorURL, monitor_url in the URL). See docs/destinations.md,
+// "What an acknowledgement is worth".
+//
 // # Embedded server
 //
 // [StartEmbedded] runs a NATS server with JetStream inside the process (for
-// tests, demos and single-binary setups); the internal natstest package
-// wraps it and the real server for tests.
+// tests, demos and single-binary setups), fsyncing every write before
+// acknowledging it and serving HTTP monitoring on a free port
+// ([Embedded.MonitorURL]); [StartEmbeddedWith] takes other settings. The
+// internal natstest package wraps it and the real server for tests.
 package outboxnats

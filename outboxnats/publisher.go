@@ -55,6 +55,12 @@ type Config struct {
 	// ca_file, cert_file and key_file, and ConnectOptions turns them into
 	// options for nats.Connect.
 	CAFile, CertFile, KeyFile string
+	// MonitorURL is the server's HTTP monitoring endpoint (its http_port,
+	// such as http://nats-1:8222), read only by CheckDurability: the
+	// server's /varz says whether it fsyncs every write before
+	// acknowledging it (sync_interval: always), which a client connection
+	// cannot learn. Optional; ParseURL sets it from monitor_url.
+	MonitorURL string
 }
 
 // ConnectOptions returns the nats.Connect options for c's TLS files: none

@@ -6,19 +6,22 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/internal/urlopt"
 )
 
 // ParseURL splits a destination URL into the NATS server URL to connect to
 // and the Config its query describes:
 //
-//	nats://host:4222?stream=OUTBOX&subject_prefix=outbox&source=/shop&duplicate_window=2m&ack_timeout=10s&max_pending=1024
+//	nats://host:4222?stream=OUTBOX&subject_prefix=outbox&source=/shop&duplicate_window=2m&ack_timeout=10s&max_pending=1024&monitor_url=http://host:8222
 //
 // The scheme is nats or tls (TLS to the server); user and password, or a
 // token, in the URL are passed to the NATS client as they are, and errors
 // never repeat the password. ca_file, cert_file and key_file (PEM) set the
 // TLS files (Config.ConnectOptions), imply TLS, and are read and checked
-// here. The host part may list several servers,
+// here. monitor_url is the server's HTTP monitoring endpoint
+// (http://host:8222), where CheckDurability reads the server's sync
+// setting. The host part may list several servers,
 // separated by commas. Every query parameter is optional and sets the
 // Config field of its name, with the same defaults; unknown parameters are
 // refused. The server URL returned has no query.
@@ -71,8 +74,11 @@ func ParseURL(raw string) (server string, cfg Config, err error) {
 			cfg.CertFile = v
 		case "key_file":
 			cfg.KeyFile = v
+		case "monitor_url":
+			err = validateMonitorURL(v)
+			cfg.MonitorURL = v
 		default:
-			err = errors.New("unknown parameter (known: stream, subject_prefix, source, duplicate_window, ack_timeout, max_pending, ca_file, cert_file, key_file)")
+			err = errors.New("unknown parameter (known: stream, subject_prefix, source, duplicate_window, ack_timeout, max_pending, ca_file, cert_file, key_file, monitor_url)")
 		}
 		if err != nil {
 			return "", Config{}, fmt.Errorf("outboxnats: destination %s: %s=%q: %w", shown, k, v, err)
@@ -85,20 +91,22 @@ func ParseURL(raw string) (server string, cfg Config, err error) {
 	return server, cfg, nil
 }
 
-// Redact returns a NATS URL (or comma-separated list) with any password or
-// token in it replaced by "xxxxx", for logs and errors.
-func Redact(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return raw
+// Redact returns a NATS URL (or comma-separated list of servers, each
+// with its own user part or scheme) with every password or token in it
+// replaced by "xxxxx", for logs and errors.
+func Redact(raw string) string { return redact.URL(raw) }
+
+// validateMonitorURL accepts an http or https URL with a host and no query.
+func validateMonitorURL(v string) error {
+	u, err := url.Parse(v)
+	if err != nil {
+		return errors.New("not a URL")
 	}
-	at := strings.LastIndex(rest, "@")
-	if at < 0 {
-		return raw
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return errors.New("want the server's monitoring endpoint, http://host:port or https://host:port")
 	}
-	user, _, hasPass := strings.Cut(rest[:at], ":")
-	if !hasPass {
-		return scheme + "://xxxxx" + rest[at:] // a token
+	if u.User != nil {
+		return errors.New("NATS monitoring takes no credentials: remove the user from the URL")
 	}
-	return scheme + "://" + user + ":xxxxx" + rest[at:]
+	return nil
 }

@@ -22,6 +22,12 @@
 //	outbox_db_statement_seconds{statement}   histogram: the relay's statements (claim, mark_published, ...)
 //	outbox_cleanup_deleted_total{table}      rows deleted by clean-up (outbox_events, processed_events)
 //	outbox_relay_up                          1 while the relay's last claim succeeded, 0 after a failed one
+//	outbox_destination_unavailable           1 while the relay finds the destination unavailable as a whole, else 0
+//	outbox_destination_refused_routes        routes the destination refuses (a missing binding or topic) whose events the relay holds
+//	outbox_destination_ack_durable{destination,reason}
+//	                                         1 when the destination's acknowledgement is durable, 0 when not,
+//	                                         as the relay's start-up check saw it (outbox.DurabilityChecker);
+//	                                         reason says why (docs/destinations.md); absent when not checked
 //	inbox_processed_total{consumer}          deliveries applied
 //	inbox_duplicates_total{consumer}         deliveries dropped as duplicates
 //	inbox_early_total{consumer}              deliveries refused because an earlier event is missing
@@ -116,12 +122,14 @@ type Metrics struct {
 	cleanupDeleted                                                   *prometheus.CounterVec
 	attempts, ackLatency, commitToPublish                            prometheus.Histogram
 	statements                                                       *prometheus.HistogramVec
-	relayUp                                                          prometheus.Gauge
+	relayUp, destUnavailable, refusedRoutes                          prometheus.Gauge
+	ackDurable                                                       *prometheus.GaugeVec
 	inboxProcessed, inboxDuplicates, inboxEarly, inboxErrors         *prometheus.CounterVec
 	inboxSeconds                                                     *prometheus.HistogramVec
 
 	relayMu sync.Mutex
-	relayOn bool // outbox_relay_up is exported once a relay reported
+	relayOn bool // outbox_relay_up and the destination gauges are exported once a relay reported
+	ackOn   bool // outbox_destination_ack_durable is exported once a relay checked
 
 	pendingDesc, oldestDesc, quarantinedDesc, leasedDesc, expiredDesc, relaysDesc, tableBytesDesc *prometheus.Desc
 	inboxWaitingDesc, inboxOldestWaitDesc                                                         *prometheus.Desc
@@ -204,6 +212,13 @@ func New(cfg Config) (*Metrics, error) {
 			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}, []string{"statement"}),
 		relayUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_up", ConstLabels: labels,
 			Help: "1 while the relay's last claim reached the database, 0 after a failed one."}),
+		destUnavailable: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_destination_unavailable", ConstLabels: labels,
+			Help: "1 while the relay finds the destination unavailable as a whole (two looks in a row), else 0."}),
+		refusedRoutes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_destination_refused_routes", ConstLabels: labels,
+			Help: "Routes (routing keys, topics) the destination refuses whose events the relay holds back."}),
+		ackDurable: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_destination_ack_durable", ConstLabels: labels,
+			Help: "1 when the destination's acknowledgement survives the loss of the server that gave it, 0 when an event marked published can be lost with the broker (checked at relay start; reason says why)."},
+			[]string{"destination", "reason"}),
 		inboxProcessed:  counterVec("inbox_processed_total", "Deliveries applied by the consumer's inbox.", "consumer"),
 		inboxDuplicates: counterVec("inbox_duplicates_total", "Deliveries dropped by the inbox as duplicates.", "consumer"),
 		inboxEarly:      counterVec("inbox_early_total", "Deliveries refused by the inbox because an earlier event of the aggregate is missing.", "consumer"),
@@ -248,6 +263,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 		c.Describe(ch)
 	}
 	m.relayUp.Describe(ch)
+	m.destUnavailable.Describe(ch)
+	m.refusedRoutes.Describe(ch)
+	m.ackDurable.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.pendingDesc, m.oldestDesc, m.quarantinedDesc, m.leasedDesc, m.expiredDesc, m.relaysDesc, m.tableBytesDesc,
 		m.inboxWaitingDesc, m.inboxOldestWaitDesc, m.se.attemptsDesc, m.se.oldestDesc} {
 		ch <- d
@@ -268,6 +286,11 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.relayMu.Lock()
 	if m.relayOn {
 		m.relayUp.Collect(ch)
+		m.destUnavailable.Collect(ch)
+		m.refusedRoutes.Collect(ch)
+	}
+	if m.ackOn {
+		m.ackDurable.Collect(ch)
 	}
 	m.relayMu.Unlock()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -358,6 +381,39 @@ func (m *Metrics) ObserveClaim(o outbox.ClaimObservation) {
 	m.relayUp.Set(1)
 	m.claimed.Add(float64(o.Events))
 	m.expired.Add(float64(o.TakenOver))
+}
+
+// ObserveDestination implements outbox.DestinationObserver.
+func (m *Metrics) ObserveDestination(o outbox.DestinationObservation) {
+	m.relayMu.Lock()
+	m.relayOn = true
+	m.relayMu.Unlock()
+	v := 0.0
+	if o.Unavailable {
+		v = 1
+	}
+	m.destUnavailable.Set(v)
+	m.refusedRoutes.Set(float64(o.RefusedRoutes))
+}
+
+var _ outbox.DurabilityObserver = (*Metrics)(nil)
+
+// ObserveAckDurability implements outbox.DurabilityObserver: the relay's
+// start-up check sets outbox_destination_ack_durable (one series, the last
+// check's); a publisher that cannot be checked leaves it out.
+func (m *Metrics) ObserveAckDurability(a outbox.AckDurability) {
+	m.relayMu.Lock()
+	defer m.relayMu.Unlock()
+	if !a.Checked {
+		return
+	}
+	m.ackDurable.Reset()
+	v := 0.0
+	if a.Durable {
+		v = 1
+	}
+	m.ackDurable.WithLabelValues(a.Destination, a.Reason).Set(v)
+	m.ackOn = true
 }
 
 // ObservePublish implements outbox.PublishObserver.

@@ -33,10 +33,13 @@ func httpServer(t *testing.T, h http.HandlerFunc) *httptest.Server {
 	return srv
 }
 
-// TestClassifyStatus: 2xx is success; 429, 502, 503 and 504 are
-// unavailable (the endpoint as a whole), 408, 425 and other 5xx plain,
-// retryable errors, all carrying Retry-After (also as outbox.RetryDelay, for
-// the relay); other 4xx are permanent.
+// TestClassifyStatus: 2xx is success; an answer about the endpoint rather
+// than the event is unavailable (429 throttled, 502/503/504 down, 401/403
+// not authorized, 404/405/410 not there): it must never quarantine events;
+// 408, 425 and other 5xx are plain, retryable errors, all carrying
+// Retry-After (also as outbox.RetryDelay, for the relay; a 429 without one
+// asks for a second); the other 4xx (the endpoint refused this event) are
+// permanent.
 func TestClassifyStatus(t *testing.T) {
 	t.Parallel()
 	secret := newSecret(t)
@@ -51,10 +54,11 @@ func TestClassifyStatus(t *testing.T) {
 		{500, "7", "retry", 7 * time.Second},
 		{503, "", "unavailable", 0}, {504, "3", "unavailable", 3 * time.Second},
 		{502, "", "unavailable", 0}, {501, "", "retry", 0},
-		{429, date, "unavailable", 90 * time.Second},
+		{429, date, "unavailable", 90 * time.Second}, {429, "", "unavailable", 0},
 		{408, "", "retry", 0}, {425, "1", "retry", time.Second},
-		{400, "", "permanent", 0}, {401, "", "permanent", 0}, {403, "", "permanent", 0},
-		{404, "", "permanent", 0}, {410, "", "permanent", 0}, {413, "", "permanent", 0}, {422, "", "permanent", 0},
+		{401, "", "unavailable", 0}, {403, "", "unavailable", 0}, {404, "", "unavailable", 0},
+		{405, "", "unavailable", 0}, {410, "", "unavailable", 0},
+		{400, "", "permanent", 0}, {413, "", "permanent", 0}, {415, "", "permanent", 0}, {422, "", "permanent", 0},
 	} {
 		srv := httpServer(t, func(w http.ResponseWriter, r *http.Request) {
 			if tc.retryAfter != "" {
@@ -95,14 +99,19 @@ func TestClassifyStatus(t *testing.T) {
 		if ok != (tc.retryAfter != "") || d < tc.delay-3*time.Second || d > tc.delay {
 			t.Errorf("%d: RetryAfter = %s, %v; want about %s", tc.code, d, ok, tc.delay)
 		}
-		if rd, ok := outbox.RetryDelay(err); ok != (tc.retryAfter != "") || rd != d {
-			t.Errorf("%d: outbox.RetryDelay = %s, %v; want %s, %v", tc.code, rd, ok, d, tc.retryAfter != "")
+		wantDelay, wantOK := d, tc.retryAfter != ""
+		if tc.code == http.StatusTooManyRequests && tc.retryAfter == "" {
+			wantDelay, wantOK = time.Second, true
+		}
+		if rd, ok := outbox.RetryDelay(err); ok != wantOK || rd != wantDelay {
+			t.Errorf("%d: outbox.RetryDelay = %s, %v; want %s, %v", tc.code, rd, ok, wantDelay, wantOK)
 		}
 	}
 }
 
-// TestRedirectNotFollowed: a 302 is a permanent error that says so, and the
-// target is never requested.
+// TestRedirectNotFollowed: a 302 is an error that says so, unavailable (the
+// endpoint moved, for every event: no event is to blame), and the target is
+// never requested.
 func TestRedirectNotFollowed(t *testing.T) {
 	t.Parallel()
 	var followed atomic.Int32
@@ -112,11 +121,11 @@ func TestRedirectNotFollowed(t *testing.T) {
 	})
 	p := publisher(t, outboxwebhook.Config{URL: srv.URL, Secrets: []string{newSecret(t)}})
 	err := publishOne(t, p, message("o-1", 1))
-	if !outbox.IsPermanent(err) || !strings.Contains(err.Error(), "not followed") || !strings.Contains(err.Error(), target.URL+"/elsewhere") {
-		t.Fatalf("error %v, want a permanent redirect error naming the target", err)
+	if !outbox.IsUnavailable(err) || outbox.IsPermanent(err) || !strings.Contains(err.Error(), "not followed") || !strings.Contains(err.Error(), target.URL+"/xxxxx") {
+		t.Fatalf("error %v, want an unavailable redirect error naming the target, its path hidden", err)
 	}
-	if strings.Contains(err.Error(), "t0ps3cret") {
-		t.Fatalf("error repeats the redirect's query: %v", err)
+	if strings.Contains(err.Error(), "t0ps3cret") || strings.Contains(err.Error(), "elsewhere") {
+		t.Fatalf("error repeats the redirect's path or query: %v", err)
 	}
 	if n := followed.Load(); n != 0 {
 		t.Fatalf("the redirect target got %d requests", n)

@@ -19,7 +19,9 @@ import (
 
 // Header names: the CloudEvents 1.0 attributes in the HTTP binding's binary
 // content mode (ce- prefix), with the outbox extensions named as outboxnats
-// and outboxkafka name them, and the Standard Webhooks headers.
+// and outboxkafka name them, and the Standard Webhooks headers. In
+// structured mode the attributes have the same names without the prefix,
+// as members of the JSON body.
 const (
 	HeaderSpecVersion   = "ce-specversion"
 	HeaderID            = "ce-id"
@@ -145,16 +147,42 @@ func encodeHeader(h http.Header, msg *outbox.Message, source string) error {
 }
 
 // Decode turns a request's header and body back into the outbox.Message
-// that was published: ID, AggregateType, AggregateID, Sequence, Type,
-// SchemaVersion, ContentType (ContentType when the header is absent),
-// SkippedFrom, ReplayID, Payload (body itself, not a copy), Headers (those
-// named in ce-outboxheaders, spelled as published; nil when there are none)
-// and OccurredAt (UTC, to the nanosecond). Attempt is left zero. Header names
-// are matched case-insensitively, as HTTP requires; every other header
-// (webhook-*, user-agent, ...) is ignored. It returns an error, never panics,
-// when a required ce- header is missing, repeated or malformed. Decode does
-// not verify the signature: [Verify] or a [Receiver] does.
+// that was published, in either content mode (by the Content-Type:
+// application/cloudevents+json is structured mode, anything else binary):
+// ID, AggregateType, AggregateID, Sequence, Type, SchemaVersion,
+// ContentType (ContentType when absent), SkippedFrom, ReplayID, Payload
+// (byte for byte as published), Headers (as published; nil when there are
+// none) and OccurredAt (UTC, to the nanosecond). Attempt is left zero.
+//
+// In binary mode the attributes are the ce- headers (names matched
+// case-insensitively, as HTTP requires), the payload is body itself (not a
+// copy), and the headers are those named in ce-outboxheaders. In structured
+// mode everything comes from the body; ce- headers and the event headers'
+// HTTP copies are ignored. When the request has a webhook-id header, it
+// must be the DeliveryID of the decoded event, or Decode fails with an
+// error wrapping ErrIDMismatch. It returns an error, never panics, when a
+// required attribute is missing, repeated or malformed. Decode does not
+// verify the signatures: [Verify] or a [Receiver] does.
 func Decode(header http.Header, body []byte) (outbox.Message, error) {
+	var m outbox.Message
+	var err error
+	if isStructured(header) {
+		m, err = decodeStructured(body)
+	} else {
+		m, err = decodeBinary(header, body)
+	}
+	if err != nil {
+		return outbox.Message{}, err
+	}
+	if ids := header.Values(HeaderWebhookID); len(ids) > 0 && (len(ids) > 1 || ids[0] != DeliveryID(&m)) {
+		return outbox.Message{}, fmt.Errorf("outboxwebhook: webhook-id %q, event %s: %w", strings.Join(ids, ", "), DeliveryID(&m), ErrIDMismatch)
+	}
+	return m, nil
+}
+
+// decodeBinary decodes a binary-mode request: attributes in ce- headers,
+// the payload as the body.
+func decodeBinary(header http.Header, body []byte) (outbox.Message, error) {
 	// one returns the value of a header that may appear once at most.
 	one := func(key string) (string, bool, error) {
 		switch vs := header.Values(key); len(vs) {

@@ -1,7 +1,6 @@
 package outboxwebhook
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/internal/tlsfiles"
 )
 
@@ -48,6 +48,10 @@ type Config struct {
 	// Source is the CloudEvents "source" attribute. Defaults to
 	// SourceDefault.
 	Source string
+	// Mode is how requests carry events: Structured (the default: one
+	// signed JSON object) or Binary (payload as the body, attributes in
+	// ce- headers signed by webhook-outbox-signature).
+	Mode Mode
 	// Timeout bounds one request, from connecting to reading the response.
 	// Defaults to TimeoutDefault.
 	Timeout time.Duration
@@ -74,6 +78,9 @@ func (c Config) withDefaults() Config {
 	if c.Source == "" {
 		c.Source = SourceDefault
 	}
+	if c.Mode == "" {
+		c.Mode = Structured
+	}
 	if c.Timeout <= 0 {
 		c.Timeout = TimeoutDefault
 	}
@@ -89,25 +96,21 @@ func (c Config) withDefaults() Config {
 // String describes the configuration without the secrets and without the
 // endpoint's query (which may hold a token).
 func (c Config) String() string {
-	return fmt.Sprintf("outboxwebhook.Config{URL: %s, Secrets: %d, Source: %q, Timeout: %s, Concurrency: %d, MaxResponseBytes: %d, CAFile: %q, CertFile: %q, KeyFile: %q}",
-		redactURL(c.URL), len(c.Secrets), c.Source, c.Timeout, c.Concurrency, c.MaxResponseBytes, c.CAFile, c.CertFile, c.KeyFile)
+	return fmt.Sprintf("outboxwebhook.Config{URL: %s, Secrets: %d, Source: %q, Mode: %q, Timeout: %s, Concurrency: %d, MaxResponseBytes: %d, CAFile: %q, CertFile: %q, KeyFile: %q}",
+		redactURL(c.URL), len(c.Secrets), c.Source, c.Mode, c.Timeout, c.Concurrency, c.MaxResponseBytes, c.CAFile, c.CertFile, c.KeyFile)
 }
 
 // GoString is String, so that %#v does not print the secrets either.
 func (c Config) GoString() string { return c.String() }
 
-// redactURL returns scheme://host/path of raw: no credentials, query or
-// fragment.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return "(invalid URL)"
-	}
-	return u.Scheme + "://" + u.Host + u.EscapedPath()
-}
+// redactURL returns raw as redact.Webhook shows it: scheme://host and, for
+// a path, /xxxxx (Slack- and Discord-style URLs put their token in the
+// path); no credentials, query or fragment.
+func redactURL(raw string) string { return redact.Webhook(raw) }
 
-// Publisher POSTs outbox messages to one HTTP endpoint as CloudEvents in
-// binary mode, signed as Standard Webhooks (see the package documentation).
+// Publisher POSTs outbox messages to one HTTP endpoint as CloudEvents, in
+// structured mode unless Config.Mode says binary, signed as Standard
+// Webhooks (see the package documentation).
 // It implements outbox.Publisher and outbox.Prober and is safe for
 // concurrent use.
 type Publisher struct {
@@ -139,6 +142,9 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	}
 	if u.Fragment != "" {
 		return nil, fmt.Errorf("outboxwebhook: URL %s: unexpected fragment", shown)
+	}
+	if cfg.Mode, err = parseMode(string(cfg.Mode)); err != nil {
+		return nil, fmt.Errorf("outboxwebhook: Config.Mode: %w", err)
 	}
 	if len(cfg.Secrets) == 0 {
 		cfg.Secrets = SecretsFromEnv()
@@ -248,41 +254,51 @@ func (p *Publisher) post(parent context.Context, msg *outbox.Message) error {
 		return nil // accepted, even if the body could not be read whole
 	}
 	se := &StatusError{StatusCode: resp.StatusCode, Status: resp.Status, URL: p.shown, EventID: msg.ID.String(), Body: quote(body, readErr)}
-	switch code := resp.StatusCode; {
-	case code >= 300 && code < 400:
-		se.Location = redactURL(resp.Header.Get("Location"))
-		return outbox.Permanent(se)
-	case code == http.StatusTooManyRequests, code == http.StatusBadGateway, code == http.StatusServiceUnavailable, code == http.StatusGatewayTimeout:
-		// Rate limited, or the service behind the URL is down: the endpoint
-		// as a whole, not this event. Retried without spending an attempt.
-		return withRetryAfter(se, resp, p.now(), outbox.Unavailable)
-	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code >= 500:
-		return withRetryAfter(se, resp, p.now(), func(err error) error { return err })
-	case code >= 400:
-		return outbox.Permanent(se)
-	}
-	return se // 1xx or beyond 599: retryable
+	return classifyStatus(se, resp, p.now())
 }
 
-// request builds the signed POST of msg.
-func (p *Publisher) request(ctx context.Context, msg *outbox.Message) (*http.Request, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url.String(), bytes.NewReader(msg.Payload))
-	if err != nil {
-		return nil, outbox.Permanent(fmt.Errorf("outboxwebhook: event %s: %w", msg.ID, err))
+// throttleDefault is the pause a 429 without Retry-After asks for.
+const throttleDefault = time.Second
+
+// classifyStatus marks a non-2xx answer by whether it depends on the event
+// (see the package documentation, and docs/destinations.md). Every event
+// goes to the same URL, so an answer about the URL (moved, not there, not
+// authorized, throttled, down) is the endpoint's, not the event's: it is
+// unavailable, spends no attempt, and never quarantines. The relay still
+// counts it against an event that alone gets it while others are accepted,
+// claim after claim (a receiver that answers 404 or 403 about that event).
+func classifyStatus(se *StatusError, resp *http.Response, now time.Time) error {
+	unavailable := outbox.Unavailable
+	retryable := func(err error) error { return err }
+	switch code := resp.StatusCode; {
+	case code >= 300 && code < 400:
+		// The endpoint moved: every event would follow; none is wrong.
+		se.Location = redactURL(resp.Header.Get("Location"))
+		return outbox.Unavailable(se)
+	case code == http.StatusTooManyRequests:
+		// Throttled: the endpoint asks the client, not this event, to slow
+		// down. Without a Retry-After, a second.
+		err := withRetryAfter(se, resp, now, unavailable)
+		if !se.HasRetryAfter {
+			err = outbox.Unavailable(outbox.RetryAfter(se, throttleDefault))
+		}
+		return err
+	case code == http.StatusBadGateway, code == http.StatusServiceUnavailable, code == http.StatusGatewayTimeout:
+		// The service behind the URL is down: the endpoint as a whole, not
+		// this event. Retried without spending an attempt.
+		return withRetryAfter(se, resp, now, unavailable)
+	case code == http.StatusUnauthorized, code == http.StatusForbidden, code == http.StatusNotFound,
+		code == http.StatusMethodNotAllowed, code == http.StatusGone:
+		// Not authorized (a secret the receiver does not know), no such
+		// endpoint (a wrong path, a receiver not deployed): fixed by
+		// configuration, not by changing the event.
+		return withRetryAfter(se, resp, now, unavailable)
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code >= 500:
+		return withRetryAfter(se, resp, now, retryable)
+	case code >= 400:
+		return outbox.Permanent(se) // the endpoint refused this event: 400, 413, 415, 422, ...
 	}
-	if err := encodeHeader(req.Header, msg, p.cfg.Source); err != nil {
-		return nil, fmt.Errorf("outboxwebhook: %w", err)
-	}
-	id := DeliveryID(msg)
-	ts := p.now().Unix()
-	req.Header.Set(HeaderWebhookID, id)
-	req.Header.Set(HeaderWebhookTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(HeaderWebhookSignature, signAll(p.keys, id, ts, msg.Payload))
-	// An Idempotency-Key also lets net/http resend the POST on a reused
-	// connection that the server had closed before reading it.
-	req.Header.Set(HeaderIdempotencyKey, id)
-	req.Header.Set("User-Agent", userAgent)
-	return req, nil
+	return se // 1xx or beyond 599: retryable
 }
 
 // transportError classifies a request that got no response: no connection
@@ -328,10 +344,13 @@ func quote(body []byte, readErr error) string {
 
 // StatusError is the error of a request the endpoint answered with a
 // status other than 2xx. Publish returns it marked outbox.Unavailable for
-// 429, 502, 503 and 504 (the endpoint as a whole is throttling or down), as
-// it is (retryable) for 408, 425 and other 5xx, and marked
-// outbox.Permanent otherwise (3xx, other 4xx); with outbox.RetryAfter when
-// the response had a Retry-After header. errors.As finds it either way.
+// answers about the endpoint rather than the event: 429 (throttled), 502,
+// 503 and 504 (down), 401, 403, 404, 405 and 410 (not authorized, not
+// there) and 3xx (moved; redirects are not followed); as it is (retryable)
+// for 408, 425 and other 5xx; and marked outbox.Permanent for the other 4xx
+// (the endpoint refused this event). It carries outbox.RetryAfter when the
+// response had a Retry-After header, and a 429 without one a second.
+// errors.As finds it either way.
 type StatusError struct {
 	// StatusCode and Status are the response's.
 	StatusCode int

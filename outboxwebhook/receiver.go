@@ -14,9 +14,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// MaxBodyBytesDefault is the largest request body a Receiver reads: the
-// writer's default payload limit.
-const MaxBodyBytesDefault = outbox.MaxPayloadBytesDefault
+// MaxBodyBytesDefault is the largest request body a Receiver reads: room
+// for a payload of the writer's default limit in structured mode, as
+// data_base64 (4/3 of its size), with its attributes and headers.
+const MaxBodyBytesDefault = outbox.MaxPayloadBytesDefault*4/3 + 64<<10
 
 // ReceiverOptions configure a Receiver; the zero value is the defaults.
 type ReceiverOptions struct {
@@ -30,6 +31,15 @@ type ReceiverOptions struct {
 	// Now is the clock the timestamp is checked against. Defaults to
 	// time.Now.
 	Now func() time.Time
+	// Remember is how many handled deliveries the Receiver remembers, so
+	// that a copy of a request it answered 2xx (the relay's retry after
+	// a lost answer, or a replay of a captured request) is answered 204
+	// again without calling handle. Each is remembered until its
+	// webhook-timestamp leaves the Tolerance, after which a copy is
+	// refused anyway; when the memory is full, the delivery remembered
+	// longest is forgotten first. Defaults to RememberDefault; negative
+	// turns the memory off.
+	Remember int
 	// TracerProvider receives a CONSUMER span per event handled, which
 	// continues the trace of the request's traceparent header (the relay's
 	// publish span) and covers the handle function, whose ctx carries it.
@@ -43,6 +53,7 @@ type ReceiverOptions struct {
 // that the publishing relay retries what was not handled.
 type Receiver struct {
 	v      verifier
+	seen   *seenSet // nil: no memory
 	max    int64
 	handle func(ctx context.Context, msg outbox.Message) error
 	tracer trace.Tracer // nil: tracing off
@@ -53,10 +64,15 @@ type Receiver struct {
 //  1. reads the body, at most opts.MaxBodyBytes (413 beyond, which the
 //     relay takes as permanent);
 //  2. verifies the Standard Webhooks signature against every secret
-//     (any match will do, so secrets rotate by listing old and new) and the
-//     timestamp against opts.Tolerance: 401 otherwise;
-//  3. decodes the message with Decode: 400 when it is not an outbox event;
-//  4. calls handle with the request's context (carrying a CONSUMER span
+//     (any match will do, so secrets rotate by listing old and new), the
+//     timestamp against opts.Tolerance and, in binary mode, the signature
+//     of the ce- headers (webhook-outbox-signature): 401 otherwise;
+//  3. decodes the message with Decode: 401 when the signed webhook-id is
+//     not the event's delivery id, 400 when it is not an outbox event;
+//  4. answers 204 at once, without calling handle, when it handled this
+//     delivery (webhook-id) already (see opts.Remember), and makes a copy
+//     that arrives while the first is being handled wait for its outcome;
+//  5. calls handle with the request's context (carrying a CONSUMER span
 //     that continues the message's trace, see opts.TracerProvider) and
 //     answers 204 when it
 //     returns nil, 422 when its error is marked outbox.Permanent (the relay
@@ -70,9 +86,12 @@ type Receiver struct {
 // that does not repeat it.
 //
 // handle may run for several events at once (of different aggregates; the
-// relay sends an aggregate's next event only after this one's 2xx). To
-// apply each event once, in order, handle it through an inbox (see the
-// package example).
+// relay sends an aggregate's next event only after this one's 2xx). The
+// memory of handled deliveries lives in this process: after a restart, or
+// on another instance behind the same URL, a copy of a request reaches
+// handle again. To apply each event once, in order, whatever the copies,
+// handle it through an inbox (see the package example), which deduplicates
+// by event id in the database.
 func NewReceiver(secrets []string, handle func(ctx context.Context, msg outbox.Message) error, opts ReceiverOptions) (*Receiver, error) {
 	keys, err := parseSecrets(secrets)
 	if err != nil {
@@ -93,8 +112,15 @@ func NewReceiver(secrets []string, handle func(ctx context.Context, msg outbox.M
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Receiver{v: verifier{keys: keys, tolerance: opts.Tolerance, now: opts.Now}, max: opts.MaxBodyBytes, handle: handle,
-		tracer: tracing.Tracer(opts.TracerProvider)}, nil
+	if opts.Remember == 0 {
+		opts.Remember = RememberDefault
+	}
+	rc := &Receiver{v: verifier{keys: keys, tolerance: opts.Tolerance, now: opts.Now}, max: opts.MaxBodyBytes, handle: handle,
+		tracer: tracing.Tracer(opts.TracerProvider)}
+	if opts.Remember > 0 {
+		rc.seen = newSeenSet(opts.Remember)
+	}
+	return rc, nil
 }
 
 // ServeHTTP implements http.Handler.
@@ -113,17 +139,44 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", rc.max))
 		return
 	}
-	if err := rc.v.verify(r.Header, body); err != nil {
+	sig, err := rc.v.verify(r.Header, body)
+	if err != nil {
 		fail(w, http.StatusUnauthorized, err.Error())
 		return
 	}
 	msg, err := Decode(r.Header, body)
 	if err != nil {
-		fail(w, http.StatusBadRequest, err.Error())
+		code := http.StatusBadRequest
+		if errors.Is(err, ErrIDMismatch) {
+			code = http.StatusUnauthorized
+		}
+		fail(w, code, err.Error())
 		return
 	}
-	ctx, span := rc.startSpan(r.Context(), &msg)
-	err = rc.handle(ctx, msg)
+	if rc.seen != nil {
+		expiry := sig.ts + int64(rc.v.tolerance/time.Second)
+		handled, err := rc.seen.begin(r.Context(), sig.id, rc.v.now().Unix(), expiry)
+		switch {
+		case err != nil:
+			fail(w, http.StatusServiceUnavailable, "the request ended while a copy of it was being handled")
+			return
+		case handled:
+			w.WriteHeader(http.StatusNoContent) // handled before: the same answer, no second effect
+			return
+		}
+		ok := false // stays false should handle panic
+		defer func() { rc.seen.end(sig.id, ok, expiry) }()
+		ok = rc.serve(w, r, &msg)
+		return
+	}
+	rc.serve(w, r, &msg)
+}
+
+// serve hands msg to handle and answers; it reports whether handle
+// accepted the event.
+func (rc *Receiver) serve(w http.ResponseWriter, r *http.Request, msg *outbox.Message) bool {
+	ctx, span := rc.startSpan(r.Context(), msg)
+	err := rc.handle(ctx, *msg)
 	endSpan(span, err)
 	if err != nil {
 		code := http.StatusInternalServerError
@@ -134,9 +187,10 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(max((d+time.Second-1)/time.Second, 1)), 10))
 		}
 		fail(w, code, err.Error())
-		return
+		return false
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return true
 }
 
 func fail(w http.ResponseWriter, code int, msg string) {

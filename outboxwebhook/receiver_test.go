@@ -7,17 +7,20 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/outboxwebhook"
 )
 
 // TestSignatureVector: the signature of the Standard Webhooks
-// specification's test vector.
+// specification's test vector, which Verify accepts for a structured-mode
+// request (all of it in the body); the same request in binary mode lacks
+// the signature of its attributes.
 func TestSignatureVector(t *testing.T) {
 	t.Parallel()
 	secret := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -30,6 +33,7 @@ func TestSignatureVector(t *testing.T) {
 		t.Fatalf("signature %q, want %q", sig, want)
 	}
 	h := http.Header{}
+	h.Set("content-type", "application/cloudevents+json; charset=utf-8")
 	h.Set("webhook-id", id)
 	h.Set("webhook-timestamp", "1614265330")
 	h.Set("webhook-signature", "v1a,bm90IGEgc2lnbmF0dXJl "+sig)
@@ -42,102 +46,148 @@ func TestSignatureVector(t *testing.T) {
 	if err := outboxwebhook.Verify([]string{secret}, h, []byte(`{"test": 2432232315}`), 0, ts); !errors.Is(err, outboxwebhook.ErrBadSignature) {
 		t.Fatalf("verify another body: %v, want ErrBadSignature", err)
 	}
+	h.Set("content-type", "application/json")
+	if err := outboxwebhook.Verify([]string{secret}, h, body, 0, ts); !errors.Is(err, outboxwebhook.ErrUnsignedAttributes) {
+		t.Fatalf("verify in binary mode without webhook-outbox-signature: %v, want ErrUnsignedAttributes", err)
+	}
+	h.Add("webhook-id", "msg_other")
+	if err := outboxwebhook.Verify([]string{secret}, h, body, 0, ts); !errors.Is(err, outboxwebhook.ErrNoSignature) {
+		t.Fatalf("verify with two webhook-ids: %v, want ErrNoSignature", err)
+	}
 }
 
-// signedRequest builds a request as a Publisher would, with a chosen
-// timestamp and body.
-func signedRequest(t *testing.T, url string, secrets []string, m outbox.Message, ts time.Time, body []byte) *http.Request {
+// signedRequest builds a request as a Publisher in mode would send m at
+// ts, changed by edit (nil: none) and signed again after the change.
+func signedRequest(t *testing.T, url string, secrets []string, mode outboxwebhook.Mode, m outbox.Message, ts time.Time, edit func(h http.Header, body []byte) []byte) *http.Request {
 	t.Helper()
-	var captured http.Header
-	cap := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { captured = r.Header.Clone() }))
-	defer cap.Close()
-	p := publisher(t, outboxwebhook.Config{URL: cap.URL, Secrets: secrets})
+	var c captured
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		c = captured{header: r.Header.Clone(), body: body}
+	}))
+	defer srv.Close()
+	p := publisher(t, outboxwebhook.Config{URL: srv.URL, Secrets: secrets, Mode: mode})
+	outboxwebhook.SetClock(p, func() time.Time { return ts })
 	if err := publishOne(t, p, m); err != nil {
 		t.Fatal(err)
 	}
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if edit != nil {
+		c.body = edit(c.header, c.body)
+		if err := outboxwebhook.SignRequest(secrets, c.header, ts, c.body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(c.body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header = captured
-	id := captured.Get("webhook-id")
-	sig, err := outboxwebhook.Sign(secrets, id, ts, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts.Unix(), 10))
-	req.Header.Set("webhook-signature", sig)
+	req.Header = c.header
 	return req
 }
 
-// TestReceiverRefuses: the receiver answers 401 for a tampered body, a
-// wrong secret or a timestamp out of tolerance, 413 for a body over the
-// limit, 400 for a request that is not an outbox event, 405 for other
+// TestReceiverRefuses: in either mode the receiver answers 401 for a
+// tampered body, a wrong secret, a timestamp out of tolerance, unsigned
+// attributes or a webhook-id that is not the event's, 413 for a body over
+// the limit, 400 for a request that is not an outbox event, 405 for other
 // methods, and passes handle's verdict on: 500 to retry, 422 for a
 // permanent error, 204 when handled.
 func TestReceiverRefuses(t *testing.T) {
 	t.Parallel()
-	secret := newSecret(t)
-	var handleErr error
-	handled := 0
-	rc, err := outboxwebhook.NewReceiver([]string{secret}, func(ctx context.Context, m outbox.Message) error {
-		handled++
-		return handleErr
-	}, outboxwebhook.ReceiverOptions{MaxBodyBytes: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(rc)
-	t.Cleanup(srv.Close)
-	m := message("o-1", 1)
-	now := time.Now()
-	do := func(req *http.Request) int {
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	good := func() *http.Request { return signedRequest(t, srv.URL, []string{secret}, m, now, m.Payload) }
-	if code := do(good()); code != http.StatusNoContent || handled != 1 {
-		t.Fatalf("a good request: %d (handled %d)", code, handled)
-	}
-	tampered := good()
-	tampered.Body = io.NopCloser(strings.NewReader(`{"n":2}`))
-	tampered.ContentLength = 7
-	wrong := signedRequest(t, srv.URL, []string{newSecret(t)}, m, now, m.Payload)
-	stale := signedRequest(t, srv.URL, []string{secret}, m, now.Add(-6*time.Minute), m.Payload)
-	future := signedRequest(t, srv.URL, []string{secret}, m, now.Add(6*time.Minute), m.Payload)
-	unsigned := good()
-	unsigned.Header.Del("webhook-signature")
-	big := bytes.Repeat([]byte("x"), 101)
-	tooBig := signedRequest(t, srv.URL, []string{secret}, m, now, big)
-	notEvent := good()
-	notEvent.Header.Del("ce-sequence")
-	get, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
-	for name, tc := range map[string]struct {
-		req  *http.Request
-		code int
-	}{
-		"tampered body": {tampered, 401}, "wrong secret": {wrong, 401}, "stale timestamp": {stale, 401},
-		"future timestamp": {future, 401}, "unsigned": {unsigned, 401}, "too big": {tooBig, 413},
-		"not an event": {notEvent, 400}, "GET": {get, 405},
-	} {
-		if code := do(tc.req); code != tc.code {
-			t.Errorf("%s: %d, want %d", name, code, tc.code)
-		}
-	}
-	if handled != 1 {
-		t.Fatalf("handle ran %d times, want once", handled)
-	}
-	handleErr = errors.New("database down")
-	if code := do(good()); code != http.StatusInternalServerError {
-		t.Errorf("handle failed: %d, want 500", code)
-	}
-	handleErr = outbox.Permanent(errors.New("cannot apply"))
-	if code := do(good()); code != http.StatusUnprocessableEntity {
-		t.Errorf("handle failed permanently: %d, want 422", code)
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			secret := newSecret(t)
+			var handleErr error
+			handled := 0
+			rc, err := outboxwebhook.NewReceiver([]string{secret}, func(ctx context.Context, m outbox.Message) error {
+				handled++
+				return handleErr
+			}, outboxwebhook.ReceiverOptions{MaxBodyBytes: 1000, Remember: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(rc)
+			t.Cleanup(srv.Close)
+			m := message("o-1", 1)
+			now := time.Now()
+			do := func(req *http.Request) int {
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			req := func(edit func(h http.Header, body []byte) []byte) *http.Request {
+				return signedRequest(t, srv.URL, []string{secret}, mode.mode, m, now, edit)
+			}
+			if code := do(req(nil)); code != http.StatusNoContent || handled != 1 {
+				t.Fatalf("a good request: %d (handled %d)", code, handled)
+			}
+			tampered := req(nil)
+			body, _ := io.ReadAll(tampered.Body)
+			body = bytes.Replace(body, []byte(`{"n":1}`), []byte(`{"n":2}`), 1)
+			tampered.Body, tampered.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+			unsigned := req(nil)
+			unsigned.Header.Del("webhook-signature")
+			big := m
+			big.Payload = []byte(`"` + strings.Repeat("x", 1000) + `"`)
+			notEvent := func(h http.Header, body []byte) []byte {
+				h.Del("ce-sequence")
+				return bytes.Replace(body, []byte(`"sequence"`), []byte(`"seq"`), 1)
+			}
+			otherID := func(h http.Header, body []byte) []byte {
+				h.Set("webhook-id", uuid.NewString())
+				return body
+			}
+			get, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+			cases := map[string]struct {
+				req  *http.Request
+				code int
+			}{
+				"tampered body": {tampered, 401}, "wrong secret": {signedRequest(t, srv.URL, []string{newSecret(t)}, mode.mode, m, now, nil), 401},
+				"stale timestamp":  {signedRequest(t, srv.URL, []string{secret}, mode.mode, m, now.Add(-6*time.Minute), nil), 401},
+				"future timestamp": {signedRequest(t, srv.URL, []string{secret}, mode.mode, m, now.Add(6*time.Minute), nil), 401},
+				"unsigned":         {unsigned, 401}, "too big": {signedRequest(t, srv.URL, []string{secret}, mode.mode, big, now, nil), 413},
+				"not an event": {req(notEvent), 400}, "another webhook-id": {req(otherID), 401}, "GET": {get, 405},
+			}
+			if mode.mode == outboxwebhook.Binary {
+				noAttrSig := req(nil)
+				noAttrSig.Header.Del("webhook-outbox-signature")
+				changed := req(nil)
+				changed.Header.Set("ce-type", "OrderCancelled")
+				added := req(nil)
+				added.Header.Set("ce-skippedfrom", "1")
+				cases["attributes unsigned"] = struct {
+					req  *http.Request
+					code int
+				}{noAttrSig, 401}
+				cases["an attribute changed"] = struct {
+					req  *http.Request
+					code int
+				}{changed, 401}
+				cases["an attribute added"] = struct {
+					req  *http.Request
+					code int
+				}{added, 401}
+			}
+			for name, tc := range cases {
+				if code := do(tc.req); code != tc.code {
+					t.Errorf("%s: %d, want %d", name, code, tc.code)
+				}
+			}
+			if handled != 1 {
+				t.Fatalf("handle ran %d times, want once", handled)
+			}
+			handleErr = errors.New("database down")
+			if code := do(req(nil)); code != http.StatusInternalServerError {
+				t.Errorf("handle failed: %d, want 500", code)
+			}
+			handleErr = outbox.Permanent(errors.New("cannot apply"))
+			if code := do(req(nil)); code != http.StatusUnprocessableEntity {
+				t.Errorf("handle failed permanently: %d, want 422", code)
+			}
+		})
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -88,32 +89,48 @@ func signAll(keys [][]byte, id string, ts int64, body []byte) string {
 // Verification errors, wrapped by the errors of Verify.
 var (
 	// ErrNoSignature: the webhook-id, webhook-timestamp or
-	// webhook-signature header is missing or malformed.
+	// webhook-signature header is missing, repeated or malformed.
 	ErrNoSignature = errors.New("missing or malformed webhook signature headers")
 	// ErrBadSignature: no v1 signature matches any of the secrets.
 	ErrBadSignature = errors.New("no signature matches")
 	// ErrTimestamp: webhook-timestamp is outside the tolerance.
 	ErrTimestamp = errors.New("webhook timestamp outside the tolerance")
+	// ErrUnsignedAttributes: a binary-mode request whose ce- headers are
+	// not signed (no webhook-outbox-signature, or none that matches). Its
+	// body may be genuine, but the attributes that say which event it is
+	// are not: it is refused.
+	ErrUnsignedAttributes = errors.New("the CloudEvents attributes (ce- headers) are not signed")
+	// ErrIDMismatch: the signed webhook-id is not the delivery id of the
+	// event the request carries (see DeliveryID).
+	ErrIDMismatch = errors.New("webhook-id does not match the event")
 )
 
 // ToleranceDefault is how far webhook-timestamp may be from the
 // receiver's clock, either way.
 const ToleranceDefault = 5 * time.Minute
 
-// verifier checks Standard Webhooks signatures.
+// verifier checks Standard Webhooks signatures, and in binary mode the
+// signature of the attributes.
 type verifier struct {
 	keys      [][]byte
 	tolerance time.Duration
 	now       func() time.Time
 }
 
-// Verify checks the Standard Webhooks signature of a request's header and
-// body: webhook-timestamp must be within tolerance of now (ToleranceDefault
-// when tolerance is zero) and one of the v1 signatures in
-// webhook-signature must match one of the secrets (compared in constant
-// time). It returns nil or an error wrapping ErrNoSignature, ErrTimestamp
-// or ErrBadSignature; a malformed secret is an error that does not repeat
-// it.
+// Verify checks the signatures of a request's header and body:
+// webhook-timestamp must be within tolerance of now (ToleranceDefault when
+// tolerance is zero) and one of the v1 signatures in webhook-signature
+// must match one of the secrets (compared in constant time). For a request
+// in binary mode (a Content-Type other than application/cloudevents+json),
+// whose attributes travel in ce- headers, one of the v1 signatures in
+// webhook-outbox-signature must match too: it covers the ce- headers,
+// Content-Type and the event's own headers (see the package
+// documentation). It returns nil or an error wrapping ErrNoSignature,
+// ErrTimestamp, ErrBadSignature or ErrUnsignedAttributes; a malformed
+// secret is an error that does not repeat it.
+//
+// Verify does not check that webhook-id names the event: Decode does
+// (ErrIDMismatch). Call both, as a Receiver does.
 func Verify(secrets []string, header http.Header, body []byte, tolerance time.Duration, now time.Time) error {
 	keys, err := parseSecrets(secrets)
 	if err != nil {
@@ -125,26 +142,66 @@ func Verify(secrets []string, header http.Header, body []byte, tolerance time.Du
 	if tolerance <= 0 {
 		tolerance = ToleranceDefault
 	}
-	return verifier{keys: keys, tolerance: tolerance, now: func() time.Time { return now }}.verify(header, body)
+	_, err = verifier{keys: keys, tolerance: tolerance, now: func() time.Time { return now }}.verify(header, body)
+	return err
 }
 
-func (v verifier) verify(header http.Header, body []byte) error {
-	id, tsText, sigs := header.Get(HeaderWebhookID), header.Get(HeaderWebhookTimestamp), header.Values(HeaderWebhookSignature)
-	if id == "" || tsText == "" || len(sigs) == 0 {
-		return fmt.Errorf("outboxwebhook: %w", ErrNoSignature)
+// single returns the value of a header that must appear exactly once.
+func single(header http.Header, key string) (string, bool) {
+	vs := header.Values(key)
+	if len(vs) != 1 || vs[0] == "" {
+		return "", false
+	}
+	return vs[0], true
+}
+
+// verify checks the request's signatures and returns its webhook-id and
+// webhook-timestamp.
+func (v verifier) verify(header http.Header, body []byte) (signed, error) {
+	id, okID := single(header, HeaderWebhookID)
+	tsText, okTS := single(header, HeaderWebhookTimestamp)
+	sigs := header.Values(HeaderWebhookSignature)
+	if !okID || !okTS || len(sigs) == 0 {
+		return signed{}, fmt.Errorf("outboxwebhook: %w", ErrNoSignature)
 	}
 	ts, err := strconv.ParseInt(tsText, 10, 64)
 	if err != nil {
-		return fmt.Errorf("outboxwebhook: webhook-timestamp %q: %w", tsText, ErrNoSignature)
+		return signed{}, fmt.Errorf("outboxwebhook: webhook-timestamp %q: %w", tsText, ErrNoSignature)
 	}
 	now := v.now().Unix()
 	tol := int64(v.tolerance / time.Second)
 	if ts < now-tol || ts > now+tol {
-		return fmt.Errorf("outboxwebhook: webhook-timestamp %d is %ds from now, over %s: %w", ts, now-ts, v.tolerance, ErrTimestamp)
+		return signed{}, fmt.Errorf("outboxwebhook: webhook-timestamp %d is %ds from now, over %s: %w", ts, now-ts, v.tolerance, ErrTimestamp)
 	}
+	if !v.match(sigs, func(k []byte) string { return signature(k, id, ts, body) }) {
+		return signed{}, fmt.Errorf("outboxwebhook: %w", ErrBadSignature)
+	}
+	if !isStructured(header) {
+		asigs := header.Values(HeaderOutboxSignature)
+		if len(asigs) == 0 {
+			return signed{}, fmt.Errorf("outboxwebhook: binary mode without %s: %w", HeaderOutboxSignature, ErrUnsignedAttributes)
+		}
+		canon := canonicalHeaders(header)
+		if !v.match(asigs, func(k []byte) string { return attributesSignature(k, id, ts, canon, body) }) {
+			return signed{}, fmt.Errorf("outboxwebhook: no %s matches: %w", HeaderOutboxSignature, ErrUnsignedAttributes)
+		}
+	}
+	return signed{id: id, ts: ts}, nil
+}
+
+// signed is what a verified request's signature vouches for besides its
+// content: its delivery id and timestamp.
+type signed struct {
+	id string
+	ts int64
+}
+
+// match reports whether one of the v1 signatures in the header lines sigs
+// is sign(k) for one of the keys, comparing in constant time.
+func (v verifier) match(sigs []string, sign func(k []byte) string) bool {
 	want := make([][]byte, len(v.keys))
 	for i, k := range v.keys {
-		want[i] = []byte(signature(k, id, ts, body))
+		want[i] = []byte(sign(k))
 	}
 	for _, line := range sigs {
 		for _, sig := range strings.Fields(line) {
@@ -153,10 +210,79 @@ func (v verifier) verify(header http.Header, body []byte) error {
 			}
 			for _, w := range want {
 				if hmac.Equal([]byte(sig), w) {
-					return nil
+					return true
 				}
 			}
 		}
 	}
-	return fmt.Errorf("outboxwebhook: %w", ErrBadSignature)
+	return false
+}
+
+// attributesSignature returns "v1,<base64 HMAC-SHA256(key,
+// id.timestamp.canon + "\n" + body)>", the webhook-outbox-signature of a
+// binary-mode request whose canonical headers are canon.
+func attributesSignature(key []byte, id string, ts int64, canon string, body []byte) string {
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(id))
+	mac.Write([]byte{'.'})
+	mac.Write(strconv.AppendInt(nil, ts, 10))
+	mac.Write([]byte{'.'})
+	mac.Write([]byte(canon))
+	mac.Write([]byte{'\n'})
+	mac.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
+
+func signAttributesAll(keys [][]byte, id string, ts int64, canon string, body []byte) string {
+	sigs := make([]string, len(keys))
+	for i, k := range keys {
+		sigs[i] = attributesSignature(k, id, ts, canon, body)
+	}
+	return strings.Join(sigs, " ")
+}
+
+// canonicalHeaders is the text webhook-outbox-signature signs of a
+// binary-mode request's header: one line "name:value\n" per value, for
+// every header whose name starts with "ce-", for Content-Type, and for
+// every header named in ce-outboxheaders; names in lower case, sorted
+// bytewise, each name's values in the order the request carries them,
+// values exactly as carried (percent-encoding included). A name listed
+// twice, or in several spellings, is one name.
+func canonicalHeaders(header http.Header) string {
+	wanted := map[string]bool{}
+	for _, line := range header.Values(HeaderHeaderNames) {
+		for _, n := range strings.Split(line, ",") {
+			if n != "" {
+				wanted[strings.ToLower(n)] = true
+			}
+		}
+	}
+	// The keys of each lower-case name: one, the canonical one, in a
+	// request a server parsed; sorted, should a hand-built one hold more.
+	keys := map[string][]string{}
+	for k := range header {
+		lk := strings.ToLower(k)
+		if strings.HasPrefix(lk, "ce-") || lk == HeaderContentType || wanted[lk] {
+			keys[lk] = append(keys[lk], k)
+		}
+	}
+	names := make([]string, 0, len(keys))
+	for n := range keys {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, n := range names {
+		ks := keys[n]
+		sort.Strings(ks)
+		for _, k := range ks {
+			for _, v := range header[k] {
+				b.WriteString(n)
+				b.WriteByte(':')
+				b.WriteString(v)
+				b.WriteByte('\n')
+			}
+		}
+	}
+	return b.String()
 }

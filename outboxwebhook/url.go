@@ -15,11 +15,12 @@ const OptionPrefix = "outbox_"
 
 // ParseURL returns the Config a destination URL describes:
 //
-//	https://hooks.example.com/outbox?key=abc&outbox_source=/shop&outbox_timeout=5s&outbox_concurrency=16&outbox_max_response_bytes=65536&outbox_ca_file=/etc/ca.pem&outbox_cert_file=/etc/client.pem&outbox_key_file=/etc/client.key
+//	https://hooks.example.com/outbox?key=abc&outbox_source=/shop&outbox_mode=binary&outbox_timeout=5s&outbox_concurrency=16&outbox_max_response_bytes=65536&outbox_ca_file=/etc/ca.pem&outbox_cert_file=/etc/client.pem&outbox_key_file=/etc/client.key
 //
 // The URL is the endpoint, http:// or https://. Query parameters whose name
 // starts with "outbox_" (OptionPrefix) are options, removed from the URL the
-// requests go to: outbox_source, outbox_timeout, outbox_concurrency,
+// requests go to: outbox_source, outbox_mode (structured or binary),
+// outbox_timeout, outbox_concurrency,
 // outbox_max_response_bytes, outbox_ca_file, outbox_cert_file and
 // outbox_key_file set the Config field of the same name; an unknown outbox_
 // parameter is refused. Every other parameter is the endpoint's own and is
@@ -80,6 +81,8 @@ func setOption(cfg *Config, name, v string) error {
 	switch name {
 	case "source":
 		cfg.Source = v
+	case "mode":
+		cfg.Mode, err = parseMode(v)
 	case "timeout":
 		cfg.Timeout, err = urlopt.Duration(v)
 	case "concurrency":
@@ -93,7 +96,7 @@ func setOption(cfg *Config, name, v string) error {
 	case "key_file":
 		cfg.KeyFile = v
 	default:
-		return errors.New("unknown option (known: outbox_source, outbox_timeout, outbox_concurrency, outbox_max_response_bytes, outbox_ca_file, outbox_cert_file, outbox_key_file)")
+		return errors.New("unknown option (known: outbox_source, outbox_mode, outbox_timeout, outbox_concurrency, outbox_max_response_bytes, outbox_ca_file, outbox_cert_file, outbox_key_file)")
 	}
 	if err != nil {
 		return fmt.Errorf("%q: %w", v, err)

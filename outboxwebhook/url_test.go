@@ -2,6 +2,7 @@ package outboxwebhook_test
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -25,8 +26,11 @@ func TestParseURL(t *testing.T) {
 	if fmt.Sprint(cfg) != fmt.Sprint(want) || cfg.URL != want.URL {
 		t.Fatalf("ParseURL = %v (URL %s), want %v (URL %s)", cfg, cfg.URL, want, want.URL)
 	}
-	if cfg, err := outboxwebhook.ParseURL("http://127.0.0.1:8080/hook"); err != nil || cfg.URL != "http://127.0.0.1:8080/hook" || cfg.Timeout != 0 {
+	if cfg, err := outboxwebhook.ParseURL("http://127.0.0.1:8080/hook"); err != nil || cfg.URL != "http://127.0.0.1:8080/hook" || cfg.Timeout != 0 || cfg.Mode != "" {
 		t.Fatalf("plain URL: %v, %v", cfg, err)
+	}
+	if cfg, err := outboxwebhook.ParseURL("http://127.0.0.1:8080/hook?outbox_mode=binary"); err != nil || cfg.Mode != outboxwebhook.Binary || cfg.URL != "http://127.0.0.1:8080/hook" {
+		t.Fatalf("outbox_mode=binary: %v, %v", cfg, err)
 	}
 	for raw, wantErr := range map[string]string{
 		"ftp://h/x":                                                   "scheme",
@@ -37,6 +41,7 @@ func TestParseURL(t *testing.T) {
 		"https://h/x?outbox_timeout=-1s":                              "not a positive duration",
 		"https://h/x?outbox_concurrency=0":                            "not a positive number",
 		"https://h/x?outbox_secret=whsec_abc":                         "unknown option",
+		"https://h/x?outbox_mode=batch":                               "not a content mode",
 		"https://h/x?outbox_max_response_bytes=z":                     "invalid syntax",
 		"https://h/x?key=hunter2&outbox_ca_file=/no":                  "outbox_ca_file /no: no such file or directory",
 		"https://h/x?key=hunter2&outbox_cert_file=" + client.CertFile: "outbox_cert_file and outbox_key_file go together",
@@ -73,15 +78,23 @@ func TestSecretsNeverPrinted(t *testing.T) {
 			t.Fatalf("receiver: %v", err)
 		}
 	}
-	cfg := outboxwebhook.Config{URL: "http://127.0.0.1:1/hook?token=t0ps3cret", Secrets: []string{secret}}
+	// The path is secret too: Slack and Discord put the token there.
+	cfg := outboxwebhook.Config{URL: "http://127.0.0.1:1/services/T0/B0/pathS3cret?token=t0ps3cret", Secrets: []string{secret}}
 	p := publisher(t, cfg)
 	err := publishOne(t, p, message("o-1", 1))
-	for _, s := range []string{fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), p.String(), fmt.Sprint(err)} {
-		if strings.Contains(s, strings.TrimPrefix(secret, "whsec_")) || strings.Contains(s, "t0ps3cret") {
-			t.Fatalf("printed a secret: %s", s)
+	answered := httpServer(t, func(w http.ResponseWriter, r *http.Request) { http.Error(w, "no", http.StatusInternalServerError) })
+	pa := publisher(t, outboxwebhook.Config{URL: answered.URL + "/api/webhooks/1/pathS3cret", Secrets: []string{secret}})
+	statusErr := publishOne(t, pa, message("o-1", 1))
+	_, parseErr := outboxwebhook.ParseURL("https://h/api/webhooks/1/pathS3cret?outbox_timeout=-1s")
+	for _, s := range []string{fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), p.String(), fmt.Sprint(err), fmt.Sprint(statusErr), pa.String(), fmt.Sprint(parseErr)} {
+		if strings.Contains(s, strings.TrimPrefix(secret, "whsec_")) || strings.Contains(s, "t0ps3cret") || strings.Contains(s, "S3cret") {
+			t.Errorf("printed a secret: %s", s)
 		}
 	}
-	if err == nil || !strings.Contains(err.Error(), "http://127.0.0.1:1/hook") {
+	if err == nil || !strings.Contains(err.Error(), "http://127.0.0.1:1/xxxxx") {
 		t.Fatalf("publish error %v does not name the endpoint", err)
+	}
+	if statusErr == nil || !strings.Contains(statusErr.Error(), answered.URL+"/xxxxx") {
+		t.Fatalf("publish error %v does not name the endpoint", statusErr)
 	}
 }

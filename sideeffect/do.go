@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox/internal/failpoint"
+	"github.com/pgoutbox/outbox/internal/pgretry"
 )
 
 // Failpoints of Do (OUTBOX_FAILPOINTS, for chaos tests): after the claim
@@ -456,12 +457,28 @@ func (c *Caller) record(ctx context.Context, cl claim, o outcome) (Result, error
 	}
 	var checks int
 	var age float64
-	err := c.pool.QueryRow(rctx, `UPDATE `+c.t+` SET state = $4, response = coalesce($5, response), last_error = $6, resolved_via = $7,
+	// The outcome was learnt from the provider: a connection lost while it is
+	// written must not throw it away (the attempt would stay started, and
+	// its next Do would ask the provider again, or call again in mode
+	// neither). The write is fenced by the lease token, which every claim
+	// increments, so it is tried again on another connection until the
+	// lease ends; a retry that finds the row no longer started but still
+	// under this token, in the state written, finds the first attempt's
+	// write, which committed unseen.
+	err := pgretry.Do(rctx, cl.leaseEnd, func(ctx context.Context, a pgretry.Attempt) error {
+		err := c.pool.QueryRow(ctx, `UPDATE `+c.t+` SET state = $4, response = coalesce($5, response), last_error = $6, resolved_via = $7,
 	lease_until = NULL, next_check_at = now() + make_interval(secs => $8),
 	unknown_since = CASE WHEN $4 = 'unknown' THEN coalesce(unknown_since, now()) ELSE unknown_since END, updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'
 RETURNING attempts, checks, coalesce(extract(epoch FROM now() - unknown_since), 0)::float8`,
-		c.cfg.Name, cl.key, cl.token, string(o.state), o.response, lastErr, via, next).Scan(&res.Attempts, &checks, &age)
+			c.cfg.Name, cl.key, cl.token, string(o.state), o.response, lastErr, via, next).Scan(&res.Attempts, &checks, &age)
+		if errors.Is(err, pgx.ErrNoRows) && a.Retried() {
+			err = c.pool.QueryRow(ctx, `SELECT attempts, checks, coalesce(extract(epoch FROM now() - unknown_since), 0)::float8 FROM `+c.t+`
+WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = $4`,
+				c.cfg.Name, cl.key, cl.token, string(o.state)).Scan(&res.Attempts, &checks, &age)
+		}
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		res.State = Started
 		return res, ErrLeaseLost

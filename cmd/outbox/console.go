@@ -30,14 +30,27 @@ behind quarantined events, the quarantine (retry, skip with a reason), replay of
 aggregate, inbox consumers with aggregates waiting on a gap, and the audit log. Every list
 is paginated. Everything is embedded in the binary; it works offline.
 
-Actions need the token in env OUTBOX_CONSOLE_TOKEN (or in the file --token-file names),
-at least 16 bytes, never a flag: an operator logs in with it and a name, and every action
-is recorded in outbox_operations as console:<name>. Without a token the console is
-read-only, and then it serves only a loopback address unless --read-only is given
-explicitly. It listens on 127.0.0.1 by default; put it behind a TLS proxy to expose it
-(and set --origin to the address the browser uses). Replay of one aggregate is offered
-only with --destination (env OUTBOX_DESTINATION) reachable at start. SIGINT or SIGTERM
-shuts it down gracefully.`
+The token is in env OUTBOX_CONSOLE_TOKEN (or in the file --token-file names), at least 16
+bytes of at least 8 different values, never a flag: an operator logs in with it and a name,
+and every action is recorded in outbox_operations as console:<name>. With a token every page
+needs that login, unless --public-read (actions always do); failed logins are throttled and
+logging out ends the session on the server. Without a token the console is read-only, and
+then it serves only a loopback address unless both --read-only and --public-read are given.
+It answers only requests whose Host is one it serves (421 otherwise, against DNS
+rebinding): the --listen address (every local address and the machine's name when it listens
+on all of them; localhost too on a loopback one), the host of --origin, and each
+--allowed-host. It listens on 127.0.0.1 by default; put it behind a TLS proxy to expose it
+(and set --origin to the address the browser uses). Replay of one aggregate is offered only
+with --destination (env OUTBOX_DESTINATION) reachable at start. SIGINT or SIGTERM shuts it
+down gracefully.`
+
+// Bounds of the console server's connections: reading a request (headers
+// and form), and keeping an idle connection.
+const (
+	consoleReadHeaderTimeout = 10 * time.Second
+	consoleReadTimeout       = 30 * time.Second
+	consoleIdleTimeout       = time.Minute
+)
 
 func runConsole(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "console", consoleUsage)
@@ -48,7 +61,11 @@ func runConsole(ctx context.Context, args []string) error {
 	listen := fs.String("listen", cli.Env("OUTBOX_CONSOLE_LISTEN", consoleListenDefault), "`ADDR` to serve on, host:port (env OUTBOX_CONSOLE_LISTEN)")
 	readOnly := fs.Bool("read-only", envBool("OUTBOX_CONSOLE_READ_ONLY"), "show, never act: no actions offered, every POST refused (env OUTBOX_CONSOLE_READ_ONLY)")
 	tokenFile := fs.String("token-file", cli.Env("OUTBOX_CONSOLE_TOKEN_FILE", ""), "read the token from this `FILE` instead of env OUTBOX_CONSOLE_TOKEN (env OUTBOX_CONSOLE_TOKEN_FILE)")
-	origin := fs.String("origin", cli.Env("OUTBOX_CONSOLE_ORIGIN", ""), "the console's origin as browsers see it, e.g. https://outbox.example.com, when a proxy rewrites Host (env OUTBOX_CONSOLE_ORIGIN; default: each request's own)")
+	origin := fs.String("origin", cli.Env("OUTBOX_CONSOLE_ORIGIN", ""), "the console's origin as browsers see it, e.g. https://outbox.example.com, when a proxy rewrites Host (env OUTBOX_CONSOLE_ORIGIN; default: each request's own); its host is allowed")
+	var allowedHosts hostList
+	allowedHosts.Set(cli.Env("OUTBOX_CONSOLE_ALLOWED_HOSTS", "")) //nolint:errcheck // never fails
+	fs.Var(&allowedHosts, "allowed-host", "a `HOST` or HOST:PORT the console answers for besides the --listen address (repeat, or separate with commas; * allows any; env OUTBOX_CONSOLE_ALLOWED_HOSTS)")
+	publicRead := fs.Bool("public-read", envBool("OUTBOX_CONSOLE_PUBLIC_READ"), "serve the pages to anyone who reaches the console, without a login (actions still need one) (env OUTBOX_CONSOLE_PUBLIC_READ)")
 	inboxSchema := fs.String("inbox-schema", cli.Env("OUTBOX_INBOX_SCHEMA", ""), "schema of the inbox tables whose consumers are shown (env OUTBOX_INBOX_SCHEMA; default: --schema)")
 	refresh := fs.Duration("refresh", outboxconsole.RefreshDefault, "how often pages reload themselves; 0 turns it off")
 	pageSize := fs.Int("page-size", outboxconsole.PageSizeDefault, "rows per list page")
@@ -66,15 +83,20 @@ func runConsole(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if token != "" && len(token) < outboxconsole.TokenMinLength {
-		return fmt.Errorf("the console token is %d bytes, at least %d are needed (e.g. openssl rand -hex 32)", len(token), outboxconsole.TokenMinLength)
+	if token != "" {
+		if err := outboxconsole.CheckToken(token); err != nil {
+			return fmt.Errorf("the console %s", strings.TrimPrefix(err.Error(), "outboxconsole: the "))
+		}
 	}
 	loopback, err := isLoopback(*listen)
 	if err != nil {
 		return cli.Usagef(fs, "--listen %q: %v", *listen, err)
 	}
-	if token == "" && !*readOnly && !loopback {
-		return fmt.Errorf("refusing to serve the console on %s without a token: set OUTBOX_CONSOLE_TOKEN, pass --read-only, or listen on 127.0.0.1", *listen)
+	switch {
+	case token == "" && !loopback && !*readOnly:
+		return fmt.Errorf("refusing to serve the console on %s without a token: set OUTBOX_CONSOLE_TOKEN, pass --read-only --public-read, or listen on 127.0.0.1", *listen)
+	case token == "" && !loopback && !*publicRead:
+		return fmt.Errorf("refusing to serve the console's pages on %s to anyone without a login: set OUTBOX_CONSOLE_TOKEN, or pass --public-read to make them public", *listen)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// openAdmin checks that the schema is migrated; the console makes its own.
@@ -99,14 +121,16 @@ func runConsole(ctx context.Context, args []string) error {
 	if r == 0 {
 		r = -1
 	}
-	h, err := outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: common.Schema, InboxSchema: *inboxSchema, Token: token,
-		ReadOnly: *readOnly, Publisher: pub, Origin: *origin, PageSize: *pageSize, Refresh: r, Logger: log})
-	if err != nil {
-		return err
-	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
+	}
+	defer ln.Close()
+	hosts := append(listenHosts(ln.Addr().(*net.TCPAddr), log), allowedHosts...)
+	h, err := outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: common.Schema, InboxSchema: *inboxSchema, Token: token,
+		ReadOnly: *readOnly, PublicRead: *publicRead, AllowedHosts: hosts, Publisher: pub, Origin: *origin, PageSize: *pageSize, Refresh: r, Logger: log})
+	if err != nil {
+		return err
 	}
 	mode := "actions need the token"
 	switch {
@@ -115,12 +139,16 @@ func runConsole(ctx context.Context, args []string) error {
 	case token == "":
 		mode = "read-only: no OUTBOX_CONSOLE_TOKEN"
 	}
-	log.Info("outbox console serving", "url", "http://"+ln.Addr().String()+"/", "schema", common.Schema, "mode", mode, "replay", pub != nil)
+	pages := "need a login"
+	if token == "" || *publicRead {
+		pages = "public: anyone who reaches the console reads them"
+	}
+	log.Info("outbox console serving", "url", "http://"+ln.Addr().String()+"/", "schema", common.Schema, "mode", mode, "pages", pages,
+		"replay", pub != nil, "allowed_hosts", strings.Join(hosts, ","))
 	if !loopback {
 		log.Warn("the console listens beyond this machine: serve it behind TLS (a reverse proxy) so the token and session cookie are not sent in clear", "listen", ln.Addr().String())
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := newConsoleServer(h, log)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	select {
@@ -180,6 +208,61 @@ func isLoopback(addr string) (bool, error) {
 		}
 	}
 	return len(ips) > 0, nil
+}
+
+// newConsoleServer is the console's HTTP server, with bounds on reading a
+// request and on idle connections (a client that trickles its request
+// cannot hold a connection open).
+func newConsoleServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: consoleReadHeaderTimeout, ReadTimeout: consoleReadTimeout,
+		IdleTimeout: consoleIdleTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+}
+
+// listenHosts are the Host values a console listening on addr answers for:
+// the address itself with its port; on a loopback address also localhost;
+// on all addresses (0.0.0.0, ::) every address of the machine's interfaces
+// and its host name, with the port.
+func listenHosts(addr *net.TCPAddr, log *slog.Logger) []string {
+	port := strconv.Itoa(addr.Port)
+	var hosts []string
+	add := func(h string) { hosts = append(hosts, net.JoinHostPort(h, port)) }
+	switch {
+	case addr.IP.IsUnspecified():
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			log.Warn("the console cannot list this machine's addresses: pass --allowed-host", "err", err)
+		}
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok {
+				add(ipn.IP.String())
+			}
+		}
+		add("localhost")
+		if name, err := os.Hostname(); err == nil && name != "" {
+			add(name)
+		}
+	case addr.IP.IsLoopback():
+		for _, h := range []string{"localhost", "127.0.0.1", "::1"} {
+			add(h)
+		}
+	default:
+		add(addr.IP.String())
+	}
+	return hosts
+}
+
+// hostList is a flag of hosts, repeated or separated by commas.
+type hostList []string
+
+func (l *hostList) String() string { return strings.Join(*l, ",") }
+
+func (l *hostList) Set(v string) error {
+	for _, h := range strings.Split(v, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			*l = append(*l, h)
+		}
+	}
+	return nil
 }
 
 func envBool(key string) bool {

@@ -28,8 +28,8 @@ import (
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/internal/destination"
 	"github.com/pgoutbox/outbox/internal/failpoint"
-	"github.com/pgoutbox/outbox/internal/pgcluster"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/outboxamqp"
 	"github.com/pgoutbox/outbox/outboxcdc"
 	"github.com/pgoutbox/outbox/outboxnats"
@@ -46,6 +46,8 @@ type demoFlags struct {
 	seed        uint64
 	verbose     bool
 	mode        string // polling or cdc
+	postgres    string // auto, url or private (demo_postgres.go)
+	urlSource   string // where databaseURL came from: --database-url, DATABASE_URL, or "" (the default address)
 	// The saga (demo_saga.go).
 	noSaga         bool
 	providerMode   string
@@ -62,7 +64,7 @@ func demo(ctx context.Context, args []string, out, logs io.Writer) error {
 	fs := cli.NewFlagSet("outbox", "demo", `demo [flags]
 
 Runs the example order system in this process: the order HTTP API, the relay
-and the inventory consumer, on PostgreSQL (DATABASE_URL) and the destination
+and the inventory consumer, on PostgreSQL (--postgres) and the destination
 --destination names: "nats" (the default: an embedded NATS JetStream server),
 "kafka" (franz-go's in-process Kafka-protocol cluster, kfake: the relay and the
 consumer speak the Kafka protocol to it as to any Kafka), "amqp" (the machine's
@@ -84,11 +86,23 @@ twice, from the provider's ledger; a figure in mode neither) and I7 (every
 order confirmed, cancelled with nothing charged, or parked with a reason). Each run uses a fresh schema and stream
 (with its subject prefix), topic, or exchange (with its queues) of its own, removed at
 the end unless --keep.
+
+PostgreSQL (--postgres): "auto" (the default) uses DATABASE_URL or
+--database-url when set, and fails within 5s, naming it, when that server does
+not answer; when neither is set, it uses the server at the default address
+(postgres://postgres@127.0.0.1:5432/postgres) when one answers there, and
+otherwise starts a private cluster of its own on a free port. "url" always uses
+the URL (or the default address), "private" always starts a private cluster. A
+private cluster is made from the machine's PostgreSQL server binaries (initdb,
+pg_ctl: found in PG_BINDIR, pg_config --bindir, /usr/lib/postgresql/<version>/bin,
+Homebrew's opt/postgresql@<version>/bin, or on the PATH), in a temporary data
+directory the demo prints, and is removed at the end; --keep stops it and keeps
+its directory, printing how to start it again.
 --mode cdc runs the relay as change-data capture (package outboxcdc: a logical
-replication slot feeds committed events to the relay, with a polling safety net)
-on a private PostgreSQL cluster with wal_level=logical that the demo starts and
-removes; it needs PostgreSQL's server binaries (initdb, pg_ctl, found in
-PG_BINDIR or /usr/lib/postgresql/<version>/bin) and does not use --database-url.
+replication slot feeds committed events to the relay, with a polling safety net).
+It needs wal_level=logical: with --postgres auto and no DATABASE_URL it runs on a
+private cluster with it; on the server DATABASE_URL names it removes its slot and
+publication at the end (unless --keep).
 Exits non-zero if a check fails.`)
 	var f demoFlags
 	cli.DatabaseURLFlag(fs, &f.databaseURL)
@@ -97,12 +111,13 @@ Exits non-zero if a check fails.`)
 	fs.StringVar(&f.dest.Source, "source", cli.Env("OUTBOX_SOURCE", outboxnats.SourceDefault), "CloudEvents source attribute (env OUTBOX_SOURCE)")
 	fs.IntVar(&f.orders, "orders", 200, "commands to send: order creates, and cancellations, rollbacks and retries among them")
 	fs.IntVar(&f.concurrency, "concurrency", 8, "concurrent HTTP clients")
-	fs.BoolVar(&f.keep, "keep", false, "keep the schema and the stream or topic at the end, to inspect them")
+	fs.BoolVar(&f.keep, "keep", false, "keep the schema and the stream or topic at the end, to inspect them (and a private cluster's data directory, stopped)")
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "give up when the run has not converged after this long")
 	fs.Float64Var(&f.lostAcks, "lost-acks", 0.05, "fraction of consumer acks dropped after the commit (failpoint consumer/after-commit-before-ack), so redeliveries show the inbox deduplicating; ignored when OUTBOX_FAILPOINTS is set")
 	fs.Uint64Var(&f.seed, "seed", 0, "seed of the command mix (0: random)")
 	fs.BoolVar(&f.verbose, "verbose", false, "log the components' info messages too")
-	fs.StringVar(&f.mode, "mode", "polling", "relay mode: polling, or cdc (on a private PostgreSQL cluster with wal_level=logical)")
+	fs.StringVar(&f.mode, "mode", "polling", "relay mode: polling, or cdc (needs wal_level=logical: a private cluster unless DATABASE_URL is set)")
+	fs.StringVar(&f.postgres, "postgres", postgresAuto, "which PostgreSQL: auto (DATABASE_URL when set; else the default address when it answers; else a private cluster), url (DATABASE_URL, --database-url or the default address, never a private cluster), or private (a private cluster from the machine's server binaries, removed at the end unless --keep)")
 	fs.BoolVar(&f.noSaga, "no-saga", false, "run without the order saga (payment provider, payments and saga consumers); a non-NATS destination runs without it anyway")
 	fs.StringVar(&f.providerMode, "provider-mode", "idempotent", "the payment provider's mode: idempotent, queryable (I6 checked in both) or neither (duplicate charges reported as a figure)")
 	fs.StringVar(&f.providerFaults, "provider-faults", "drop-response:p=0.05", "faults of the payment provider, as 'orders provider --fault' takes them, ';'-separated (\"\": none); a dropped response is an ambiguous outcome the payments consumer resolves")
@@ -120,6 +135,13 @@ Exits non-zero if a check fails.`)
 		return fmt.Errorf("--lost-acks %g must be in [0,1)", f.lostAcks)
 	case f.mode != modePolling && f.mode != modeCDC:
 		return cli.Usagef(fs, "--mode %q: want polling or cdc", f.mode)
+	case f.postgres != postgresAuto && f.postgres != postgresURL && f.postgres != postgresPrivate:
+		return cli.Usagef(fs, "--postgres %q: want auto, url or private", f.postgres)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if f.urlSource = urlSource(set); f.urlSource == "" {
+		f.databaseURL = defaultDatabaseURL()
 	}
 	if f.seed == 0 {
 		f.seed = rand.Uint64()%1_000_000 + 1
@@ -144,6 +166,7 @@ type demoRun struct {
 	start time.Time
 
 	where    chaos.Where
+	pg       *demoPostgres
 	dest     chaos.Destination
 	pool     *pgxpool.Pool
 	api      *ordersapi.Service
@@ -165,19 +188,13 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	d.start = time.Now()
 	suffix := strings.ReplaceAll(uuid.NewString(), "-", "")[:10]
 	d.where = chaos.Where{Schema: "demo_" + suffix}
-	if d.flags.mode == modeCDC {
-		if err := pgcluster.Available(); err != nil {
-			return fmt.Errorf("outbox demo --mode cdc starts a private PostgreSQL cluster with wal_level=logical and needs PostgreSQL's server binaries: %w", err)
-		}
-		cluster, err := pgcluster.Start(pgcluster.Config{Settings: map[string]string{
-			"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}})
-		if err != nil {
-			return err
-		}
-		defer func() { err = errors.Join(err, cluster.Close()) }()
-		d.flags.databaseURL = cluster.URL("")
-		d.printf("  private PostgreSQL cluster with wal_level=logical on port %d (--mode cdc)\n", cluster.Port())
+	// PostgreSQL first: a server that does not answer fails the run before
+	// anything else starts.
+	if d.pg, err = d.openPostgres(ctx); err != nil {
+		return err
 	}
+	defer func() { err = errors.Join(err, d.pg.close(d)) }()
+	d.flags.databaseURL = d.pg.url
 
 	// The destination: a broker of the demo's own (an embedded NATS server
 	// storing in a temporary directory, or an in-process Kafka cluster), or
@@ -199,7 +216,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 
 	pcfg, err := pgxpool.ParseConfig(d.flags.databaseURL)
 	if err != nil {
-		return fmt.Errorf("database url: %w", err)
+		return redact.Error(fmt.Errorf("database url: %w", err), redact.DatabaseSecrets(d.flags.databaseURL)...)
 	}
 	pcfg.MaxConns = int32(d.flags.concurrency + inventory.WorkersDefault + 8 + 4*payments.WorkersDefault)
 	if d.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
@@ -207,7 +224,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	}
 	defer d.pool.Close()
 	if err := d.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("connect to database %s:%d: %w", pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, err)
+		return redact.Error(fmt.Errorf("connect to database %s:%d: %w", pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, err), redact.DatabaseSecrets(d.flags.databaseURL)...)
 	}
 	if err := pgident.ValidateSchema(d.where.Schema); err != nil {
 		return err
@@ -326,6 +343,14 @@ func (d *demoRun) removeOrKeep(ctx context.Context) error {
 		d.printf("kept schema %s and the stream or topic (--keep) of %s; a broker of the demo's own went with its data\n",
 			d.where.Schema, d.dest.Describe())
 		return nil
+	}
+	if d.pg.cluster != nil {
+		return nil // the cluster goes with its directory
+	}
+	if d.cdc != nil {
+		if err := dropCDC(ctx, d.pool, d.where.Schema); err != nil {
+			return err
+		}
 	}
 	if _, err := d.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{d.where.Schema}.Sanitize()+" CASCADE"); err != nil {
 		return fmt.Errorf("drop schema %s: %w", d.where.Schema, err)

@@ -81,8 +81,12 @@ func schemaExists(t *testing.T, schema string) bool {
 
 // TestDemoEmbeddedNATS runs the demo as "outbox demo" does without a
 // destination: on an embedded NATS server, removing its schema at the end.
+// The server fsyncs every write and its relay sees it: no durability
+// warning.
 func TestDemoEmbeddedNATS(t *testing.T) {
-	report, schema, _ := runDemoTest(t, "--orders", "60", "--destination", "")
+	logs := new(bytes.Buffer)
+	report, schema, _ := runDemoTestLogs(t, logs, "--orders", "60", "--destination", "", "--verbose")
+	checkDemoAckDurable(t, logs.String())
 	if !strings.Contains(report, "embedded JetStream") {
 		t.Error("the demo did not use an embedded server")
 	}
@@ -141,11 +145,12 @@ func TestDemoSagaModes(t *testing.T) {
 	}
 }
 
-// TestDemoCDC runs "outbox demo --mode cdc": on a private cluster with
-// wal_level=logical, the CDC path publishes the events from the WAL, and
-// every invariant holds.
+// TestDemoCDC runs "outbox demo --mode cdc --postgres private": on a
+// private cluster with wal_level=logical (although --database-url names the
+// shared server), the CDC path publishes the events from the WAL, and every
+// invariant holds.
 func TestDemoCDC(t *testing.T) {
-	report, _, _ := runDemoTest(t, "--orders", "60", "--mode", "cdc")
+	report, _, _ := runDemoTest(t, "--orders", "60", "--mode", "cdc", "--postgres", "private")
 	if !strings.Contains(report, "private PostgreSQL cluster with wal_level=logical") {
 		t.Error("the demo did not say it runs on a private cluster")
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
@@ -105,7 +106,9 @@ func opCount(n int64) string {
 }
 
 func opOneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	// A webhook URL in a last error recorded by an older version keeps its
+	// path (which can be the endpoint's token): shown without it.
+	s = strings.Join(strings.Fields(redact.Text(s)), " ")
 	if len(s) > n {
 		return s[:n-1] + "…"
 	}

@@ -18,9 +18,10 @@ import (
 const quarantineUsage = `quarantine list|retry|skip [flags]
 
   list                        the quarantined events, their last error and what they block
-  retry ID                    put a quarantined event back at the head of its lane (attempts reset)
+  retry ID                    put a quarantined event back in its lane (attempts reset)
   skip ID --reason TEXT       settle a quarantined event without publishing it, unblocking its
-                              aggregate; who, when and why are recorded
+                              aggregate; who, when and why are recorded. Only an aggregate's
+                              first unsettled event can be skipped
 
 An event is quarantined when the destination refused it permanently or it
 failed --max-attempts times; its aggregate's later events wait behind it.
@@ -98,7 +99,7 @@ func eventArg(fs *flag.FlagSet, pos []string) (uuid.UUID, error) {
 }
 
 func quarantineRetry(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("outbox", "quarantine retry", "quarantine retry ID [--by NAME] [--json] [flags]\n\nPuts a quarantined event back at the head of its aggregate's lane: due now, attempts reset\n(the last error is kept), relays woken. Recorded in the audit log with --by.")
+	fs := cli.NewFlagSet("outbox", "quarantine retry", "quarantine retry ID [--by NAME] [--json] [flags]\n\nPuts a quarantined event back in its aggregate's lane: pending, attempts reset (the last error\nis kept), relays woken. Behind an earlier quarantined event of its aggregate it waits for that\none; otherwise it is due now. Recorded in the audit log with --by.")
 	var common cli.Common
 	common.Register(fs)
 	by := fs.String("by", cli.CurrentUser(), "who retries, recorded in the audit log")
@@ -132,7 +133,7 @@ func quarantineRetry(ctx context.Context, args []string) error {
 }
 
 func quarantineSkip(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("outbox", "quarantine skip", "quarantine skip ID --reason TEXT [--by NAME] [--json] [flags]\n\nSettles a quarantined event without publishing it, so that its aggregate's later events go out.\nThe event is never published nor replayed; the next event of its aggregate carries\nce-skippedfrom so that consumers' inboxes accept it. Who, when and why are recorded.")
+	fs := cli.NewFlagSet("outbox", "quarantine skip", "quarantine skip ID --reason TEXT [--by NAME] [--json] [flags]\n\nSettles a quarantined event without publishing it, so that its aggregate's later events go out.\nThe event is never published nor replayed; the next event of its aggregate carries\nce-skippedfrom so that consumers' inboxes accept it. Who, when and why are recorded.\nOnly the aggregate's first unsettled event can be skipped: behind an earlier pending or\nquarantined event, skip or retry that one first (the error names it), or wait until it is\npublished; otherwise the events after it would be published before it.")
 	var common cli.Common
 	common.Register(fs)
 	reason := fs.String("reason", "", "why the event is skipped, recorded (required)")
@@ -179,6 +180,8 @@ func quarantineError(ctx context.Context, admin *outbox.Admin, op string, id uui
 			return fmt.Errorf("%s: event %s is not quarantined: it is %s", op, id, e.State())
 		}
 		return fmt.Errorf("%s: event %s is not quarantined", op, id)
+	case errors.Is(err, outbox.ErrNotLaneHead):
+		return fmt.Errorf("%s: %w", op, errors.Unwrap(err))
 	}
 	return err
 }

@@ -28,7 +28,8 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.LeaseDuration, "lease", outbox.LeaseDurationDefault, "how long a claim is this relay's before another relay may take it over")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", outbox.PollIntervalDefault, "wait between looks for events when idle and not notified")
 	fs.DurationVar(&cfg.RetryBackoffMin, "retry-min", outbox.RetryBackoffMinDefault, "first retry delay after a failed publish")
-	fs.DurationVar(&cfg.RetryBackoffMax, "retry-max", outbox.RetryBackoffMaxDefault, "longest retry delay")
+	fs.DurationVar(&cfg.RetryBackoffMax, "retry-max", outbox.RetryBackoffMaxDefault, "longest retry delay (also of the events of a route the destination refuses)")
+	fs.DurationVar(&cfg.OutageProbeMax, "outage-probe-max", outbox.OutageProbeMaxDefault, "longest wait between two looks at an unavailable destination, or probes of a refused route")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", outbox.MaxAttemptsDefault, "failed attempts after which an event is quarantined")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", outbox.ShutdownTimeoutDefault, "how long to finish in-flight publishes on shutdown")
 	fs.BoolVar(&cfg.DisableNotify, "no-notify", false, "do not LISTEN for wake-ups; only poll")
@@ -44,6 +45,7 @@ func runRelay(ctx context.Context, args []string) error {
 	mode.register(fs)
 	fs.DurationVar(&cfg.CleanupInterval, "cleanup-interval", outbox.CleanupIntervalDefault, "pause between periodic clean-ups")
 	fs.IntVar(&cfg.Cleanup.BatchSize, "cleanup-batch-size", outbox.CleanupBatchSizeDefault, "rows deleted per clean-up transaction")
+	fs.DurationVar(&cfg.RescanInterval, "rescan-interval", outbox.RescanIntervalDefault, "how often a claim scans every pending event instead of only what is new since the last claim (finds leases of relays that died; negative: every claim scans)")
 	fs.DurationVar(&cfg.LaneSweepInterval, "lane-sweep-interval", outbox.LaneSweepIntervalDefault, "how often the relay parks events waiting behind a quarantined event that were written unparked, and unparks lanes released by hand")
 	fs.DurationVar(&cfg.VacuumInterval, "vacuum-interval", outbox.VacuumIntervalDefault, "where autovacuum is off for outbox_events, how often the relay runs VACUUM (ANALYZE) on the outbox tables itself (negative: never)")
 	if err := cli.Parse(fs, args); err != nil {

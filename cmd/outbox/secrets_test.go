@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -97,6 +100,9 @@ func TestCommandsNeverShowDatabaseSecrets(t *testing.T) {
 		"url":       fmt.Sprintf("postgres://app:%s@127.0.0.1:%d/shop?sslmode=disable&sslpassword=%s", dbPassword, port, sslPassword),
 		"keyvalue":  fmt.Sprintf("host=127.0.0.1 port=%d user=app password='%s' sslpassword=%s sslmode=disable", port, dbPassword, sslPassword),
 		"malformed": fmt.Sprintf("postgres://app:%s@127.0.0.1:%d/shop?sslmode=bogus", dbPassword, port),
+		// pgx ends the user part at the first '@' and takes the rest of
+		// the password for the host, which it quotes in its errors.
+		"unencoded-at": fmt.Sprintf("postgres://app:pw@%s@127.0.0.1:%d/shop?sslmode=disable", dbPassword, port),
 	} {
 		env := secretEnv(dsn)
 		for _, args := range commandsOnTheDatabase {
@@ -106,7 +112,7 @@ func TestCommandsNeverShowDatabaseSecrets(t *testing.T) {
 				t.Errorf("%s: succeeded without a database:\n%s", name, out)
 			}
 			assertNoSecret(t, name, out)
-			if !strings.Contains(out, "127.0.0.1") && !strings.Contains(out, "sslmode") {
+			if !strings.Contains(out, "127.0.0.1") && !strings.Contains(out, "sslmode") && !strings.Contains(out, "unencoded '@'") {
 				t.Errorf("%s: the error does not say which database or what is wrong:\n%s", name, out)
 			}
 			if lines := strings.Count(strings.TrimSpace(out), "\n") + 1; lines != 1 {
@@ -126,14 +132,37 @@ func TestCommandsNeverShowDatabaseSecrets(t *testing.T) {
 		}
 		assertNoSecret(t, "demo on "+dest, out)
 	}
-	for _, args := range [][]string{
+	helps := [][]string{
 		{"relay", "--help"}, {"status", "--help"}, {"migrate", "--help"}, {"replay", "--help"},
 		{"demo", "--help"}, {"chaos", "--help"}, {"inbox", "status", "--help"}, {"quarantine", "list", "--help"},
-	} {
+		{"console", "--help"}, {"cleanup", "--help"}, {"sideeffect", "parked", "--help"},
+	}
+	for _, args := range helps {
 		out, _ := runWithEnv(t, env, args...)
 		assertNoSecret(t, strings.Join(args, " "), out)
 		if !strings.Contains(out, "database-url") {
 			t.Errorf("%s does not describe --database-url:\n%s", strings.Join(args, " "), out)
+		}
+	}
+	// Connection strings and destinations the old redaction let through in
+	// --help, whose defaults come from the environment.
+	dbs := []string{
+		"POSTGRES://app:" + dbPassword + "@db/shop", "  postgres://app:" + dbPassword + "@db/shop", "PostgreSQL://app:" + dbPassword + "@db/shop",
+		"postgres:/app:" + dbPassword + "@db/shop", "postgres:app:" + dbPassword + "@db/shop", "postgres://app:p@" + dbPassword + "@db/shop",
+		"app:" + dbPassword + "@db/shop",
+	}
+	dests := []string{
+		"nats://tok-" + destinationPass + "@h1:4222, nats://tok2-" + destinationPass + "@h2:4222",
+		"nats://u1:" + destinationPass + "@h1:4222,u2:" + destinationPass + "@h2:4222",
+		"NATS://tok-" + destinationPass + "@h1,tok2-" + destinationPass + "@h2",
+		"https://hooks.slack.com/services/T0/B0/" + destinationPass,
+	}
+	for i, db := range dbs {
+		dest := dests[i%len(dests)]
+		env := append(secretEnv(db), "OUTBOX_DESTINATION="+dest)
+		for _, args := range [][]string{{"relay", "--help"}, {"status", "--help"}} {
+			out, _ := runWithEnv(t, env, args...)
+			assertNoSecret(t, fmt.Sprintf("%s with DATABASE_URL %.12s… and destination %.12s…", strings.Join(args, " "), db, dest), out)
 		}
 	}
 }
@@ -150,6 +179,46 @@ func TestRelayWaitingForTheDatabaseShowsNoSecret(t *testing.T) {
 		return strings.Count(relay.out.String(), "waiting for the database") >= 2
 	})
 	assertNoSecret(t, "the relay's log", relay.out.String())
+}
+
+// TestRelayUnencodedAtShowsNoSecret: a password with an unencoded '@' in
+// DATABASE_URL (pgx takes what follows it for the host, and quotes it in
+// every connection error) is refused at start, in one line that shows no
+// part of it, before the relay logs or serves /readyz anything.
+func TestRelayUnencodedAtShowsNoSecret(t *testing.T) {
+	t.Parallel()
+	dsn := fmt.Sprintf("postgres://app:pw@%s@127.0.0.1:%d/shop?sslmode=disable", dbPassword, freePort(t))
+	relay := startProcess(t, secretEnv(dsn), "relay", "--metrics-addr", "127.0.0.1:0")
+	var readyz string
+	outboxtest.Eventually(t, 30*time.Second, "the relay refuses the URL or waits for the database", func() bool {
+		select {
+		case err := <-relay.done:
+			relay.done <- err
+			return true
+		default:
+		}
+		out := relay.out.String()
+		if m := regexp.MustCompile(`msg="metrics listening" addr=(\S+)`).FindStringSubmatch(out); m != nil && strings.Contains(out, "waiting for the database") {
+			if resp, err := http.Get("http://" + m[1] + "/readyz"); err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				readyz = string(b)
+			}
+			return true
+		}
+		return false
+	})
+	assertNoSecret(t, "the relay's output", relay.out.String())
+	assertNoSecret(t, "/readyz", readyz)
+	select {
+	case err := <-relay.done:
+		relay.done <- err
+		if err == nil || !strings.Contains(relay.out.String(), "unencoded '@'") {
+			t.Errorf("the relay exited with %v, want an error about the unencoded '@':\n%s", err, relay.out.String())
+		}
+	default:
+		t.Errorf("the relay runs with a URL pgx misreads:\n%s", relay.out.String())
+	}
 }
 
 // TestWrongDatabasePasswordIsNotShown runs the CLI against a private

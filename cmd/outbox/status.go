@@ -16,7 +16,8 @@ import (
 
 const statusUsage = `status [--json] [flags]
 
-Shows whether the outbox is healthy and what is stuck: relays alive, pending
+Shows whether the outbox is healthy and what is stuck: relays alive (and what
+their destination's acknowledgement is worth, as each checked at start), pending
 events and the oldest one's age, leases in flight and expired, quarantined
 events and what they block, events published in the last minute, all per
 aggregate type, table and index sizes, the last operator actions, and the
@@ -78,6 +79,7 @@ func printOutboxStatus(w io.Writer, st outbox.Status) {
 		relays += "  <- nothing publishes: start 'outbox relay'"
 	}
 	fmt.Fprintf(tw, "relays\t%s\n", relays)
+	printAckDurability(tw, st)
 	fmt.Fprintf(tw, "pending\t%d (oldest %s, %d retrying after failures)\n", st.Pending, opAge(opSeconds(st.OldestPendingAgeSeconds)), st.Retrying)
 	expired := ""
 	if st.ExpiredLeases > 0 {

@@ -31,10 +31,11 @@ func NATSServerPath() string {
 // nats-server process when a binary is given, else a server embedded in
 // this process.
 type Broker struct {
-	binary string
-	dir    string
-	port   int
-	sink   Sink
+	binary  string
+	dir     string
+	port    int
+	monitor int // HTTP monitoring port, stable across restarts like port
+	sink    Sink
 
 	mu   sync.Mutex
 	proc *Process
@@ -49,11 +50,19 @@ func NewBroker(binary, dir string, sink Sink) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Broker{binary: binary, dir: dir, port: port, sink: sink}, nil
+	monitor, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	return &Broker{binary: binary, dir: dir, port: port, monitor: monitor, sink: sink}, nil
 }
 
 // URL is the client URL, stable across restarts.
 func (b *Broker) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(b.port) }
+
+// MonitorURL is the server's HTTP monitoring endpoint, stable across
+// restarts: a relay given it as monitor_url sees how the server syncs.
+func (b *Broker) MonitorURL() string { return "http://127.0.0.1:" + strconv.Itoa(b.monitor) }
 
 // Kind says what the broker is: the nats-server path or "embedded".
 func (b *Broker) Kind() string {
@@ -79,7 +88,9 @@ func (b *Broker) Start(ctx context.Context) error {
 	}
 	b.runs++
 	if b.binary == "" {
-		e, err := outboxnats.StartEmbedded(b.dir, b.port)
+		// Every write fsynced before its acknowledgement (the default of
+		// StartEmbedded): what the relay's check wants to see.
+		e, err := outboxnats.StartEmbeddedWith(outboxnats.EmbeddedConfig{Dir: b.dir, Port: b.port, MonitorPort: b.monitor})
 		if err != nil {
 			return err
 		}
@@ -89,7 +100,7 @@ func (b *Broker) Start(ctx context.Context) error {
 	p, err := StartProcess(ProcessSpec{
 		Name: "nats-server",
 		Path: b.binary,
-		Args: []string{"-a", "127.0.0.1", "-p", strconv.Itoa(b.port), "-js", "-sd", b.dir},
+		Args: []string{"-a", "127.0.0.1", "-p", strconv.Itoa(b.port), "-m", strconv.Itoa(b.monitor), "-js", "-sd", b.dir},
 	}, b.sink)
 	if err != nil {
 		return err

@@ -79,7 +79,15 @@ func (d *natsDestination) Describe() string {
 	return fmt.Sprintf("%s, stream %s, subjects %s.>", where, d.stream, d.prefix)
 }
 
-func (d *natsDestination) URL() string { return d.url }
+// URL is the server's URL; on a broker of the run's own it names the
+// server's monitoring endpoint too (monitor_url), so that the relays can see
+// how it syncs (outboxnats.Publisher.CheckDurability).
+func (d *natsDestination) URL() string {
+	if d.broker != nil {
+		return d.url + "?monitor_url=" + d.broker.MonitorURL()
+	}
+	return d.url
+}
 
 func (d *natsDestination) Args(string) []string {
 	return []string{"--nats-stream", d.stream, "--nats-subject-prefix", d.prefix}

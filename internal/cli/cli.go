@@ -72,6 +72,12 @@ func (c *Common) Ping(ctx context.Context, pool *pgxpool.Pool) error {
 // NewPool opens a pool without connecting: its connections are made when
 // first used, so it works while the database is still down.
 func (c *Common) NewPool() (*pgxpool.Pool, error) {
+	if redact.UnencodedAt(c.DatabaseURL) {
+		// pgx would cut the password at its first '@' and try the rest as
+		// the host name, quoting it in every connection error (the relay's
+		// log, /readyz, status --json).
+		return nil, errors.New("database url: the user name or password holds an unencoded '@': write it as %40")
+	}
 	cfg, err := pgxpool.ParseConfig(c.DatabaseURL)
 	if err != nil {
 		// pgx shows the URL with its password masked; the rest of the

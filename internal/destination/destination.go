@@ -33,7 +33,7 @@ type Options struct {
 
 // Register adds the destination flags to fs.
 func (o *Options) Register(fs *flag.FlagSet) {
-	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port or tls://host:port[?stream=OUTBOX&subject_prefix=outbox], kafka://[user@]host:port[,host:port][?topic=outbox.{aggregate_type}&sasl=scram-sha-512&tls=true] (SASL password in env OUTBOX_KAFKA_PASSWORD), amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET). TLS: ca_file=ca.pem (instead of the system's roots), cert_file=client.pem&key_file=client.key (a client certificate) on nats/tls, kafka and amqps URLs, outbox_ca_file, outbox_cert_file, outbox_key_file on https ones; the files are read at start (env OUTBOX_DESTINATION; secrets are never printed)")
+	fs.StringVar(&o.URL, "destination", cli.Env("OUTBOX_DESTINATION", ""), "where events go: nats://host:port or tls://host:port[?stream=OUTBOX&subject_prefix=outbox&monitor_url=http://host:8222], kafka://[user@]host:port[,host:port][?topic=outbox.{aggregate_type}&sasl=scram-sha-512&tls=true] (SASL password in env OUTBOX_KAFKA_PASSWORD), amqp[s]://user@host:port/vhost[?exchange=outbox&routing_key=outbox.{aggregate_type}&check_queues=q1,q2] (password in the URL or env OUTBOX_AMQP_PASSWORD), or an http(s):// webhook URL (secret in env OUTBOX_WEBHOOK_SECRET). TLS: ca_file=ca.pem (instead of the system's roots), cert_file=client.pem&key_file=client.key (a client certificate) on nats/tls, kafka and amqps URLs, outbox_ca_file, outbox_cert_file, outbox_key_file on https ones; the files are read at start. monitor_url (the NATS server's monitoring endpoint) and check_queues (the RabbitMQ queues bound for the events) let the relay check at start that the broker's acknowledgement is durable (env OUTBOX_DESTINATION; secrets are never printed)")
 	cli.RedactDefault(fs, "destination", Redact)
 	o.RegisterNATS(fs)
 	fs.DurationVar(&o.DuplicateWindow, "nats-duplicate-window", envDuration("OUTBOX_NATS_DUPLICATE_WINDOW", outboxnats.DuplicateWindowDefault), "JetStream dedup window for a stream this creates (env OUTBOX_NATS_DUPLICATE_WINDOW)")
@@ -138,6 +138,7 @@ func openNATS(ctx context.Context, o Options, retry func(ctx context.Context, er
 		cfg.DuplicateWindow = fromURL.DuplicateWindow
 	}
 	cfg.AckTimeout, cfg.MaxPending = fromURL.AckTimeout, fromURL.MaxPending
+	cfg.MonitorURL, cfg.CAFile = fromURL.MonitorURL, fromURL.CAFile
 	// The connection is made (and remade) in the background: a server
 	// that is not up yet is waited for, not an error.
 	nc, err := connectNATS(server, fromURL, "outbox-relay")
@@ -207,20 +208,10 @@ func probed(ctx context.Context, p probingPublisher, retry func(ctx context.Cont
 }
 
 // Redact returns a destination URL with any password or token replaced by
-// "xxxxx" (a webhook URL without its query), for logs and errors.
-func Redact(raw string) string {
-	if strings.HasPrefix(raw, "nats://") || strings.HasPrefix(raw, "tls://") {
-		return outboxnats.Redact(raw) // a user alone is a token
-	}
-	if u, err := url.Parse(raw); err == nil {
-		if u.Scheme == "http" || u.Scheme == "https" {
-			// A webhook's query may carry the endpoint's own token.
-			u.User, u.RawQuery, u.Fragment = nil, "", ""
-			return u.String()
-		}
-	}
-	return redact.URL(raw)
-}
+// "xxxxx" (a webhook URL as scheme://host/xxxxx: its path and query may
+// hold the endpoint's token; a NATS server list with every server's user
+// part hidden), for logs, errors and --help.
+func Redact(raw string) string { return redact.URL(raw) }
 
 // openKafka opens a Kafka publisher (outboxkafka) and waits, as OpenWait
 // does, until the cluster answers a metadata request. The URL's source

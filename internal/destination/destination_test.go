@@ -30,9 +30,11 @@ func TestErrorsNeverShowTheSecret(t *testing.T) {
 		}
 	}
 	for raw, want := range map[string]string{
-		"amqp://guest:s3cret@h:5672/vh":   "amqp://guest:xxxxx@h:5672/vh",
-		"nats://s3cret@h:4222":            "nats://xxxxx@h:4222",
-		"https://u:p@h/hook?token=s3cret": "https://h/hook",
+		"amqp://guest:s3cret@h:5672/vh":                 "amqp://guest:xxxxx@h:5672/vh",
+		"nats://s3cret@h:4222":                          "nats://xxxxx@h:4222",
+		"https://u:p@h/hook?token=s3cret":               "https://h/xxxxx",
+		"https://hooks.slack.com/services/T0/B0/s3cret": "https://hooks.slack.com/xxxxx",
+		"nats://a:s3cret@h1:4222, nats://t0k-s3cret@h2": "nats://a:xxxxx@h1:4222,nats://xxxxx@h2",
 	} {
 		if got := Redact(raw); got != want {
 			t.Errorf("Redact(%q) = %q, want %q", raw, got, want)

@@ -56,11 +56,22 @@ func JetStream(t testing.TB, nc *nats.Conn) jetstream.JetStream {
 }
 
 // Embedded starts an embedded NATS server with JetStream storing in a
-// directory of the test's own, on a random port; it is shut down when the
-// test ends.
+// directory of the test's own, on a random port, fsyncing every write
+// (outboxnats.StartEmbedded); it is shut down when the test ends.
 func Embedded(t testing.TB) *outboxnats.Embedded {
 	t.Helper()
-	e, err := outboxnats.StartEmbedded(t.TempDir(), 0)
+	return EmbeddedWith(t, outboxnats.EmbeddedConfig{})
+}
+
+// EmbeddedWith is Embedded with cfg (a zero cfg.Dir is a directory of the
+// test's own): SyncInterval: 2*time.Minute makes it a server left at
+// nats-server's default sync setting.
+func EmbeddedWith(t testing.TB, cfg outboxnats.EmbeddedConfig) *outboxnats.Embedded {
+	t.Helper()
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
+	}
+	e, err := outboxnats.StartEmbeddedWith(cfg)
 	if err != nil {
 		t.Fatalf("start embedded NATS server: %v", err)
 	}

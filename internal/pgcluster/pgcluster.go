@@ -5,7 +5,12 @@
 // server; so does `outbox demo --mode cdc`.
 //
 // It needs PostgreSQL's server binaries (initdb, pg_ctl). They are looked
-// for in PG_BINDIR, then in /usr/lib/postgresql/<version>/bin, newest first.
+// for in PG_BINDIR; else in `pg_config --bindir`; else in the Debian and
+// Ubuntu layout (/usr/lib/postgresql/<version>/bin), Homebrew's
+// (/opt/homebrew/opt/postgresql@<version>/bin, /usr/local/opt/...),
+// Postgres.app's and the PGDG RPMs' (/usr/pgsql-<version>/bin), newest
+// version first; else on the PATH (Fedora's /usr/bin). When none has them,
+// the error (ErrNoBinaries) says what to install on each system.
 // When the caller is root the tools run as the postgres user, because
 // initdb and postgres refuse to run as root.
 package pgcluster
@@ -18,6 +23,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,32 +53,103 @@ type Cluster struct {
 	running bool
 }
 
+// ErrNoBinaries is returned (wrapped) by Available, Start and Tool when
+// PostgreSQL's server binaries are not found; the message says what to
+// install on Debian/Ubuntu, Fedora and macOS, or which container to run
+// instead.
+var ErrNoBinaries = errors.New(`PostgreSQL's server binaries (initdb, pg_ctl) were not found; install them:
+  Debian/Ubuntu: sudo apt-get install postgresql
+  Fedora:        sudo dnf install postgresql-server
+  macOS:         brew install postgresql@17
+or set PG_BINDIR to the directory that holds initdb; or run a server in a container instead:
+  docker run -d --name outbox-postgres -p 127.0.0.1:5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:17`)
+
 // Available reports whether the server binaries are present, and if not,
-// what is missing.
+// what is missing and how to install it (an error wrapping ErrNoBinaries).
 func Available() error {
 	_, err := binDir()
 	return err
 }
 
+// BinDir is the directory of the server binaries Start uses (see the
+// package documentation for where they are looked for).
+func BinDir() (string, error) { return binDir() }
+
 func binDir() (string, error) {
-	if d := os.Getenv("PG_BINDIR"); d != "" {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err != nil {
-			return "", fmt.Errorf("pgcluster: PG_BINDIR=%s has no initdb", d)
+	return findBinDir(binSearch{
+		getenv: os.Getenv, root: "/", lookPath: exec.LookPath,
+		pgConfig: func() string {
+			out, err := exec.Command("pg_config", "--bindir").Output()
+			if err != nil {
+				return ""
+			}
+			return strings.TrimSpace(string(out))
+		},
+	})
+}
+
+// binSearch is where findBinDir looks: the environment, the file system
+// root the fixed layouts are under, the PATH and pg_config (replaceable in
+// tests).
+type binSearch struct {
+	getenv   func(string) string
+	root     string
+	lookPath func(string) (string, error)
+	pgConfig func() string
+}
+
+// layouts are the fixed places server binaries are installed in, as globs
+// under the root; within one glob the newest version comes first.
+var layouts = []string{
+	"usr/lib/postgresql/*/bin",                       // Debian, Ubuntu (postgresql-common)
+	"opt/homebrew/opt/postgresql@*/bin",              // Homebrew on Apple silicon
+	"usr/local/opt/postgresql@*/bin",                 // Homebrew on Intel
+	"home/linuxbrew/.linuxbrew/opt/postgresql@*/bin", // Homebrew on Linux
+	"opt/homebrew/opt/postgresql/bin",
+	"usr/local/opt/postgresql/bin",
+	"Applications/Postgres.app/Contents/Versions/latest/bin",
+	"usr/pgsql-*/bin", // the PGDG RPMs (Fedora, RHEL)
+}
+
+func findBinDir(s binSearch) (string, error) {
+	has := func(dir string) bool {
+		fi, err := os.Stat(filepath.Join(dir, "initdb"))
+		return err == nil && !fi.IsDir()
+	}
+	if d := s.getenv("PG_BINDIR"); d != "" {
+		if !has(d) {
+			return "", fmt.Errorf("pgcluster: PG_BINDIR=%s has no initdb: %w", d, ErrNoBinaries)
 		}
 		return d, nil
 	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-			return d, nil
+	if d := s.pgConfig(); d != "" && has(d) {
+		return d, nil
+	}
+	for _, layout := range layouts {
+		dirs, _ := filepath.Glob(filepath.Join(s.root, layout))
+		sort.SliceStable(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+		for _, d := range dirs {
+			if has(d) {
+				return d, nil
+			}
 		}
 	}
-	return "", errors.New("pgcluster: PostgreSQL's server binaries (initdb, pg_ctl) were not found; install the postgresql package or set PG_BINDIR")
+	if p, err := s.lookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", fmt.Errorf("pgcluster: %w", ErrNoBinaries)
 }
 
+var versionRE = regexp.MustCompile(`(\d+)(?:\.\d+)?$`)
+
+// version is the major version in the name of a binaries directory's
+// parent (15, postgresql@17, pgsql-16), 0 when it has none.
 func version(binDir string) int {
-	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	m := versionRE.FindStringSubmatch(filepath.Base(filepath.Dir(binDir)))
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
 	return n
 }
 
@@ -144,6 +221,15 @@ func (c *Cluster) Start() error {
 	if c.running {
 		return nil
 	}
+	if err := c.run("pg_ctl", c.startArgs()...); err != nil {
+		return err
+	}
+	c.running = true
+	return nil
+}
+
+// startArgs are pg_ctl's arguments that start the cluster.
+func (c *Cluster) startArgs() []string {
 	opts := []string{
 		fmt.Sprintf("-p %d", c.port),
 		"-c listen_addresses=127.0.0.1",
@@ -159,11 +245,7 @@ func (c *Cluster) Start() error {
 	for _, k := range keys {
 		opts = append(opts, fmt.Sprintf("-c %s=%s", k, c.settings[k]))
 	}
-	if err := c.run("pg_ctl", "-D", c.data, "-o", strings.Join(opts, " "), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "start"); err != nil {
-		return err
-	}
-	c.running = true
-	return nil
+	return []string{"-D", c.data, "-o", strings.Join(opts, " "), "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "start"}
 }
 
 // Crash stops the cluster the hard way (immediate shutdown: no
@@ -192,6 +274,34 @@ func (c *Cluster) stop(mode string) error {
 func (c *Cluster) Log() string {
 	b, _ := os.ReadFile(filepath.Join(c.dir, "log"))
 	return string(b)
+}
+
+// Dir is the cluster's directory: the data directory (DataDir), the
+// server's log and its socket. Close removes it.
+func (c *Cluster) Dir() string { return c.dir }
+
+// Keep shuts the cluster down cleanly and leaves its directory in place
+// instead of Close, for someone to inspect; it returns the shell command
+// that starts the cluster again. Nothing else (Close included) may be
+// called afterwards.
+func (c *Cluster) Keep() (restart string, err error) {
+	if err := c.Stop(); err != nil {
+		return "", err
+	}
+	bin, err := binDir()
+	if err != nil {
+		return "", err
+	}
+	words := append([]string{filepath.Join(bin, "pg_ctl")}, c.startArgs()...)
+	if c.owner != nil {
+		words = append([]string{"runuser", "-u", c.owner.Username, "--"}, words...)
+	}
+	for i, w := range words {
+		if strings.ContainsAny(w, " '\"$\\") {
+			words[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(words, " "), nil
 }
 
 // Close stops the cluster (immediately) and removes its directory.

@@ -8,6 +8,8 @@ package redact
 
 import (
 	"net/url"
+	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -40,72 +42,242 @@ func IsSecretKey(k string) bool { return secretKeys[strings.ToLower(k)] }
 // URL returns raw with the password of its user part and the values of
 // query parameters that hold secrets (password, sslpassword, token, key,
 // ...) replaced by Mask. A user name alone stays, except in a nats:// or
-// tls:// URL, where it is a token. A URL that does not parse is not shown:
-// the result is its scheme and a note.
+// tls:// URL, where it is a token, and in a user part with more than one
+// '@' (an unencoded '@' in a password: where it ends is ambiguous), which
+// is hidden whole. A NATS server list ("nats://a@h1,b@h2") has each
+// server's user part hidden. An http:// or https:// URL is shown as
+// Webhook shows it. Leading and trailing spaces and the case of the scheme
+// do not matter. A URL that does not parse is not shown: the result is its
+// scheme and a note.
 func URL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Opaque != "" {
-		return unparsable(raw)
+	t := strings.TrimSpace(raw)
+	switch schemeOf(t) {
+	case "http", "https":
+		return Webhook(t)
+	case "nats", "tls":
+		return natsList(t)
 	}
-	if u.User != nil {
+	return genericURL(t)
+}
+
+// schemeOf returns the lower-cased scheme of a URL-like string ("" when it
+// has none).
+func schemeOf(s string) string {
+	i := strings.IndexByte(s, ':')
+	if i <= 0 {
+		return ""
+	}
+	for j := 0; j < i; j++ {
+		c := s[j]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || j > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return ""
+		}
+	}
+	return strings.ToLower(s[:i])
+}
+
+// authority returns the authority of a scheme://authority/... string (up
+// to the first '/', '?' or '#'), its start and whether there is one.
+func authority(s string) (auth string, start int, ok bool) {
+	i := strings.Index(s, "://")
+	if i < 0 || schemeOf(s) == "" || i != len(schemeOf(s)) {
+		return "", 0, false
+	}
+	start = i + 3
+	auth = s[start:]
+	if j := strings.IndexAny(auth, "/?#"); j >= 0 {
+		auth = auth[:j]
+	}
+	return auth, start, true
+}
+
+func genericURL(t string) string {
+	auth, start, ok := authority(t)
+	if !ok {
+		// "postgres:/u:pw@h", "amqp:u:pw@h": no authority that a parser
+		// would agree on.
+		return unparsable(t)
+	}
+	if strings.Count(auth, "@") > 1 {
+		// An unencoded '@' in the user part: hide all of it.
+		at := strings.LastIndexByte(auth, '@')
+		t = t[:start] + Mask + t[start+at:]
+	}
+	u, err := url.Parse(t)
+	if err != nil || u.Opaque != "" || u.Host == "" {
+		return unparsable(t)
+	}
+	if u.User != nil && u.User.Username() != Mask {
 		if _, ok := u.User.Password(); ok {
 			u.User = url.UserPassword(u.User.Username(), Mask)
-		} else if u.Scheme == "nats" || u.Scheme == "tls" {
-			u.User = url.User(Mask)
 		}
 	}
-	if u.RawQuery != "" {
-		parts := strings.Split(u.RawQuery, "&")
-		for i, p := range parts {
-			k, _, _ := strings.Cut(p, "=")
-			name, err := url.QueryUnescape(k)
-			if err != nil {
-				parts[i] = "(not shown)"
-			} else if IsSecretKey(name) {
-				parts[i] = k + "=" + Mask
-			}
-		}
-		u.RawQuery = strings.Join(parts, "&")
+	if u.User != nil && u.User.Username() == Mask {
+		u.User = nil
+		return u.Scheme + "://" + Mask + "@" + strings.TrimPrefix(u.String(), u.Scheme+"://")
 	}
+	u.RawQuery = redactQuery(u.RawQuery)
 	return u.String()
 }
 
+// redactQuery masks the values of secret parameters of a raw query.
+func redactQuery(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	parts := strings.Split(raw, "&")
+	for i, p := range parts {
+		k, _, _ := strings.Cut(p, "=")
+		name, err := url.QueryUnescape(k)
+		if err != nil {
+			parts[i] = "(not shown)"
+		} else if IsSecretKey(name) {
+			parts[i] = k + "=" + Mask
+		}
+	}
+	return strings.Join(parts, "&")
+}
+
+// natsList redacts a nats:// or tls:// URL whose host part may list several
+// servers, each with a user part (a token, or user:password) and each
+// optionally with its own scheme: "nats://a@h1:4222, nats://u:p@h2:4222".
+func natsList(t string) string {
+	scheme := schemeOf(t)
+	_, start, ok := authority(t)
+	if !ok {
+		return unparsable(t)
+	}
+	rest := t[start:]
+	hosts, tail := rest, ""
+	for i := 0; i < len(rest); i++ {
+		if strings.HasPrefix(rest[i:], "://") {
+			i += 2 // a server's own scheme
+			continue
+		}
+		if strings.IndexByte("/?#", rest[i]) >= 0 {
+			hosts, tail = rest[:i], rest[i:]
+			break
+		}
+	}
+	servers := strings.Split(hosts, ",")
+	for i, srv := range servers {
+		srv = strings.TrimSpace(srv)
+		prefix := ""
+		if j := strings.Index(srv, "://"); j >= 0 {
+			prefix, srv = strings.ToLower(srv[:j+3]), srv[j+3:]
+		}
+		if at := strings.LastIndexByte(srv, '@'); at >= 0 {
+			user := srv[:at]
+			if name, _, hasPass := strings.Cut(user, ":"); hasPass && !strings.Contains(user, "@") {
+				srv = name + ":" + Mask + srv[at:]
+			} else {
+				srv = Mask + srv[at:]
+			}
+		}
+		servers[i] = prefix + srv
+	}
+	if q, frag, ok := strings.Cut(tail, "?"); ok {
+		// The path and fragment are not secrets; the query may be.
+		q2, fr, hasFrag := strings.Cut(frag, "#")
+		tail = q + "?" + redactQuery(q2)
+		if hasFrag {
+			tail += "#" + fr
+		}
+	}
+	return scheme + "://" + strings.Join(servers, ",") + tail
+}
+
+// Webhook returns an http:// or https:// URL as logs and errors show a
+// webhook endpoint: scheme://host, and /xxxxx for a path, since a path can
+// be the endpoint's secret (Slack's /services/T…/B…/<token>, Discord's
+// /api/webhooks/<id>/<token>); no user, query or fragment. A URL that does
+// not parse, or has no host, is "(invalid URL)".
+func Webhook(raw string) string {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || u.Host == "" || u.Opaque != "" {
+		return "(invalid URL)"
+	}
+	shown := u.Scheme + "://" + u.Host
+	if u.Path != "" && u.Path != "/" {
+		shown += "/" + Mask
+	}
+	return shown
+}
+
 func unparsable(raw string) string {
-	if scheme, _, ok := strings.Cut(raw, "://"); ok && !strings.ContainsAny(scheme, "@:/ ") {
-		return scheme + "://(unparsable URL, not shown)"
+	if s := schemeOf(raw); s != "" {
+		return s + "://(unparsable URL, not shown)"
 	}
 	return "(unparsable URL, not shown)"
+}
+
+// isURL reports whether a connection string is in URL form: it starts
+// (after spaces, in any case) with postgres: or postgresql:, as pgx decides
+// (the form without "//" is not one pgx reads, but it is one a password
+// could sit in).
+func isURL(s string) bool {
+	switch schemeOf(strings.TrimSpace(s)) {
+	case "postgres", "postgresql":
+		return true
+	}
+	return false
+}
+
+// UnencodedAt reports whether a PostgreSQL URL's user part holds an
+// unencoded '@' (more than one '@' before the host): pgx, like libpq, ends
+// the user part at the first one and takes the rest of the password for
+// the host, which its errors then quote.
+func UnencodedAt(s string) bool {
+	if !isURL(s) {
+		return false
+	}
+	auth, _, ok := authority(strings.TrimSpace(s))
+	return ok && strings.Count(auth, "@") > 1
 }
 
 // Database returns a PostgreSQL connection string, in URL form
 // (postgres://user:password@host/db?sslpassword=...) or key=value form
 // (host=h password='p w' sslpassword=...), with its password and
-// sslpassword (and any other secret parameter) replaced by Mask.
+// sslpassword (and any other secret parameter) replaced by Mask. A URL is
+// recognised whatever the case of its scheme and spaces around it; one
+// without "//" after the scheme, or that does not parse, is not shown. A
+// key=value string with anything that is not key=value is not shown
+// either.
 func Database(s string) string {
-	if strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") {
-		return URL(s)
+	if isURL(s) {
+		return genericURL(strings.TrimSpace(s))
 	}
 	return keyValue(s)
 }
 
-// keyValue redacts a libpq key=value connection string.
+// keyValue redacts a libpq key=value connection string; one with a part
+// that is not key=value is not shown.
 func keyValue(s string) string {
 	var b strings.Builder
 	last := 0
+	malformed := false
 	scanKeyValues(s, func(key string, from, to int) {
+		if from < 0 {
+			malformed = true
+			return
+		}
 		if IsSecretKey(key) {
 			b.WriteString(s[last:from])
 			b.WriteString(Mask)
 			last = to
 		}
 	})
+	if malformed {
+		return "(malformed connection string, not shown)"
+	}
 	b.WriteString(s[last:])
 	return b.String()
 }
 
 // scanKeyValues calls fn with each key of a key=value connection string and
-// where its value is in s (quotes included). Values may be single-quoted,
-// with \' and \\ escapes; spaces may surround '='.
+// where its value is in s (quotes included), or with from = -1 for a part
+// that is not key=value. Values may be single-quoted, with \' and \\
+// escapes; spaces may surround '='.
 func scanKeyValues(s string, fn func(key string, from, to int)) {
 	i := 0
 	skip := func() {
@@ -128,7 +300,8 @@ func scanKeyValues(s string, fn func(key string, from, to int)) {
 			if i == start {
 				i++
 			}
-			continue // malformed: pgx says so
+			fn(key, -1, -1) // malformed: pgx says so
+			continue
 		}
 		i++
 		skip()
@@ -191,33 +364,59 @@ func Secrets(text string, secrets ...string) string {
 func DatabaseSecrets(s string) []string {
 	var out []string
 	add := func(v string) {
-		if v != "" {
+		if v != "" && !slices.Contains(out, v) {
 			out = append(out, v)
 		}
 	}
-	if strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") {
-		u, err := url.Parse(s)
-		if err != nil {
-			// Whatever sits between "user:" and the last '@' of the
-			// authority would be the password.
-			_, rest, _ := strings.Cut(s, "://")
-			if i := strings.IndexAny(rest, "/?"); i >= 0 && strings.LastIndex(rest[:i], "@") < 0 {
-				rest = rest[:i]
+	if isURL(s) {
+		t := strings.TrimSpace(s)
+		u, err := url.Parse(t)
+		if err == nil {
+			if pw, ok := u.User.Password(); ok {
+				add(pw)
 			}
-			if at := strings.LastIndex(rest, "@"); at >= 0 {
-				if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
-					add(pw)
+		}
+		// Whatever else a parser could take for the password: between
+		// "user:" and the last '@' of the authority (as net/url reads it),
+		// between "user:" and the first '@' (as pgx and libpq read it), and
+		// what follows an '@' in the user part, which those then take for
+		// the host and quote in their errors.
+		auth, _, ok := authority(t)
+		if !ok {
+			_, auth, _ = strings.Cut(t, ":")
+			auth = strings.TrimLeft(auth, "/")
+			if i := strings.IndexAny(auth, "/?#"); i >= 0 && strings.LastIndex(auth[:i], "@") < 0 {
+				auth = auth[:i]
+			}
+		}
+		addBoth := func(v string) {
+			add(v)
+			if dec, err := url.PathUnescape(v); err == nil {
+				add(dec)
+			}
+		}
+		if at := strings.LastIndexByte(auth, '@'); at >= 0 {
+			userinfo := auth[:at]
+			_, pw, hasPW := strings.Cut(userinfo, ":")
+			if err != nil && hasPW {
+				add(pw)
+			}
+			if strings.Contains(userinfo, "@") {
+				if hasPW {
+					addBoth(strings.SplitN(pw, "@", 2)[0])
+				}
+				for tail := userinfo; strings.Contains(tail, "@"); {
+					_, tail, _ = strings.Cut(tail, "@")
+					addBoth(tail)
 				}
 			}
-			return out
 		}
-		if pw, ok := u.User.Password(); ok {
-			add(pw)
-		}
-		for k, vs := range u.Query() {
-			if IsSecretKey(k) {
-				for _, v := range vs {
-					add(v)
+		if err == nil {
+			for k, vs := range u.Query() {
+				if IsSecretKey(k) {
+					for _, v := range vs {
+						add(v)
+					}
 				}
 			}
 		}
@@ -251,3 +450,19 @@ type redacted struct {
 
 func (r *redacted) Error() string { return r.msg }
 func (r *redacted) Unwrap() error { return r.err }
+
+// urlInText finds http:// and https:// URLs in free text.
+var urlInText = regexp.MustCompile(`(?i)\bhttps?://[^\s"'<>]+`)
+
+// Text returns free text (an error, an event's last_error) with every
+// http:// or https:// URL in it shown as Webhook shows it, so that an
+// endpoint's path or query token recorded by an older version is not shown.
+func Text(s string) string {
+	if !strings.Contains(strings.ToLower(s), "http") {
+		return s
+	}
+	return urlInText.ReplaceAllStringFunc(s, func(u string) string {
+		trimmed := strings.TrimRight(u, ".,;:!?)]}")
+		return Webhook(trimmed) + u[len(trimmed):]
+	})
+}

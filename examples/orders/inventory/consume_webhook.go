@@ -24,7 +24,9 @@ var errNotApplied = errors.New("inventory: event not applied")
 // like every transport. Its answers tell the relay what to do:
 //
 //   - 204: the event was applied now, or before (a duplicate: the relay
-//     retried after a lost answer); the relay marks it published.
+//     retried after a lost answer, answered by the receiver from its memory
+//     of handled deliveries or, after a restart, by the inbox); the relay
+//     marks it published.
 //   - 500 with a short Retry-After: an earlier event of the order is not
 //     applied yet (Early), or applying it failed; the relay posts it again
 //     after that delay. A 500 spends one of the event's attempts. A 503
@@ -38,7 +40,8 @@ var errNotApplied = errors.New("inventory: event not applied")
 //   - 500 without an inbox transaction: the failpoint
 //     "consumer/after-commit-before-ack" dropped the answer after the
 //     commit, as a crash there would; the retry is a duplicate.
-//   - 401 (bad signature), 400 (not an outbox event), as NewReceiver does.
+//   - 401 (bad signature, unsigned attributes, a webhook-id that is not the
+//     event's), 400 (not an outbox event), as NewReceiver does.
 func (c *Consumer) WebhookHandler(secrets []string) (http.Handler, error) {
 	return outboxwebhook.NewReceiver(secrets, func(ctx context.Context, msg outbox.Message) error {
 		c.delivered.Add(1)

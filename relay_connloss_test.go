@@ -1,0 +1,201 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/cutproxy"
+	"github.com/pgoutbox/outbox/internal/outboxtest"
+)
+
+// relayPoolThrough is a pool to the test database through proxy p (nil:
+// direct), its sessions named app, so that a test can find and end them.
+func relayPoolThrough(t *testing.T, p *cutproxy.Proxy, app string) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(outboxtest.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p != nil {
+		u.Host = p.Addr()
+	}
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	pool, err := pgxpool.New(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// endSessions terminates every session named app and waits until they are
+// gone, as an operator's pg_terminate_backend, a pooler restart or
+// idle_session_timeout would.
+func endSessions(t *testing.T, admin *pgxpool.Pool, app string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+		t.Error(err)
+		return
+	}
+	outboxtest.Eventually(t, 10*time.Second, "sessions ended", func() bool {
+		var n int
+		_ = admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+		return n == 0
+	})
+}
+
+// afterAck runs hook once, after the destination acknowledged the first
+// call whose messages satisfy match: between the ack and the mark.
+type afterAck struct {
+	next  outbox.Publisher
+	match func([]outbox.Message) bool
+	hook  func()
+	fired atomic.Bool
+}
+
+func (p *afterAck) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	errs := p.next.Publish(ctx, msgs)
+	if errs == nil && p.match(msgs) && p.fired.CompareAndSwap(false, true) {
+		p.hook()
+	}
+	return errs
+}
+
+// TestLostConnectionDoesNotLoseTheMark loses the relay's connection between
+// the destination's ack and the mark, in the three ways production does:
+// the session ended before the mark (pg_terminate_backend, a pooler
+// restart), the answer to a mark that committed lost on its way back (a
+// failover, a network cut), and the session ended before a settle that also
+// records a failure (the transactional settle). The relay must write the
+// settle again on another connection: the events are marked long before
+// their lease (a minute here) could expire, none is published twice, and no
+// lease conflict is counted. Before, the mark failed with the connection,
+// the events stayed leased for the whole lease and were then published a
+// second time (issue 24: 892 events on 84 aggregates waited 30 s).
+func TestLostConnectionDoesNotLoseTheMark(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []string{"session ended", "answer lost", "session ended in a settle with a failure"} {
+		t.Run(tc, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			admin, schema := outboxtest.Schema(t)
+			w := newWriter(t, schema)
+			b := newNATS(t, outboxtest.NATSURL(), 0)
+			proxy := cutproxy.New(t, hostPortOf(t, outboxtest.DatabaseURL()))
+			app := outboxtest.UniqueName(t, "relay")
+			pool := relayPoolThrough(t, proxy, app)
+			writeEventsFor(t, admin, w, "a", "b", "c")
+			pub := &afterAck{next: b.pub, match: func(msgs []outbox.Message) bool { return len(msgs) == 3 }, hook: func() {
+				if tc == "answer lost" {
+					proxy.CutReplyContaining([]byte("UPDATE 3\x00"))
+					return
+				}
+				endSessions(t, admin, app)
+			}}
+			var next outbox.Publisher = pub
+			if tc == "session ended in a settle with a failure" {
+				writeEventsFor(t, admin, w, "refused")
+				next = failingPublisher{next: pub, fail: func(m outbox.Message) error {
+					if m.AggregateID == "refused" {
+						return errors.New("try later")
+					}
+					return nil
+				}}
+			}
+			cfg := quietConfig(schema, next)
+			cfg.LeaseDuration = time.Minute
+			cfg.HeartbeatInterval = time.Hour // no other UPDATE on the relay's connections
+			cfg.VacuumInterval = -1
+			cfg.RetryBackoffMin, cfg.RetryBackoffMax = time.Hour, time.Hour
+			r, stop := startRelay(t, pool, cfg)
+			defer stop()
+			outboxtest.Eventually(t, 10*time.Second, "a, b, c marked published, well within their one-minute lease", func() bool {
+				var n int
+				_ = admin.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.outbox_events WHERE published_at IS NOT NULL`).Scan(&n)
+				return n == 3 && r.Stats().Published == 3
+			})
+			if !pub.fired.Load() {
+				t.Fatal("the connection was never cut")
+			}
+			if tc == "answer lost" && proxy.Cuts() != 1 {
+				t.Fatalf("%d answers cut, want 1", proxy.Cuts())
+			}
+			if st := r.Stats(); st.LeaseConflicts != 0 || st.Published != 3 {
+				t.Fatalf("stats %+v: want 3 published, no lease conflict", st)
+			}
+			if tc == "session ended in a settle with a failure" {
+				var attempts int
+				if err := admin.QueryRow(ctx, `SELECT attempt_count FROM `+schema+`.outbox_events WHERE aggregate_id = 'refused'`).Scan(&attempts); err != nil {
+					t.Fatal(err)
+				}
+				if attempts != 1 {
+					t.Fatalf("the failure was recorded %d times, want once", attempts)
+				}
+			}
+			stop()
+			seen := checkBrokerOrder(t, b.streamEvents(t))
+			for id, n := range seen {
+				if n != 1 {
+					t.Fatalf("event %s published %d times", id, n)
+				}
+			}
+		})
+	}
+}
+
+// TestListenComesBackAfterItsSessionEnds ends the relay's LISTEN session:
+// it must listen again, so that a commit after that wakes it. Its poll
+// interval is an hour, so only a wake-up can publish the event.
+func TestListenComesBackAfterItsSessionEnds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	app := outboxtest.UniqueName(t, "relay")
+	pool := relayPoolThrough(t, nil, app)
+	cfg := quietConfig(schema, b.pub)
+	cfg.PollInterval = time.Hour
+	_, stop := startRelay(t, pool, cfg)
+	defer stop()
+	listening := func() int {
+		var pid int
+		_ = admin.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'`, app).Scan(&pid)
+		return pid
+	}
+	outboxtest.Eventually(t, 10*time.Second, "the relay listens", func() bool { return listening() != 0 })
+	first := listening()
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, first); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	outboxtest.Eventually(t, 10*time.Second, "the relay listens again", func() bool { pid := listening(); return pid != 0 && pid != first })
+	t.Logf("listening again %s after its session ended", time.Since(start).Round(time.Millisecond))
+	n, err := outbox.NewNotifier(admin, outbox.NotifierConfig{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	writeEventsFor(t, admin, w, "woken")
+	n.Notify()
+	outboxtest.Eventually(t, 10*time.Second, "the event published on the wake-up", func() bool { return unpublished(t, admin, schema) == 0 })
+}
+
+func hostPortOf(t *testing.T, raw string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
+}

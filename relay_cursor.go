@@ -1,0 +1,436 @@
+package outbox
+
+// Claiming only what is new: the relay remembers where its last claim left
+// off, a snapshot of transaction ids, and next reads only the events written
+// since, the events whose backoff or operator action made them due, and the
+// next events of the lanes it has just published. A periodic full scan (the
+// claim of relay_sql.go) catches what this misses: leases of relays that
+// died, events of an upgraded table. The argument: docs/design.md, "Claiming
+// only what is new".
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// RescanIntervalDefault is the default RelayConfig.RescanInterval.
+const RescanIntervalDefault = 5 * time.Second
+
+// contRetries is how many claims a lane's next event is looked for while a
+// concurrent claim statement holds it locked (see claimCursor.cont).
+const contRetries = 3
+
+// laneNext is the next sequence of a lane the relay published up to.
+type laneNext struct {
+	typ, id string
+	seq     int64
+	tries   int
+}
+
+// claimCursor is where a relay's incremental claim starts.
+//
+// Every pending event that is not quarantined or parked and not
+// rescheduled (outbox_rescheduled_idx) has a dispatch_xid at or past from,
+// or in points, or is the next event of a lane in cont, or is one that only
+// the full scan finds (leased by a relay that died; written before
+// migration 009). Claims keep that true as they move from forward.
+type claimCursor struct {
+	mu     sync.Mutex
+	valid  bool
+	from   uint64   // dispatch_xid lower bound of the range scan
+	points []uint64 // transactions below from that were running at the last snapshot
+	cont   []laneNext
+	// lastFull is when the last full scan ran; fullAgain asks for another
+	// one at once (the last full scan returned a full batch).
+	lastFull  time.Time
+	fullAgain bool
+}
+
+// claimKind is how the next claim looks for events.
+type claimKind int
+
+const (
+	claimFull  claimKind = iota // the full scan (relay_sql.go claimSQL)
+	claimFresh                  // only what is new (fastClaimSQL)
+)
+
+// nextKind decides the next claim's kind: the full scan when the cursor is
+// not set, when RescanInterval has passed since the last one, or when the
+// last one filled its batch; else the incremental claim.
+func (c *claimCursor) nextKind(now time.Time, rescan time.Duration) claimKind {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rescan < 0 {
+		return claimFull
+	}
+	if c.fullAgain || now.Sub(c.lastFull) >= rescan {
+		return claimFull
+	}
+	return claimFresh
+}
+
+// fullDone records a full scan that returned n events of a batch of size.
+func (c *claimCursor) fullDone(now time.Time, n, size int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lastFull = now
+	c.fullAgain = n >= size
+}
+
+// continueLanes records, for each lane of b whose claimed events were all
+// published, its next sequence: the next claim looks for it. Another relay
+// may have seen that event while its predecessor was leased here, and left
+// it as not the head of its lane; nobody else would look for it again.
+func (c *claimCursor) continueLanes(b batch, published []uuid.UUID) {
+	if len(published) == 0 {
+		return
+	}
+	done := make(map[uuid.UUID]struct{}, len(published))
+	for _, id := range published {
+		done[id] = struct{}{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, lane := range b.lanes {
+		if len(lane) == 0 {
+			continue
+		}
+		last := lane[len(lane)-1]
+		if _, ok := done[last.ID]; !ok {
+			continue
+		}
+		c.cont = append(c.cont, laneNext{typ: last.AggregateType, id: last.AggregateID, seq: last.Sequence + 1})
+	}
+}
+
+// freshArgs are the incremental claim's arguments $5.. $9, and the lanes
+// whose next event it looks for.
+func (c *claimCursor) freshArgs() ([]any, []laneNext) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cont := c.cont
+	c.cont = nil
+	points := make([]string, len(c.points))
+	for i, p := range c.points {
+		points[i] = strconv.FormatUint(p, 10)
+	}
+	types, ids, seqs := make([]string, len(cont)), make([]string, len(cont)), make([]int64, len(cont))
+	for i, l := range cont {
+		types[i], ids[i], seqs[i] = l.typ, l.id, l.seq
+	}
+	return []any{strconv.FormatUint(c.from, 10), points, types, ids, seqs}, cont
+}
+
+// freshMeta is what an incremental claim reports besides its rows.
+type freshMeta struct {
+	snapshot  string  // pg_current_snapshot() of the claim statement
+	fresh     int     // rows the range scan read (a full window: window)
+	points    int     // rows the running transactions' lookup read
+	headsCut  bool    // more heads were found than the batch could take
+	firstLeft *string // the lowest dispatch_xid the range scan read and left, not leased here
+	keepLanes []int64 // 1-based positions in cont of lanes to look for again
+}
+
+// advance moves the cursor after an incremental claim that read with window
+// rows per scan.
+//
+// When neither scan filled its window and every head found was claimed,
+// every event the claim's snapshot shows was read, and what was left is
+// left to someone who will come back to it: the claim moves to the
+// snapshot's xmax, and its running transactions become the points. Else it
+// moves only up to the lowest dispatch_xid it left (not leased by this
+// relay), and keeps its points, adding the transactions running below the
+// new start.
+func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
+	_, xmax, xip, err := parseSnapshot(m.snapshot)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range m.keepLanes {
+		if n < 1 || int(n) > len(cont) {
+			continue
+		}
+		l := cont[n-1]
+		if l.tries++; l.tries < contRetries {
+			c.cont = append(c.cont, l)
+		}
+	}
+	full := m.fresh >= window || m.points >= window || m.headsCut
+	if !full {
+		c.from, c.points = xmax, xip
+		return nil
+	}
+	to := xmax
+	if m.firstLeft != nil {
+		v, err := strconv.ParseUint(*m.firstLeft, 10, 64)
+		if err != nil {
+			return fmt.Errorf("claim cursor: %w", err)
+		}
+		to = min(to, v)
+	}
+	if to < c.from {
+		to = c.from
+	}
+	points := c.points
+	for _, x := range xip {
+		if x >= c.from && x < to {
+			points = append(points, x)
+		}
+	}
+	c.from, c.points = to, points
+	return nil
+}
+
+// reset sets the cursor from a start-up query: from is the lowest
+// dispatch_xid of a pending event that is neither quarantined nor parked (or
+// the snapshot's xmax when there is none), and the points are the
+// transactions running below it.
+func (c *claimCursor) reset(lowest *string, snapshot string) error {
+	_, xmax, xip, err := parseSnapshot(snapshot)
+	if err != nil {
+		return err
+	}
+	from := xmax
+	if lowest != nil {
+		v, err := strconv.ParseUint(*lowest, 10, 64)
+		if err != nil {
+			return fmt.Errorf("claim cursor: %w", err)
+		}
+		from = min(from, v)
+	}
+	var points []uint64
+	for _, x := range xip {
+		if x < from {
+			points = append(points, x)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.from, c.points, c.valid = from, points, true
+	return nil
+}
+
+// isValid reports whether the cursor has been set.
+func (c *claimCursor) isValid() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.valid
+}
+
+// parseSnapshot reads pg_snapshot's text form, "xmin:xmax:xip,xip,...".
+func parseSnapshot(s string) (xmin, xmax uint64, xip []uint64, err error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return 0, 0, nil, fmt.Errorf("claim cursor: snapshot %q", s)
+	}
+	if xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return 0, 0, nil, fmt.Errorf("claim cursor: snapshot %q: %w", s, err)
+	}
+	if xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return 0, 0, nil, fmt.Errorf("claim cursor: snapshot %q: %w", s, err)
+	}
+	if parts[2] != "" {
+		for _, f := range strings.Split(parts[2], ",") {
+			x, err := strconv.ParseUint(f, 10, 64)
+			if err != nil {
+				return 0, 0, nil, fmt.Errorf("claim cursor: snapshot %q: %w", s, err)
+			}
+			xip = append(xip, x)
+		}
+	}
+	return xmin, xmax, xip, nil
+}
+
+// cursorStartSQL is the start-up query of the claim cursor (see
+// claimCursor.reset). It reads outbox_fresh_idx from its start, once.
+func cursorStartSQL(events string) string {
+	return `SELECT (SELECT min(e.dispatch_xid) FROM ` + events + ` e
+	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
+	  AND e.available_at <= e.occurred_at)::text,
+	pg_current_snapshot()::text`
+}
+
+// startCursor sets r's claim cursor (see cursorStartSQL).
+func (r *Relay) startCursor(ctx context.Context) error {
+	var lowest *string
+	var snap string
+	if err := r.pool.QueryRow(ctx, r.sql.cursorStart).Scan(&lowest, &snap); err != nil {
+		return fmt.Errorf("claim cursor: %w", err)
+	}
+	return r.cursor.reset(lowest, snap)
+}
+
+// fastClaimSQL is the incremental claim: the claim of claimSQL, but with a
+// window made only of
+//
+//   - fresh: the pending events at or past the cursor's dispatch_xid ($5), a
+//     range of outbox_fresh_idx, oldest first, at most window of them;
+//   - points: the pending events of the transactions that were running at
+//     the cursor's snapshot ($6);
+//   - due: the rescheduled events that are due (outbox_rescheduled_idx);
+//   - cont: the next event of each lane the relay just published ($7-$9).
+//
+// The window's rows are locked and re-checked as in the full scan, the heads
+// among them probed the same way (isHead) and their successors taken the
+// same way (successorsSQL): what decides that an event may be claimed is
+// unchanged, only where the claim looks for candidates. Nothing is searched
+// past the window: the periodic full scan does that.
+//
+// Besides the claimed rows it returns one row (the first column true) with
+// what the cursor needs: the statement's snapshot, how many rows each scan
+// read, whether heads were left for lack of room, the lowest dispatch_xid
+// the range scan read and did not claim (not counting events leased by this
+// relay, which it will settle), and which looked-for lanes to look for
+// again because their event was there but locked by another claim.
+func fastClaimSQL(events string, batchSize int) string {
+	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
+	return `WITH fresh AS (
+	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at FROM ` + events + ` e
+	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
+	  AND e.dispatch_xid >= $5::text::xid8
+	ORDER BY e.dispatch_xid
+	LIMIT ` + window + `
+), points AS (
+	SELECT e.event_id FROM ` + events + ` e
+	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
+	  AND e.dispatch_xid = ANY ($6::text[]::xid8[])
+	ORDER BY e.dispatch_xid
+	LIMIT ` + window + `
+), due AS (
+	SELECT e.event_id FROM ` + events + ` e
+	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
+	  AND e.available_at > e.occurred_at AND e.available_at < ` + parkedAvailableAt + `
+	  AND e.available_at <= now()
+	ORDER BY e.available_at
+	LIMIT ` + window + `
+), cont AS (
+	SELECT c.n, e.event_id, e.claim_until, e.quarantined_at
+	FROM unnest($7::text[], $8::text[], $9::bigint[]) WITH ORDINALITY AS c(t, i, s, n)
+	CROSS JOIN LATERAL (
+		SELECT e.event_id, e.claim_until, e.quarantined_at, e.published_at FROM ` + events + ` e
+		WHERE e.aggregate_type = c.t AND e.aggregate_id = c.i AND e.aggregate_sequence = c.s
+		OFFSET 0) e
+	WHERE e.published_at IS NULL
+), scan AS (
+	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at
+	FROM (SELECT event_id FROM fresh UNION SELECT event_id FROM points
+		UNION SELECT event_id FROM due UNION SELECT event_id FROM cont) i
+	CROSS JOIN LATERAL (
+		SELECT * FROM ` + events + ` e WHERE e.event_id = i.event_id OFFSET 0 FOR UPDATE SKIP LOCKED) e
+	WHERE ` + claimableNow("e") + `
+), all_heads AS (
+	SELECT f.event_id, f.claimed_by, f.aggregate_type, f.aggregate_id, f.aggregate_sequence, f.available_at, f.occurred_at FROM (
+		SELECT DISTINCT ON (w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C") w.* FROM scan w
+		ORDER BY w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C", w.aggregate_sequence) f
+	WHERE ` + isHead(events, "f") + `
+), heads AS (
+	SELECT h.event_id, h.claimed_by, h.aggregate_type, h.aggregate_id, h.aggregate_sequence FROM all_heads h
+	ORDER BY h.available_at, h.occurred_at
+	LIMIT ` + limit + `
+), ` + successorsSQL(events) + `
+), candidates AS (
+	SELECT event_id, claimed_by, true AS head FROM heads
+	UNION ALL
+	SELECT event_id, claimed_by, false FROM runs
+), claimed (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, schema_version,
+	content_type, payload, headers, occurred_at, skipped_from, attempt_count, prev_owner) AS (
+	UPDATE ` + events + ` e
+	SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 millisecond'
+	FROM candidates c
+	WHERE e.event_id = c.event_id
+	  AND e.event_id = ANY (ARRAY(SELECT event_id FROM candidates))
+	RETURNING ` + messageColumnsSkipped(events, "e", `CASE WHEN c.head THEN `+skippedFromSQL(events, "e")+` ELSE 0 END`) + `, e.attempt_count, c.claimed_by
+)
+SELECT false, c.*, NULL::text, 0::bigint, 0::bigint, false, NULL::text, NULL::bigint[] FROM claimed c
+UNION ALL
+SELECT true, '00000000-0000-0000-0000-000000000000'::uuid, '', '', 0::bigint, '', 0, '', ''::bytea, '{}', now(), 0::bigint, 0, NULL::text,
+	pg_current_snapshot()::text,
+	(SELECT count(*) FROM fresh),
+	(SELECT count(*) FROM points),
+	(SELECT count(*) FROM all_heads) > ` + limit + `,
+	(SELECT min(f.dispatch_xid)::text FROM fresh f
+	 WHERE f.event_id NOT IN (SELECT event_id FROM claimed)
+	   AND f.available_at <= f.occurred_at
+	   AND NOT (f.claimed_by IS NOT DISTINCT FROM $2 AND f.claim_until >= now())),
+	ARRAY(SELECT c.n FROM cont c
+	 WHERE c.event_id NOT IN (SELECT event_id FROM claimed)
+	   AND c.quarantined_at IS NULL AND (c.claim_until IS NULL OR c.claim_until < now()))`
+}
+
+// claimKind decides how the claim starting at now looks for events. A relay
+// with ReconcileAfter (the safety net beside a CDC relay) always runs the
+// full scan: it looks for what the CDC path left, which is old by
+// definition.
+func (r *Relay) claimKind(now time.Time) claimKind {
+	if r.cfg.ReconcileAfter > 0 {
+		return claimFull
+	}
+	return r.cursor.nextKind(now, r.cfg.RescanInterval)
+}
+
+// claimFresh runs the incremental claim into b and moves the cursor.
+func (r *Relay) claimFresh(ctx context.Context, q querier, b *batch) (int64, error) {
+	if !r.cursor.isValid() {
+		if err := r.startCursor(ctx); err != nil {
+			return 0, err
+		}
+	}
+	args, cont := r.cursor.freshArgs()
+	rows, err := q.Query(ctx, r.sql.fastClaim, append([]any{r.cfg.BatchSize, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds()}, args...)...)
+	if err != nil {
+		r.cursor.restore(cont)
+		return 0, fmt.Errorf("claim batch: %w", err)
+	}
+	defer rows.Close()
+	var l laneBuilder
+	var meta freshMeta
+	seen := false
+	for rows.Next() {
+		var isMeta bool
+		var row messageRow
+		var attempts int
+		var prevOwner, snap *string
+		var fresh, points int64
+		var headsCut bool
+		dest := append([]any{&isMeta}, row.dest(&attempts, &prevOwner)...)
+		dest = append(dest, &snap, &fresh, &points, &headsCut, &meta.firstLeft, &meta.keepLanes)
+		if err := rows.Scan(dest...); err != nil {
+			r.cursor.restore(cont)
+			return l.takenOver, fmt.Errorf("claim batch: %w", err)
+		}
+		if isMeta {
+			seen = true
+			meta.snapshot, meta.fresh, meta.points, meta.headsCut = *snap, int(fresh), int(points), headsCut
+			continue
+		}
+		l.add(b, row, attempts, prevOwner)
+	}
+	if err := rows.Err(); err != nil {
+		r.cursor.restore(cont)
+		return l.takenOver, fmt.Errorf("claim batch: %w", err)
+	}
+	if !seen {
+		r.cursor.restore(cont)
+		return l.takenOver, errors.New("claim batch: the incremental claim returned no cursor row")
+	}
+	if err := r.cursor.advance(meta, r.cfg.BatchSize+r.cfg.BatchSize/4, cont); err != nil {
+		return l.takenOver, err
+	}
+	return l.takenOver, nil
+}
+
+// restore puts back the looked-for lanes of a claim that failed.
+func (c *claimCursor) restore(cont []laneNext) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cont = append(cont, c.cont...)
+}
