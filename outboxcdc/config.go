@@ -28,6 +28,12 @@ const (
 	// Config.RetryMax's defaults.
 	RetryMinDefault = 500 * time.Millisecond
 	RetryMaxDefault = 10 * time.Second
+	// MaxQueuedDefault is Config.MaxQueued's default: about 5 MB of ids.
+	MaxQueuedDefault = 100_000
+	// WaitLimitDefault is Config.WaitLimit's default.
+	WaitLimitDefault = time.Minute
+	// StandbyIntervalDefault is Config.StandbyInterval's default.
+	StandbyIntervalDefault = 500 * time.Millisecond
 )
 
 // Config configures a CDC relay.
@@ -73,10 +79,39 @@ type Config struct {
 	// server's wal_sender_timeout). Defaults to StatusIntervalDefault.
 	StatusInterval time.Duration
 	// RetryMin and RetryMax bound the backoff (with jitter) between
-	// attempts to stream: after an error, while another process streams
-	// the slot (standby), and before retrying a database error of
-	// PublishIDs. Default to RetryMinDefault and RetryMaxDefault.
+	// attempts to stream after an error, and before retrying a database
+	// error of PublishIDs. Default to RetryMinDefault and RetryMaxDefault.
 	RetryMin, RetryMax time.Duration
+	// MaxQueued bounds the event ids the stream holds in memory: read from
+	// the WAL and not finished yet (waiting for a PublishIDs call, in one,
+	// or waiting for their aggregate's earlier event). Publishing runs
+	// beside the reading, so a slow destination or database never stops
+	// the stream from reading and answering the server; when MaxQueued ids
+	// are held, the stream goes on reading but queues no more: the slot is
+	// not confirmed past the transactions it did not queue, and once the
+	// ids before them are finished the stream starts again from the slot's
+	// confirmed position and reads them again (the safety net covers them
+	// meanwhile). Defaults to MaxQueuedDefault.
+	MaxQueued int
+	// WaitLimit bounds how long the stream keeps an id it could not
+	// publish yet and hands it over again: an event behind an unpublished
+	// event of its aggregate (published by another relay, or still
+	// arriving), leased by another relay, or backing off after a failure.
+	// It is handed over again as soon as its predecessor may have been
+	// published (with the next call that carries an event of its
+	// aggregate, and at least every 100 ms), so that a lane's events go
+	// out one after the other whoever publishes its head. The slot is not
+	// confirmed past it while it waits; past WaitLimit it is left to the
+	// safety net. Defaults to WaitLimitDefault.
+	WaitLimit time.Duration
+	// StandbyInterval is how often a relay whose slot another process
+	// streams looks whether the slot is free (pg_replication_slots.active,
+	// one query), with jitter between half and all of it: a standby takes
+	// over within about StandbyInterval of the streaming process's WAL
+	// sender ending, and asks nothing of the server that fails (a
+	// START_REPLICATION on an active slot is an ERROR in the server's log).
+	// Defaults to StandbyIntervalDefault.
+	StandbyInterval time.Duration
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -106,6 +141,11 @@ func (c Config) withDefaults() Config {
 	def(&c.StatusInterval, StatusIntervalDefault)
 	def(&c.RetryMin, RetryMinDefault)
 	def(&c.RetryMax, RetryMaxDefault)
+	def(&c.WaitLimit, WaitLimitDefault)
+	def(&c.StandbyInterval, StandbyIntervalDefault)
+	if c.MaxQueued == 0 {
+		c.MaxQueued = MaxQueuedDefault
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -122,7 +162,9 @@ func (c Config) validate() error {
 		return errors.New("outboxcdc: Config.Relay is required")
 	case c.BatchSize < 1:
 		return fmt.Errorf("outboxcdc: BatchSize %d must be positive", c.BatchSize)
-	case c.FlushInterval < 0 || c.StatusInterval < 0 || c.RetryMin < 0:
+	case c.MaxQueued < c.BatchSize:
+		return fmt.Errorf("outboxcdc: MaxQueued %d is below BatchSize %d", c.MaxQueued, c.BatchSize)
+	case c.FlushInterval < 0 || c.StatusInterval < 0 || c.RetryMin < 0 || c.WaitLimit < 0 || c.StandbyInterval < 0:
 		return errors.New("outboxcdc: durations must not be negative")
 	case c.RetryMax < c.RetryMin:
 		return fmt.Errorf("outboxcdc: RetryMax %s is below RetryMin %s", c.RetryMax, c.RetryMin)

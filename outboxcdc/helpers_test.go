@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,15 +102,20 @@ func (e *env) relay(t *testing.T, id string, reconcile time.Duration, pub outbox
 }
 
 // startCDC runs a CDC relay of group until the returned stop is called (or
-// the test ends).
-func (e *env) startCDC(t *testing.T, group string, r, safety *outbox.Relay) (*outboxcdc.Relay, func()) {
+// the test ends). opts change its configuration.
+func (e *env) startCDC(t *testing.T, group string, r, safety *outbox.Relay, opts ...func(*outboxcdc.Config)) (*outboxcdc.Relay, func()) {
 	t.Helper()
-	c, err := outboxcdc.New(outboxcdc.Config{
+	cfg := outboxcdc.Config{
 		DatabaseURL: e.url, Pool: e.pool, Schema: e.schema, Group: group,
 		Relay: r, SafetyNet: safety, BatchSize: 50,
 		StatusInterval: 200 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
-		Logger: quiet().With(slog.String("cdc", r.ID())),
-	})
+		StandbyInterval: 100 * time.Millisecond,
+		Logger:          quiet().With(slog.String("cdc", r.ID())),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := outboxcdc.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +133,76 @@ func (e *env) startCDC(t *testing.T, group string, r, safety *outbox.Relay) (*ou
 	}
 	t.Cleanup(stop)
 	return c, stop
+}
+
+// holdingPublisher passes messages to a Publisher, except that once armed
+// its next Publish call waits until released.
+type holdingPublisher struct {
+	outbox.Publisher
+	mu      sync.Mutex
+	armed   bool
+	release chan struct{}
+	held    atomic.Bool // a Publish call is being held
+	calls   atomic.Int64
+}
+
+func holding(p outbox.Publisher) *holdingPublisher {
+	return &holdingPublisher{Publisher: p, release: make(chan struct{})}
+}
+
+// arm makes the next Publish call wait for release.
+func (h *holdingPublisher) arm() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.armed = true
+}
+
+// unhold releases the held call (once).
+func (h *holdingPublisher) unhold() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.release:
+	default:
+		close(h.release)
+	}
+}
+
+func (h *holdingPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	h.calls.Add(1)
+	h.mu.Lock()
+	armed := h.armed
+	h.armed = false
+	h.mu.Unlock()
+	if armed {
+		h.held.Store(true)
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+		}
+		h.held.Store(false)
+	}
+	return h.Publisher.Publish(ctx, msgs)
+}
+
+// walSender is the PID of the WAL sender streaming slot, and the time of
+// its last reply from the relay (0 and zero when none streams it).
+func (e *env) walSender(t *testing.T, slot string) (pid int, reply time.Time) {
+	t.Helper()
+	var p *int32
+	var r *time.Time
+	err := e.pool.QueryRow(context.Background(), `SELECT s.active_pid, r.reply_time FROM pg_replication_slots s
+		LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1`, slot).Scan(&p, &r)
+	if err != nil && err != pgx.ErrNoRows {
+		t.Fatal(err)
+	}
+	if p != nil {
+		pid = int(*p)
+	}
+	if r != nil {
+		reply = *r
+	}
+	return pid, reply
 }
 
 // write commits txs transactions, each with one event for each of aggs

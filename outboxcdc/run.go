@@ -20,18 +20,47 @@ import (
 // Stats are a CDC relay's running totals.
 type Stats struct {
 	received, published, left, outages, invalidations, takeovers atomic.Int64
+	alreadyPublished, deferred, rewinds, standbyChecks           atomic.Int64
+	queued, waiting                                              atomic.Int64
 	confirmed                                                    atomic.Uint64
 	streaming, standby                                           atomic.Bool
 }
 
-// Received counts the event ids read from committed transactions.
+// Received counts the event ids read from committed transactions (an id
+// read again after a restart or a rewind counts again).
 func (s *Stats) Received() int64 { return s.received.Load() }
 
 // Published counts the events PublishIDs published.
 func (s *Stats) Published() int64 { return s.published.Load() }
 
-// Left counts the ids PublishIDs left to the polling path.
+// AlreadyPublished counts the ids read whose event was found published
+// already: read again after a restart, or published by another relay.
+func (s *Stats) AlreadyPublished() int64 { return s.alreadyPublished.Load() }
+
+// Left counts the ids the stream left to the polling path (the safety
+// net) without finding them published: parked behind a quarantine, still
+// blocked after Config.WaitLimit, or not found in the table for a second.
 func (s *Stats) Left() int64 { return s.left.Load() }
+
+// Queued is the number of ids read and not finished now (at most
+// Config.MaxQueued).
+func (s *Stats) Queued() int64 { return s.queued.Load() }
+
+// Waiting is the number of ids, among Queued, that a call did not publish
+// and that wait to be handed over again (see Config.WaitLimit).
+func (s *Stats) Waiting() int64 { return s.waiting.Load() }
+
+// Deferred counts the ids read and not queued because Config.MaxQueued ids
+// were held; their transactions are read again (see Rewinds).
+func (s *Stats) Deferred() int64 { return s.deferred.Load() }
+
+// Rewinds counts the times the stream started again from the slot's
+// confirmed position to read deferred transactions again.
+func (s *Stats) Rewinds() int64 { return s.rewinds.Load() }
+
+// StandbyChecks counts the times this relay, standing by, looked whether
+// its slot was free.
+func (s *Stats) StandbyChecks() int64 { return s.standbyChecks.Load() }
 
 // Outages counts the PublishIDs calls that found the destination
 // unavailable (the stream then keeps its position and retries).
@@ -48,6 +77,10 @@ func (s *Stats) Invalidations() int64 { return s.invalidations.Load() }
 // Streaming reports whether this relay is streaming the slot now (false
 // while it stands by or reconnects).
 func (s *Stats) Streaming() bool { return s.streaming.Load() }
+
+// StandingBy reports whether this relay stands by now: another process
+// streams its slot.
+func (s *Stats) StandingBy() bool { return s.standby.Load() }
 
 // Confirmed is the last position reported to PostgreSQL as flushed.
 func (s *Stats) Confirmed() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) }
@@ -141,17 +174,29 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
+		if errors.Is(err, errRewind) {
+			r.stats.rewinds.Add(1)
+			r.log.Info("cdc queue was full; reading the transactions it did not queue again from the slot's confirmed position",
+				slog.Int64("deferred_events", r.stats.deferred.Load()))
+			failures = 0
+			continue
+		}
 		if err != nil {
 			r.lastErr.Store(&err)
 		}
-		if isCode(err, "55006") { // object_in_use: the slot is active for another PID
+		var active *errSlotActive
+		if errors.As(err, &active) || isCode(err, "55006") { // object_in_use: the slot is active for another PID
 			if !standby {
-				r.log.Info("standing by: another process streams the slot", slog.Any("error", err))
+				attrs := []any{}
+				if active != nil {
+					attrs = append(attrs, slog.Int("active_pid", active.pid))
+				}
+				r.log.Info("standing by: another process streams the slot", attrs...)
 			}
 			standby = true
 			r.stats.standby.Store(true)
 			failures = 0
-			sleep(ctx, jitter(1, r.cfg.RetryMin, r.cfg.RetryMin*2))
+			sleep(ctx, jitter(1, r.cfg.StandbyInterval, r.cfg.StandbyInterval))
 			continue
 		}
 		standby = false
@@ -222,6 +267,13 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 	if !info.exists || info.walStatus == "lost" {
 		return errors.New("replication slot missing or invalidated")
 	}
+	if info.active {
+		// Another process streams the slot (or the WAL sender of this
+		// one's last connection has not exited yet). START_REPLICATION
+		// would fail, and write an ERROR to the server's log.
+		r.stats.standbyChecks.Add(1)
+		return &errSlotActive{pid: info.activePID}
+	}
 	pc, err := pgconn.ParseConfig(r.cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("outboxcdc: parse the database URL: %w", redact(err))
@@ -249,11 +301,29 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		r.stats.takeovers.Add(1)
 		r.log.Info("took over the slot from the process that streamed it")
 	}
-	s := &stream{cfg: r.cfg, conn: conn, log: r.log, st: &r.stats, rels: map[uint32]int{}, handed: info.confirmed, confirmed: info.confirmed}
-	r.log.Info("cdc streaming", slog.String("from", info.confirmed.String()))
+	f := newFeed(info.confirmed, r.cfg.MaxQueued)
+	pub, err := newPublisher(r.cfg, r.log, &r.stats, f)
+	if err != nil {
+		return err
+	}
+	s := &stream{cfg: r.cfg, conn: conn, log: r.log, st: &r.stats, f: f, rels: map[uint32]relation{}, confirmed: info.confirmed}
+	r.log.Info("cdc streaming", slog.String("from", info.confirmed.String()), slog.String("restart_lsn", info.restart.String()))
 	r.stats.streaming.Store(true)
 	defer r.stats.streaming.Store(false)
-	err = s.run(ctx)
+	// The publisher runs beside the reader: the reader never waits for a
+	// publish, and a publisher that fails (a failpoint) ends the session.
+	sctx, stop := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := pub.run(sctx); err != nil {
+			stop(err)
+		}
+	}()
+	err = s.run(sctx)
+	stop(err)
+	<-done
+	r.stats.queued.Store(0)
 	// The last call's marks may still be on their way (Relay.PublishIDs):
 	// written before Run returns, so that a process that exits after it
 	// leaves no acknowledged event to be published again.
@@ -263,6 +333,13 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		r.log.Warn("marking the last events published failed; they are published again when their lease expires", slog.Any("error", merr))
 	}
 	return err
+}
+
+// errSlotActive: another process streams the slot.
+type errSlotActive struct{ pid int }
+
+func (e *errSlotActive) Error() string {
+	return fmt.Sprintf("replication slot is active for PID %d", e.pid)
 }
 
 // marksWait bounds the wait for the last PublishIDs call's marks when the

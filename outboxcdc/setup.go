@@ -116,16 +116,17 @@ type slot struct {
 	plugin, walStatus            string
 	activePID                    int
 	confirmed                    pglogrepl.LSN // confirmed_flush_lsn
+	restart                      pglogrepl.LSN // restart_lsn
 }
 
 func slotInfo(ctx context.Context, pool *pgxpool.Pool, name string) (slot, error) {
 	var s slot
 	var plugin, walStatus *string
 	var pid *int32
-	var confirmed *string
+	var confirmed, restart *string
 	err := pool.QueryRow(ctx, `SELECT plugin, coalesce(database = current_database(), false), active, active_pid, wal_status,
-		confirmed_flush_lsn::text
-		FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&plugin, &s.sameDatabase, &s.active, &pid, &walStatus, &confirmed)
+		confirmed_flush_lsn::text, restart_lsn::text
+		FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&plugin, &s.sameDatabase, &s.active, &pid, &walStatus, &confirmed, &restart)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -144,6 +145,9 @@ func slotInfo(ctx context.Context, pool *pgxpool.Pool, name string) (slot, error
 	}
 	if confirmed != nil {
 		s.confirmed, _ = pglogrepl.ParseLSN(*confirmed)
+	}
+	if restart != nil {
+		s.restart, _ = pglogrepl.ParseLSN(*restart)
 	}
 	return s, nil
 }

@@ -34,6 +34,15 @@ type SlotStatus struct {
 	// RetainedBytes is the WAL the slot keeps on disk (since its
 	// restart_lsn).
 	RetainedBytes int64 `json:"retained_bytes"`
+	// RedecodeBytes is the WAL between the slot's restart_lsn and its
+	// confirmed position: what PostgreSQL decodes again, before it sends
+	// anything new, each time a relay starts streaming the slot (a
+	// restart, a takeover by a standby, a reconnection). The oldest
+	// transaction that has written WAL and was still open at the confirmed
+	// position holds restart_lsn back: a long one (a migration, a batch job,
+	// a session left idle in transaction after a write) makes every
+	// takeover slower by the time it takes to decode this much.
+	RedecodeBytes int64 `json:"redecode_bytes"`
 	// LagSeconds is the streaming relay's flush lag as PostgreSQL measures
 	// it (pg_stat_replication.flush_lag: the time between a WAL position
 	// being written and the relay confirming it); nil when no relay
@@ -54,6 +63,7 @@ func Slots(ctx context.Context, pool *pgxpool.Pool, schema string) ([]SlotStatus
 	rows, err := pool.Query(ctx, `SELECT s.slot_name, s.active, coalesce(s.wal_status, ''), s.safe_wal_size,
 		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::bigint,
 		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::bigint,
+		greatest(coalesce(pg_wal_lsn_diff(s.confirmed_flush_lsn, s.restart_lsn), 0), 0)::bigint,
 		extract(epoch FROM r.flush_lag)::float8
 	FROM pg_replication_slots s
 	LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
@@ -66,7 +76,7 @@ func Slots(ctx context.Context, pool *pgxpool.Pool, schema string) ([]SlotStatus
 	var out []SlotStatus
 	for rows.Next() {
 		var st SlotStatus
-		if err := rows.Scan(&st.Slot, &st.Active, &st.WALStatus, &st.SafeWALBytes, &st.LagBytes, &st.RetainedBytes, &st.LagSeconds); err != nil {
+		if err := rows.Scan(&st.Slot, &st.Active, &st.WALStatus, &st.SafeWALBytes, &st.LagBytes, &st.RetainedBytes, &st.RedecodeBytes, &st.LagSeconds); err != nil {
 			return nil, fmt.Errorf("outboxcdc: read replication slots: %w", err)
 		}
 		out = append(out, st)

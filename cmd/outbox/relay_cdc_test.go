@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -209,8 +210,10 @@ func TestRelayCDCNeedsLogicalWAL(t *testing.T) {
 
 // TestRelayCDCMetricsAndStatus runs `outbox relay --mode cdc --metrics-addr`
 // on a private cluster: the scrape shows the slot streamed and the events
-// the CDC path published, every series the CDC alert rules use is exported,
-// the not-streamed alert fires only once the relay stopped (checked through
+// the CDC path published, and, while a transaction that wrote something
+// stays open, the WAL a takeover would decode again (in `outbox status` and
+// its --json too); every series the CDC alert rules use is exported, the
+// not-streamed alert fires only once the relay stopped (checked through
 // `outbox status`, which lists the slot, streamed or not).
 func TestRelayCDCMetricsAndStatus(t *testing.T) {
 	t.Parallel()
@@ -251,6 +254,23 @@ func TestRelayCDCMetricsAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A transaction that wrote something stays open while the stream
+	// publishes and confirms past it: it holds the slot's restart_lsn back,
+	// and a takeover would decode the WAL since then again.
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.filler (pad text)`); err != nil {
+		t.Fatal(err)
+	}
+	pin, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pin.Rollback(ctx) }()
+	if _, err := pin.Exec(ctx, `SELECT txid_current(); INSERT INTO `+schema+`.filler VALUES ('pin')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.filler SELECT repeat('x', 100) FROM generate_series(1, 50000); CHECKPOINT`); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 5; i++ {
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "o1", Type: "Step", Payload: []byte(`{}`)})
@@ -263,6 +283,11 @@ func TestRelayCDCMetricsAndStatus(t *testing.T) {
 		fams, err = promrules.Scrape("http://" + addr + "/metrics")
 		v, _ := promrules.Value(fams, "outbox_cdc_events_published_total", map[string]string{"schema": schema})
 		return err == nil && v == 5
+	})
+	outboxtest.Eventually(t, 60*time.Second, "the scrape shows the WAL a takeover would decode again", func() bool {
+		fams, err = promrules.Scrape("http://" + addr + "/metrics")
+		v, _ := promrules.Value(fams, "outbox_cdc_slot_redecode_bytes", labels)
+		return err == nil && v > 2<<20
 	})
 	if v, ok := promrules.Value(fams, "outbox_cdc_streaming", map[string]string{"schema": schema}); !ok || v != 1 {
 		t.Errorf("outbox_cdc_streaming = %g (found %v), want 1", v, ok)
@@ -315,8 +340,21 @@ func TestRelayCDCMetricsAndStatus(t *testing.T) {
 		}
 		return string(out)
 	}
-	if out := status(); !strings.Contains(out, "CDC SLOT") || !regexp.MustCompile(slot+`\s+yes\s+reserved`).MatchString(out) {
-		t.Errorf("outbox status does not show slot %s streamed:\n%s", slot, out)
+	if out := status(); !strings.Contains(out, "CDC SLOT") || !strings.Contains(out, "REDECODE") || !regexp.MustCompile(slot+`\s+yes\s+reserved`).MatchString(out) {
+		t.Errorf("outbox status does not show slot %s streamed with the WAL to decode again:\n%s", slot, out)
+	}
+	out, err := exec.Command(outboxBinary(t), "status", "--json", "--database-url", c.URL(""), "--schema", schema).CombinedOutput()
+	if err != nil {
+		t.Fatalf("outbox status --json: %v\n%s", err, out)
+	}
+	var st struct {
+		CDCSlots []outboxcdc.SlotStatus `json:"cdc_slots"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || len(st.CDCSlots) != 1 || st.CDCSlots[0].RedecodeBytes <= 2<<20 {
+		t.Errorf("outbox status --json: %+v, %v; want the slot with redecode_bytes over 2 MB\n%s", st.CDCSlots, err, out)
+	}
+	if err := pin.Rollback(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if err := relay.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -17,6 +17,10 @@ type statusWithCDC struct {
 	CDCSlots []outboxcdc.SlotStatus `json:"cdc_slots,omitempty"`
 }
 
+// redecodeNote is the WAL to decode again from which status flags a slot:
+// the threshold of the OutboxCDCSlotRedecodeLarge alert.
+const redecodeNote = 1 << 30
+
 // printCDCSlots prints the schema's CDC slots, if any, and flags the ones
 // to look at.
 func printCDCSlots(w io.Writer, slots []outboxcdc.SlotStatus, err error) {
@@ -29,7 +33,7 @@ func printCDCSlots(w io.Writer, slots []outboxcdc.SlotStatus, err error) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CDC SLOT\tSTREAMED\tWAL STATUS\tLAG\tRETAINED\tSAFE WAL\tLAG TIME\t")
+	fmt.Fprintln(tw, "CDC SLOT\tSTREAMED\tWAL STATUS\tLAG\tRETAINED\tREDECODE\tSAFE WAL\tLAG TIME\t")
 	for _, s := range slots {
 		streamed, safe, lagTime, note := "no", "unlimited", "-", ""
 		if s.Active {
@@ -43,13 +47,16 @@ func printCDCSlots(w io.Writer, slots []outboxcdc.SlotStatus, err error) {
 		if s.LagSeconds != nil {
 			lagTime = opAge(opSeconds(*s.LagSeconds))
 		}
+		if note == "" && s.RedecodeBytes >= redecodeNote {
+			note = "<- a restart or takeover decodes this much again first: an old transaction holds restart_lsn back"
+		}
 		switch s.WALStatus {
 		case "unreserved":
 			note = "<- past max_wal_size: lost at a checkpoint unless the relay catches up"
 		case "lost":
 			note = "<- invalidated: a cdc relay recreates it; the safety net publishes the gap"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Slot, streamed, s.WALStatus, opBytes(s.LagBytes), opBytes(s.RetainedBytes), safe, lagTime, note)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Slot, streamed, s.WALStatus, opBytes(s.LagBytes), opBytes(s.RetainedBytes), opBytes(s.RedecodeBytes), safe, lagTime, note)
 	}
 	tw.Flush()
 }
