@@ -7,6 +7,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"time"
 
@@ -39,7 +40,8 @@ func (c *ilvConsumer) floor(agg string, to int64) {
 	c.floors[agg] = max(c.floors[agg], to)
 }
 
-// take hands worker i its next delivery, if it holds none.
+// take hands worker i its next delivery, if it holds none: a
+// redelivery first, else the next message at the destination.
 func (c *ilvConsumer) take(w *world, i int) error {
 	if c.held[i] != nil {
 		return nil
@@ -50,33 +52,45 @@ func (c *ilvConsumer) take(w *world, i int) error {
 		c.held[i] = &m
 		return nil
 	}
+	m, err := c.nextNew(w)
+	c.held[i] = m
+	return err
+}
+
+// nextNew returns the next message at the destination not delivered yet,
+// or nil.
+func (c *ilvConsumer) nextNew(w *world) (*outbox.Message, error) {
 	msgs := w.dest.cached()
 	if len(c.delivered) >= len(msgs) {
 		var err error
 		if msgs, err = w.dest.messages(w.ctx); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for _, x := range msgs {
 		if !c.delivered[x.key] {
 			c.delivered[x.key] = true
 			m := x.m
-			c.held[i] = &m
-			break
+			return &m, nil
 		}
 	}
-	return nil
+	return nil, nil
 }
 
-// handle makes worker i handle what it holds: the inbox applies it (the
-// effect is a row in ilv_effects, in the inbox's transaction) or answers
-// duplicate, or early (redelivered later).
+// handle makes worker i handle what it holds.
 func (c *ilvConsumer) handle(w *world, i int) error {
 	m := c.held[i]
 	if m == nil {
 		return nil
 	}
 	c.held[i] = nil
+	return c.handleMsg(w, m)
+}
+
+// handleMsg hands m to the inbox: it applies it (the effect is a row in
+// ilv_effects, in the inbox's transaction) or answers duplicate, or early
+// (redelivered later).
+func (c *ilvConsumer) handleMsg(w *world, m *outbox.Message) error {
 	out, err := c.in.Handle(w.ctx, *m, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO `+w.env.schema+`.ilv_effects (event_id, aggregate_id, seq) VALUES ($1, $2, $3)`, m.ID, m.AggregateID, m.Sequence)
 		return err
@@ -93,7 +107,8 @@ func (c *ilvConsumer) handle(w *world, i int) error {
 }
 
 // drain delivers and handles everything at the destination until nothing
-// moves: held deliveries first, then every new message and redelivery.
+// moves: held deliveries first, then every new message, then each
+// redelivery once, again while anything was applied.
 func (c *ilvConsumer) drain(w *world) error {
 	c.joined = true
 	for i := range c.held {
@@ -101,27 +116,24 @@ func (c *ilvConsumer) drain(w *world) error {
 			return err
 		}
 	}
-	for round := 0; round < 50; round++ {
+	for range 100 {
 		before := len(c.handled)
-		queued := len(c.queue)
 		for {
-			msgs := w.dest.cached()
-			if len(c.delivered) >= len(msgs) {
-				var err error
-				if msgs, err = w.dest.messages(w.ctx); err != nil {
-					return err
-				}
-			}
-			if len(c.delivered) >= len(msgs) && queued == 0 {
-				break
-			}
-			if queued > 0 {
-				queued--
-			}
-			if err := c.take(w, 0); err != nil {
+			m, err := c.nextNew(w)
+			if err != nil {
 				return err
 			}
-			if err := c.handle(w, 0); err != nil {
+			if m == nil {
+				break
+			}
+			if err := c.handleMsg(w, m); err != nil {
+				return err
+			}
+		}
+		q := c.queue
+		c.queue = nil
+		for i := range q {
+			if err := c.handleMsg(w, &q[i]); err != nil {
 				return err
 			}
 		}
@@ -140,29 +152,32 @@ type ilvMsg struct {
 
 // ilvRow is an event's row as the checks read it.
 type ilvRow struct {
-	id                                       uuid.UUID
-	agg                                      string
-	seq                                      int64
-	published, skipped, quarantined, leased  bool
-	attempts                                 int
-	lastError                                string
-	dueIn                                    time.Duration // available_at - now()
+	id                                      uuid.UUID
+	agg                                     string
+	seq                                     int64
+	published, skipped, quarantined, leased bool
+	attempts                                int
+	lastError                               string
+	dueIn                                   time.Duration // available_at - now()
+	leaseLeft                               time.Duration // claim_until - now()
 }
 
 func (w *world) rows() (map[uuid.UUID]*ilvRow, error) {
 	rows, err := w.env.app.Query(w.ctx, `SELECT event_id, aggregate_id, aggregate_sequence, published_at IS NOT NULL, skipped_at IS NOT NULL,
 	quarantined_at IS NOT NULL, coalesce(claim_until > now(), false), attempt_count, coalesce(last_error, ''),
-	CASE WHEN available_at = 'infinity' THEN 1e9 ELSE extract(epoch FROM available_at - now()) END
+	CASE WHEN available_at = 'infinity' THEN 1e9 ELSE extract(epoch FROM available_at - now()) END,
+	coalesce(extract(epoch FROM claim_until - now()), 0)
 FROM `+w.env.schema+`.outbox_events`)
 	if err != nil {
 		return nil, err
 	}
 	out := map[uuid.UUID]*ilvRow{}
 	var r ilvRow
-	var due float64
-	_, err = pgx.ForEachRow(rows, []any{&r.id, &r.agg, &r.seq, &r.published, &r.skipped, &r.quarantined, &r.leased, &r.attempts, &r.lastError, &due}, func() error {
+	var due, lease float64
+	_, err = pgx.ForEachRow(rows, []any{&r.id, &r.agg, &r.seq, &r.published, &r.skipped, &r.quarantined, &r.leased, &r.attempts, &r.lastError, &due, &lease}, func() error {
 		x := r
 		x.dueIn = time.Duration(due * float64(time.Second))
+		x.leaseLeft = time.Duration(lease * float64(time.Second))
 		out[x.id] = &x
 		return nil
 	})
@@ -218,7 +233,9 @@ func (w *world) heal() error {
 // stopFaults ends the schedule's faults: the destination is up, the
 // database's clock flows, the relays run freely.
 func (w *world) stopFaults() error {
-	w.outage.Store(false)
+	if err := (outageStep{}).run(w); err != nil {
+		return err
+	}
 	if !w.clockFlows {
 		w.clockFlows = true
 		if _, err := w.env.app.Exec(w.ctx, `UPDATE `+w.env.clock+`.clock SET flowing = true, since = pg_catalog.now()`); err != nil {
@@ -247,19 +264,45 @@ func (w *world) awaitLiveness(phase string) error {
 		return err
 	}
 	deadline := map[uuid.UUID]time.Time{}
+	bound := map[uuid.UUID]time.Duration{}
+	if os.Getenv("ILV_DEBUG") != "" {
+		for _, ev := range w.events {
+			if r := rows[ev.id]; r != nil && !r.published {
+				fmt.Printf("debug: liveness %s: %s %s\n", phase, ev.name(), r.state())
+			}
+		}
+	}
 	for _, ev := range w.events {
 		if r := rows[ev.id]; r != nil && !r.published {
-			own := time.Duration(0)
+			wait := time.Duration(0)
 			if r.attempts > 0 {
-				own = min(ilvBackoffMax, ilvBackoffMin<<min(r.attempts-1, 20))
+				wait = min(ilvBackoffMax, ilvBackoffMin<<min(r.attempts-1, 20)) // its own retry backoff
 			}
-			deadline[ev.id] = start.Add(ilvSlack + own)
+			if r.leased {
+				wait = max(wait, r.leaseLeft) // a relay's lease, which a lost settle leaves to expire
+			}
+			// A relay that met an outage may wait about as long again
+			// before it finds the destination back.
+			bound[ev.id] = ilvSlack + wait + w.outageTook
+			deadline[ev.id] = start.Add(bound[ev.id])
 		}
 	}
 	for {
 		rows, err = w.rows()
 		if err != nil {
 			return err
+		}
+		// A relay waiting on an application's open transaction: nothing
+		// it holds moves until that transaction ends, however long.
+		blocked := false
+		for _, g := range w.relays {
+			if why := w.lockWait(g.app); why != "" {
+				w.violate("liveness", "%s: relay %s is blocked: %s", phase, g.name, why)
+				blocked = true
+			}
+		}
+		if blocked {
+			return nil
 		}
 		var late []*ilvEvent
 		waiting := false
@@ -269,23 +312,23 @@ func (w *world) awaitLiveness(phase string) error {
 			if !ok || r == nil || r.published || w.excused(ev, rows) != "" {
 				continue
 			}
-			if time.Now().After(d) {
+			switch {
+			case time.Now().After(d):
 				late = append(late, ev)
-			} else {
+			case r.quarantined || (r.dueIn > 0 && time.Now().Add(r.dueIn).After(d)):
+				// It cannot be published in time: a quarantine waits for
+				// an operator, and nothing claims an event before it is
+				// due.
+				late = append(late, ev)
+				deadline[ev.id] = time.Now()
+			default:
 				waiting = true
 			}
 		}
 		if !waiting {
 			for _, ev := range late {
 				r := rows[ev.id]
-				w.violate("liveness", "%s: %s not published %s after the faults stopped (%s)", phase, ev.name(), deadline[ev.id].Sub(start).Round(time.Millisecond), r.state())
-			}
-			if len(late) > 0 {
-				for _, g := range w.relays {
-					if why := w.lockWait(g.app); why != "" {
-						w.violate("liveness", "%s: relay %s is blocked: %s", phase, g.name, why)
-					}
-				}
+				w.violate("liveness", "%s: %s not published within %s of the faults' end (%s)", phase, ev.name(), bound[ev.id].Round(time.Millisecond), r.state())
 			}
 			return nil
 		}
@@ -300,7 +343,7 @@ func (r *ilvRow) state() string {
 	case r.quarantined:
 		return fmt.Sprintf("quarantined after %d attempts: %s", r.attempts, r.lastError)
 	case r.leased:
-		return "leased"
+		return fmt.Sprintf("leased for %s more", r.leaseLeft.Round(time.Millisecond))
 	case r.dueIn > 0:
 		return fmt.Sprintf("due in %s, %d attempts spent", r.dueIn.Round(time.Millisecond), r.attempts)
 	}
@@ -398,6 +441,16 @@ func (w *world) check() error {
 			continue
 		}
 		w.violate("I3", "%s never reached the destination (%s)", ev.name(), state)
+	}
+	if os.Getenv("ILV_DEBUG") != "" {
+		for _, ev := range w.events {
+			if r := rows[ev.id]; r != nil {
+				fmt.Printf("debug: %s poison=%q published=%v skipped=%v %s at-dest=%d\n", ev.name(), ev.poison, r.published, r.skipped, r.state(), atDest[ev.id])
+			}
+		}
+		for _, t := range w.trace {
+			fmt.Println("debug:", t)
+		}
 	}
 	return w.checkConsumer(rows, atDest, skipped)
 }

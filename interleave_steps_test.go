@@ -50,7 +50,7 @@ var ilvKinds = []ilvKind{
 	{"sqlrow", 2, parseSQLRow, genSQLRow},
 	{"relay", 22, parseRelay, genRelay},
 	{"pause", 3, parsePause, genPause},
-	{"outage", 3, parseOutage, genOutage},
+	{"outage", 2, parseOutage, genOutage},
 	{"tick", 6, parseTick, genTick},
 	{"retry", 3, parseOperator("retry"), genOperator("retry")},
 	{"skip", 3, parseOperator("skip"), genOperator("skip")},
@@ -68,8 +68,10 @@ var ilvKinds = []ilvKind{
 	{"unpin", 0, parseNoArgs("unpin", func() ilvStep { return pinStep{} }), nil},
 }
 
-// ilvAggs are the aggregates writers pick from ("L" is the 500-byte id).
-var ilvAggs = []string{"a", "b", "c", "d", "e", "L"}
+// ilvAggs are the aggregates writers pick from: a few often (so that
+// writers, relays and the operator meet on them), more now and then (so
+// that new lanes keep coming), and L, the 500-byte id.
+var ilvAggs = []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"}
 
 // ilvGen draws steps, keeping just enough of a model to draw ones that
 // make sense: which writers are open, whether the destination is down,
@@ -87,10 +89,13 @@ type ilvGen struct {
 }
 
 func (g *ilvGen) agg() string {
-	if g.rng.IntN(12) == 0 {
+	switch x := g.rng.IntN(20); {
+	case x == 0:
 		return "L"
+	case x < 12:
+		return ilvAggs[g.rng.IntN(3)]
 	}
-	return ilvAggs[g.rng.IntN(len(ilvAggs)-1)]
+	return ilvAggs[g.rng.IntN(len(ilvAggs))]
 }
 
 func (g *ilvGen) relayName() string { return fmt.Sprintf("r%d", 1+g.rng.IntN(g.cfg.relays)) }
@@ -154,7 +159,7 @@ func (w *world) heldBy(agg, except string) string {
 func (w *world) insert(tx pgx.Tx, agg string, n int, big bool) ([]*ilvEvent, error) {
 	payload := []byte(`{"n":1}`)
 	if big {
-		payload = []byte(`{"pad":"` + strings.Repeat("x", ilvBigPayload) + `"}`)
+		payload = []byte(`{"pad":"` + ilvBigPad + `"}`)
 	}
 	var events []outbox.Event
 	for range n {
@@ -495,7 +500,16 @@ func (s outageStep) String() string {
 	return "outage off"
 }
 
-func (s outageStep) run(w *world) error { w.outage.Store(s.on); return nil }
+func (s outageStep) run(w *world) error {
+	switch {
+	case s.on && !w.outage.Load():
+		w.outageFrom = time.Now()
+	case !s.on && w.outage.Load():
+		w.outageTook += time.Since(w.outageFrom)
+	}
+	w.outage.Store(s.on)
+	return nil
+}
 
 func parseOutage(a []string) (ilvStep, error) {
 	if len(a) != 1 || (a[0] != "on" && a[0] != "off") {
@@ -508,7 +522,7 @@ func genOutage(g *ilvGen) ilvStep {
 	if g.outage > 0 {
 		return nil
 	}
-	g.outage = 2 + g.rng.IntN(12) // relay rounds until it ends
+	g.outage = 3 + g.rng.IntN(8) // relay rounds until it ends
 	return outageStep{on: true}
 }
 

@@ -235,7 +235,11 @@ type ilvResult struct {
 
 func (r *ilvResult) failed() bool { return len(r.violations) > 0 }
 
-var ilvNumbers = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f-]{27}|#\d+|\d+(\.\d+)?(ms|s|µs)?`)
+var (
+	ilvNumbers = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f-]{27}|\d+(\.\d+)?(ms|s|µs)?`)
+	ilvNames   = regexp.MustCompile(`(event|aggregate|applied) [^ ]+#`)
+	ilvQuoted  = regexp.MustCompile(`"[^"]*"`)
+)
 
 // signature classes a failure by its first violation with the numbers
 // taken out: failures of one signature are one finding.
@@ -244,12 +248,17 @@ func (r *ilvResult) signature() string {
 		return ""
 	}
 	v := r.violations[0]
-	msg := v.msg
-	if i := strings.IndexAny(msg, "(:"); i > 0 && v.inv != "liveness" {
-		msg = msg[:i]
+	msg := ilvQuoted.ReplaceAllString(ilvNames.ReplaceAllString(v.msg, "$1 X#"), "Q")
+	for _, phase := range []string{"with the open transactions open: ", "once they committed: "} {
+		msg = strings.TrimPrefix(msg, phase)
 	}
-	if len(msg) > 90 {
-		msg = msg[:90]
+	if i := strings.Index(msg, "("); i > 0 {
+		// Keep the first word of the state: "(leased", "(due", "(quarantined".
+		word, _, _ := strings.Cut(msg[i:], " ")
+		msg = msg[:i] + strings.TrimSuffix(word, ",")
+	}
+	if i := strings.Index(msg, ": "); i > 0 && v.inv != "liveness" {
+		msg = msg[:i]
 	}
 	return v.inv + ": " + ilvNumbers.ReplaceAllString(msg, "N")
 }
@@ -350,6 +359,7 @@ type ilvFinding struct {
 	res       *ilvResult
 	runs      int
 	firstTook time.Duration
+	again     int // later schedules that failed the same way
 }
 
 func loadIlvCases(t *testing.T) []ilvCase {
@@ -418,6 +428,8 @@ func TestInterleavings(t *testing.T) {
 	var findings []*ilvFinding
 	bySig := map[string]*ilvFinding{}
 	keptResults := map[string]*ilvResult{}
+	keptSigs := map[string]string{} // signature of a failing kept case -> its name
+	known := map[string][]int{}      // kept case -> generated schedules failing as it does
 	var infra []string
 	ran := 0
 	var slow []string
@@ -447,15 +459,26 @@ func TestInterleavings(t *testing.T) {
 					mu.Unlock()
 					return
 				}
-				if c.index == 0 && c.name[0] != '#' {
+				if c.name[0] != '#' {
 					keptResults[c.name] = res
+					if res.failed() {
+						keptSigs[res.signature()] = c.name
+					}
 				}
 				if !res.failed() {
 					mu.Unlock()
 					continue
 				}
 				sig := res.signature()
+				if kept := keptSigs[sig]; kept != "" && c.name[0] == '#' {
+					known[kept] = append(known[kept], c.index)
+					mu.Unlock()
+					continue // what a kept schedule shows already
+				}
 				if f := bySig[sig]; f != nil || len(findings) >= 8 {
+					if f != nil {
+						f.again++
+					}
 					mu.Unlock()
 					continue // the same finding again (or enough of them): one shrink each
 				}
@@ -493,7 +516,7 @@ func TestInterleavings(t *testing.T) {
 		switch {
 		case res == nil:
 		case res.failed() && c.known != "":
-			ilvReport(t, fmt.Sprintf("KNOWN FAILURE (%s) of kept schedule %s", c.known, c.name), res, c.s, "")
+			ilvReport(t, fmt.Sprintf("KNOWN FAILURE (%s) of kept schedule %s; generated schedules failing the same way: %v", c.known, c.name, known[c.name]), res, c.s, "")
 		case res.failed():
 			ilvReport(t, "kept schedule "+c.name+" fails", res, c.s, "")
 		case c.known != "":
@@ -508,8 +531,8 @@ func TestInterleavings(t *testing.T) {
 		if *ilvSaveFlag {
 			saved = ilvSave(t, f)
 		}
-		ilvReport(t, fmt.Sprintf("schedule #%d of seed %d (%s; shrunk in %d runs from %d to %d steps)", f.c.index, *ilvSeedFlag, f.sig,
-			f.runs, len(f.c.s.steps), len(f.shrunk.steps)), f.res, f.shrunk, saved)
+		ilvReport(t, fmt.Sprintf("schedule #%d of seed %d (%s; shrunk in %d runs from %d to %d steps; %d later schedules failed the same way)",
+			f.c.index, *ilvSeedFlag, f.sig, f.runs, len(f.c.s.steps), len(f.shrunk.steps), f.again), f.res, f.shrunk, saved)
 	}
 }
 

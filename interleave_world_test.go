@@ -11,8 +11,11 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -39,11 +42,13 @@ import (
 // The relays' settings in a schedule. Time in the database is the
 // harness's (ilvClock): frozen while the steps run, so that leases expire
 // and backoffs end only when a tick step says so, and flowing at the real
-// pace in the liveness phase. The lease is production's default; backoffs
-// are scaled down so that the liveness phase stays short.
+// pace in the liveness phase. The lease and the backoffs are scaled down
+// (production: 30 s, 1 s to 5 min) so that the liveness phase stays short;
+// a relay held after its claim for 80% of the lease (3.2 s) releases its
+// batch unpublished, as a relay that fell behind its lease does.
 const (
-	ilvLease       = 30 * time.Second
-	ilvBackoffMin  = 10 * time.Millisecond
+	ilvLease       = 4 * time.Second
+	ilvBackoffMin  = 20 * time.Millisecond
 	ilvBackoffMax  = 20 * time.Second // --retry-max, scaled
 	ilvMaxAttempts = 4
 	// ilvSlack is the liveness bound beyond an event's own retry backoff:
@@ -51,15 +56,26 @@ const (
 	ilvSlack = 2 * time.Second
 	// ilvLockGrace: a relay waiting this long on a lock while every other
 	// actor is idle waits on an application's transaction.
-	ilvLockGrace = 300 * time.Millisecond
-	ilvAggType   = "acct"
+	ilvLockGrace    = 300 * time.Millisecond
+	ilvAggType      = "acct"
 	ilvConsumerName = "ilv"
 	// ilvTopicLimit is the Kafka topic's max.message.bytes; a "big" event's
 	// payload is over it (and under outboxkafka's MaxRecordBytes, so the
 	// broker is what refuses it).
 	ilvTopicLimit = 64 << 10
-	ilvBigPayload = 80 << 10
+	ilvBigPayload = 200 << 10
 )
+
+// ilvBigPad is a big event's payload filler: random, so that compression
+// does not bring the record under the topic's limit.
+var ilvBigPad = func() string {
+	rng := rand.New(rand.NewPCG(19, 5))
+	b := make([]byte, ilvBigPayload*3/4)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return base64.StdEncoding.EncodeToString(b)
+}()
 
 // ilvLongID is the aggregate id the step language calls L: 500 bytes, near
 // the 512-byte limit.
@@ -491,6 +507,9 @@ func (g *ilvRelay) Publish(ctx context.Context, msgs []outbox.Message) []error {
 			fwdAt = append(fwdAt, i)
 		}
 	}
+	if os.Getenv("ILV_DEBUG") != "" && !g.free() {
+		g.w.note("%s publish %d: %v", g.name, len(msgs), errs)
+	}
 	if len(fwd) > 0 {
 		res := g.real.Publish(ctx, fwd)
 		for j, i := range fwdAt {
@@ -528,6 +547,8 @@ type world struct {
 	rolledBack map[uuid.UUID]bool
 	skipped    map[uuid.UUID]bool // by the harness's operator
 	outage     atomic.Bool
+	outageFrom time.Time     // when the current outage began (real time)
+	outageTook time.Duration // how long the destination was down, in all
 	injMu      sync.Mutex
 	injected   map[uuid.UUID]bool // events the harness made fail
 	consumer   *ilvConsumer
@@ -653,6 +674,9 @@ func (w *world) waitArrival(g *ilvRelay) {
 		select {
 		case a := <-g.arrive:
 			g.at, g.claimed = a.at, a.events
+			if os.Getenv("ILV_DEBUG") != "" {
+				w.note("%s held %s (%d events)", g.name, a.at, a.events)
+			}
 			if a.err != nil {
 				w.note("%s: claim failed: %v", g.name, a.err)
 			}
@@ -677,21 +701,23 @@ func (w *world) waitArrival(g *ilvRelay) {
 }
 
 // lockWait describes the lock a backend of application app has waited on
-// for ilvLockGrace, with who holds it, or returns "".
+// for ilvLockGrace that an idle transaction (an application's, open
+// between its statements) holds, or returns "".
 func (w *world) lockWait(app string) string {
 	var pid int
 	var query, blockers string
-	err := w.env.app.QueryRow(w.ctx, `SELECT a.pid, left(a.query, 120), coalesce((
-	SELECT string_agg(b.application_name || ' (' || b.state || ', ' || left(b.query, 60) || ')', '; ')
-	FROM pg_stat_activity b WHERE b.pid = ANY (pg_blocking_pids(a.pid))), '?')
+	err := w.env.app.QueryRow(w.ctx, `SELECT a.pid, left(a.query, 100), string_agg(b.application_name || ' (' || b.state || ', ' || left(b.query, 60) || ')', '; ')
 FROM pg_stat_activity a
+JOIN pg_stat_activity b ON b.pid = ANY (pg_blocking_pids(a.pid))
 WHERE a.application_name = $1 AND a.wait_event_type = 'Lock' AND a.state = 'active'
+  AND b.state LIKE 'idle in transaction%'
   AND pg_catalog.clock_timestamp() - a.query_start > $2 * interval '1 millisecond'
+GROUP BY a.pid, a.query
 LIMIT 1`, app, ilvLockGrace.Milliseconds()).Scan(&pid, &query, &blockers)
 	if err != nil {
 		return ""
 	}
-	return fmt.Sprintf("its statement %q waits on a lock held by %s", oneLine(query), blockers)
+	return fmt.Sprintf("its statement %q waits on a lock held by an idle transaction of %s", oneLine(query), oneLine(blockers))
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
