@@ -272,15 +272,19 @@ func (w *world) awaitLiveness(phase string) error {
 			}
 		}
 	}
-	for _, ev := range w.events {
+	laneWait := map[string]time.Duration{} // the longest wait of an earlier unpublished event of the lane
+	byLane := append([]*ilvEvent(nil), w.events...)
+	sort.SliceStable(byLane, func(i, j int) bool { return byLane[i].seq < byLane[j].seq })
+	for _, ev := range byLane {
 		if r := rows[ev.id]; r != nil && !r.published {
-			wait := time.Duration(0)
+			wait := laneWait[ev.agg]
 			if r.attempts > 0 {
-				wait = min(ilvBackoffMax, ilvBackoffMin<<min(r.attempts-1, 20)) // its own retry backoff
+				wait = max(wait, min(ilvBackoffMax, ilvBackoffMin<<min(r.attempts-1, 20))) // its own retry backoff
 			}
 			if r.leased {
 				wait = max(wait, r.leaseLeft) // a relay's lease, which a lost settle leaves to expire
 			}
+			laneWait[ev.agg] = wait // the events behind it wait for it too
 			// A relay that met an outage may wait about as long again
 			// before it finds the destination back.
 			bound[ev.id] = ilvSlack + wait + w.outageTook

@@ -47,7 +47,7 @@ var ilvKinds = []ilvKind{
 	{"begin", 5, parseBegin, genBegin},
 	{"commit", 5, parseEnd(true), genEnd(true)},
 	{"rollback", 2, parseEnd(false), genEnd(false)},
-	{"sqlrow", 2, parseSQLRow, genSQLRow},
+	{"sqlrow", 4, parseSQLRow, genSQLRow},
 	{"relay", 22, parseRelay, genRelay},
 	{"pause", 3, parsePause, genPause},
 	{"outage", 2, parseOutage, genOutage},
@@ -522,7 +522,7 @@ func genOutage(g *ilvGen) ilvStep {
 	if g.outage > 0 {
 		return nil
 	}
-	g.outage = 3 + g.rng.IntN(8) // relay rounds until it ends
+	g.outage = 3 + g.rng.IntN(12) // relay rounds until it ends
 	return outageStep{on: true}
 }
 

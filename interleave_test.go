@@ -199,6 +199,11 @@ func genSchedule(seed uint64, i int) ilvSchedule {
 	outageOn := false
 	for len(s.steps) < n {
 		var st ilvStep
+		if outageOn && rng.IntN(2) == 0 {
+			// Writers do not stop because the destination is down: during
+			// an outage, a write comes before every other relay round.
+			st = genWrite(g)
+		}
 		for try := 0; st == nil && try < 10; try++ {
 			x := rng.IntN(total)
 			for _, k := range ilvKinds {
