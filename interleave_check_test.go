@@ -27,6 +27,7 @@ type ilvConsumer struct {
 	joined      bool
 	preexisting map[string]bool // aggregates with committed events when it joined
 	held        []*outbox.Message
+	paused      []*ilvPaused     // workers paused in their charge
 	queue       []outbox.Message // redeliveries, before new messages
 	delivered   map[string]bool  // places (ilvMsg.key) at the destination delivered
 	handled     []outbox.Message
@@ -91,6 +92,12 @@ func (c *ilvConsumer) handle(w *world, i int) error {
 // ilv_effects, in the inbox's transaction) or answers duplicate, or early
 // (redelivered later).
 func (c *ilvConsumer) handleMsg(w *world, m *outbox.Message) error {
+	if ok, err := c.pay(w, m); !ok || err != nil {
+		if err == nil {
+			c.queue = append(c.queue, *m)
+		}
+		return err
+	}
 	out, err := c.in.Handle(w.ctx, *m, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO `+w.env.schema+`.ilv_effects (event_id, aggregate_id, seq) VALUES ($1, $2, $3)`, m.ID, m.AggregateID, m.Sequence)
 		return err
@@ -111,6 +118,11 @@ func (c *ilvConsumer) handleMsg(w *world, m *outbox.Message) error {
 // redelivery once, again while anything was applied.
 func (c *ilvConsumer) drain(w *world) error {
 	c.joined = true
+	for i := range c.paused {
+		if err := c.resume(w, i); err != nil {
+			return err
+		}
+	}
 	for i := range c.held {
 		if err := c.handle(w, i); err != nil {
 			return err
@@ -455,6 +467,9 @@ func (w *world) check() error {
 		for _, t := range w.trace {
 			fmt.Println("debug:", t)
 		}
+	}
+	if err := w.checkCharges(); err != nil {
+		return err
 	}
 	return w.checkConsumer(rows, atDest, skipped)
 }

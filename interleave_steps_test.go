@@ -66,6 +66,8 @@ var ilvKinds = []ilvKind{
 	{"killconn", 2, parseKillConn, genKillConn},
 	{"pin", 1, parseNoArgs("pin", func() ilvStep { return pinStep{on: true} }), genPin},
 	{"unpin", 0, parseNoArgs("unpin", func() ilvStep { return pinStep{} }), nil},
+	{"resume", 3, parseResume, genResume},
+	{"provider", 1, parseProvider, genProvider},
 }
 
 // ilvAggs are the aggregates writers pick from: a few often (so that
@@ -700,28 +702,40 @@ func (joinStep) run(w *world) error { w.consumer.joined = true; return nil }
 type workerStep struct {
 	action string
 	c      int
+	pause  bool // handle: paused between the charge's claim and its call (see resume)
 }
 
-func (s workerStep) String() string { return fmt.Sprintf("%s c%d", s.action, s.c+1) }
+func (s workerStep) String() string {
+	if s.pause {
+		return fmt.Sprintf("%s c%d pause", s.action, s.c+1)
+	}
+	return fmt.Sprintf("%s c%d", s.action, s.c+1)
+}
 
 func (s workerStep) run(w *world) error {
 	c := w.consumer
 	if !c.joined || s.c >= len(c.held) {
 		return nil
 	}
-	if s.action == "take" {
+	if c.paused[s.c] != nil {
+		return nil // busy in its charge
+	}
+	switch {
+	case s.action == "take":
 		return c.take(w, s.c)
+	case s.pause:
+		return c.pause(w, s.c)
 	}
 	return c.handle(w, s.c)
 }
 
 func parseWorker(action string) func([]string) (ilvStep, error) {
 	return func(a []string) (ilvStep, error) {
-		if len(a) != 1 || !strings.HasPrefix(a[0], "c") {
+		if len(a) < 1 || len(a) > 2 || !strings.HasPrefix(a[0], "c") || (len(a) == 2 && (a[1] != "pause" || action != "handle")) {
 			return nil, fmt.Errorf("want: %s cN", action)
 		}
 		n, err := strconv.Atoi(a[0][1:])
-		return workerStep{action: action, c: n - 1}, err
+		return workerStep{action: action, c: n - 1, pause: len(a) == 2}, err
 	}
 }
 
@@ -734,20 +748,32 @@ func genWorker(action string) func(*ilvGen) ilvStep {
 			g.joined = true
 			return joinStep{}
 		}
-		return workerStep{action: action, c: g.rng.IntN(g.cfg.workers)}
+		return workerStep{action: action, c: g.rng.IntN(g.cfg.workers), pause: action == "handle" && g.cfg.payer != "" && g.rng.IntN(4) == 0}
 	}
 }
 
-// redeliverStep: the broker delivers the i-th handled message again (its
-// ack was lost).
+// redeliverStep: the broker delivers the i-th message again: one handled
+// (its ack was lost) or one a worker still holds (its ack wait ran out).
 type redeliverStep struct{ i int }
 
 func (s redeliverStep) String() string { return fmt.Sprintf("redeliver %d", s.i) }
 
 func (s redeliverStep) run(w *world) error {
 	c := w.consumer
-	if len(c.handled) > 0 {
-		c.queue = append(c.queue, c.handled[s.i%len(c.handled)])
+	var out []outbox.Message
+	for _, m := range c.held {
+		if m != nil {
+			out = append(out, *m)
+		}
+	}
+	for _, p := range c.paused {
+		if p != nil {
+			out = append(out, p.msg)
+		}
+	}
+	out = append(out, c.handled...)
+	if len(out) > 0 {
+		c.queue = append(c.queue, out[s.i%len(out)])
 	}
 	return nil
 }

@@ -66,12 +66,17 @@ type ilvConfig struct {
 	workers      int  // consumer workers
 	firstSeen    bool // inbox.Config.StartAtFirstSeen
 	lateJoin     bool // the consumer joins at a join step
-	noPipelining bool // RelayConfig.DisablePipelining
+	noPipelining bool   // RelayConfig.DisablePipelining
+	payer        string // the consumer charges a provider of this mode ("queryable", "idempotent"); "": nothing
 }
 
 func (c ilvConfig) String() string {
-	return fmt.Sprintf("config dest=%s relays=%d batch=%d workers=%d first-seen=%v late-join=%v pipelining=%v",
+	s := fmt.Sprintf("config dest=%s relays=%d batch=%d workers=%d first-seen=%v late-join=%v pipelining=%v",
 		c.dest, c.relays, c.batch, c.workers, c.firstSeen, c.lateJoin, !c.noPipelining)
+	if c.payer != "" {
+		s += " payer=" + c.payer
+	}
+	return s
 }
 
 func parseConfig(line string) (ilvConfig, error) {
@@ -96,6 +101,8 @@ func parseConfig(line string) (ilvConfig, error) {
 			c.firstSeen, err = strconv.ParseBool(v)
 		case "late-join":
 			c.lateJoin, err = strconv.ParseBool(v)
+		case "payer":
+			c.payer = v
 		case "pipelining":
 			var p bool
 			p, err = strconv.ParseBool(v)
@@ -188,6 +195,9 @@ func genSchedule(seed uint64, i int) ilvSchedule {
 		firstSeen: rng.IntN(5) < 2, lateJoin: rng.IntN(4) == 0, noPipelining: rng.IntN(5) == 0}
 	if rng.IntN(5) == 0 {
 		cfg.dest = "kafka"
+	}
+	if rng.IntN(4) == 0 {
+		cfg.payer = []string{"queryable", "idempotent"}[rng.IntN(2)]
 	}
 	g := &ilvGen{rng: rng, cfg: cfg, paused: map[string]bool{}}
 	total := 0
@@ -339,6 +349,7 @@ func (e *ilvEnv) shrink(ctx context.Context, s ilvSchedule, inv string, budget i
 		func(c ilvConfig) ilvConfig { c.lateJoin = false; return c },
 		func(c ilvConfig) ilvConfig { c.firstSeen = false; return c },
 		func(c ilvConfig) ilvConfig { c.dest = "nats"; return c },
+		func(c ilvConfig) ilvConfig { c.payer = ""; return c },
 	} {
 		c := ilvSchedule{cfg: simpler(s.cfg), steps: s.steps}
 		if c.cfg != s.cfg && fails(c) {

@@ -115,6 +115,7 @@ type ilvEnv struct {
 	kafka      *kfake.Cluster
 	kadm       *kadm.Client
 	kcl        *kgo.Client
+	providers  map[string]*ilvProvider // by mode
 	runs       int
 }
 
@@ -197,6 +198,9 @@ CREATE TABLE IF NOT EXISTS `+e.schema+`.ilv_effects (n bigserial PRIMARY KEY, ev
 }
 
 func (e *ilvEnv) close(ctx context.Context, keep bool) {
+	for _, p := range e.providers {
+		p.close(ctx, keep)
+	}
 	for _, p := range e.relayPools {
 		p.Close()
 	}
@@ -552,6 +556,7 @@ type world struct {
 	injMu      sync.Mutex
 	injected   map[uuid.UUID]bool // events the harness made fail
 	consumer   *ilvConsumer
+	payer      *ilvPayer // nil: the consumer charges nothing
 	pin        pgx.Tx
 	clockFlows bool
 	aborted    bool
@@ -617,7 +622,12 @@ func newWorld(ctx context.Context, e *ilvEnv, cfg ilvConfig) (w *world, err erro
 	if err != nil {
 		return nil, err
 	}
-	w.consumer = &ilvConsumer{in: in, held: make([]*outbox.Message, cfg.workers), joined: !cfg.lateJoin, preexisting: map[string]bool{}, delivered: map[string]bool{}}
+	if cfg.payer != "" {
+		if w.payer, err = newIlvPayer(ctx, e, cfg.payer); err != nil {
+			return nil, err
+		}
+	}
+	w.consumer = &ilvConsumer{in: in, held: make([]*outbox.Message, cfg.workers), paused: make([]*ilvPaused, cfg.workers), joined: !cfg.lateJoin, preexisting: map[string]bool{}, delivered: map[string]bool{}}
 	for i := range cfg.relays {
 		g := &ilvRelay{w: w, name: fmt.Sprintf("r%d", i+1), app: e.appNames[i], real: w.dest.publisher(),
 			arrive: make(chan ilvArrival, 1), release: make(chan struct{}), freed: make(chan struct{}), done: make(chan error, 1)}
@@ -760,6 +770,16 @@ func (w *world) stop() {
 	if w.pin != nil {
 		_ = w.pin.Rollback(context.WithoutCancel(w.ctx))
 		w.pin = nil
+	}
+	for i, p := range w.consumer.paused {
+		if p != nil {
+			close(p.gate)
+			select {
+			case <-p.done:
+			case <-time.After(30 * time.Second):
+			}
+			w.consumer.paused[i] = nil
+		}
 	}
 	for _, g := range w.relays {
 		select {
