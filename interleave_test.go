@@ -28,7 +28,7 @@ import (
 )
 
 var (
-	ilvBudgetFlag  = flag.Int("interleavings.budget", ilvBudgetDefault, "TestInterleavings: how many generated schedules to run")
+	ilvBudgetFlag  = flag.Int("interleavings.budget", 0, "TestInterleavings: how many generated schedules to run (0: 1500, or 300 with the race detector)")
 	ilvSeedFlag    = flag.Uint64("interleavings.seed", 1, "TestInterleavings: the seed the schedules are drawn from")
 	ilvWorkersFlag = flag.Int("interleavings.workers", 2, "TestInterleavings: schedules run at once (a schema each)")
 	ilvFailFlag    = flag.Bool("interleavings.fail", ilvFailDefault(), "TestInterleavings: fail on a violation (false: report it and pass); env OUTBOX_INTERLEAVINGS_FAIL")
@@ -37,8 +37,18 @@ var (
 	ilvShrinkFlag  = flag.Int("interleavings.shrink", 120, "TestInterleavings: most runs spent shrinking one failure")
 )
 
-// ilvBudgetDefault is the number of schedules a plain `go test` runs.
-const ilvBudgetDefault = 1500
+// ilvBudget is the number of schedules a plain `go test` runs: about two
+// minutes on a 2-core machine, where the race detector makes a schedule
+// five times slower (CI runs `go test -race`).
+func ilvBudget() int {
+	switch {
+	case *ilvBudgetFlag > 0:
+		return *ilvBudgetFlag
+	case ilvRace:
+		return 300
+	}
+	return 1500
+}
 
 // ilvFailOnViolations is what TestInterleavings does with a violation by
 // default: false reports it (the schedule, shrunk, in the test's output)
@@ -434,7 +444,7 @@ func TestInterleavings(t *testing.T) {
 	var cases []ilvCase
 	cases = append(cases, kept...)
 	if *ilvFileFlag == "" {
-		for i := range *ilvBudgetFlag {
+		for i := range ilvBudget() {
 			cases = append(cases, ilvCase{name: fmt.Sprintf("#%d", i), index: i, s: genSchedule(*ilvSeedFlag, i)})
 		}
 	}
@@ -449,6 +459,8 @@ func TestInterleavings(t *testing.T) {
 	var infra []string
 	ran := 0
 	var slow []string
+	var passTime, failTime time.Duration
+	failN := 0
 	start := time.Now()
 	var wg sync.WaitGroup
 	for _, e := range envs {
@@ -468,6 +480,12 @@ func TestInterleavings(t *testing.T) {
 				mu.Lock()
 				ran++
 				if res != nil {
+					if res.failed() {
+						failTime += res.took
+						failN++
+					} else {
+						passTime += res.took
+					}
 					slow = append(slow, fmt.Sprintf("%s %s (%d steps)", res.took.Round(time.Millisecond), c.name, len(c.s.steps)))
 				}
 				if err != nil {
@@ -517,7 +535,9 @@ func TestInterleavings(t *testing.T) {
 	if len(infra) > 0 {
 		t.Fatal(strings.Join(infra, "\n"))
 	}
-	t.Logf("%d schedules (%d kept, seed %d) in %s on %d workers", ran, len(kept), *ilvSeedFlag, time.Since(start).Round(time.Millisecond), workers)
+	t.Logf("%d schedules (%d kept, seed %d) in %s on %d workers; %d passed in %s on average, %d failed in %s on average (shrinking not counted)",
+		ran, len(kept), *ilvSeedFlag, time.Since(start).Round(time.Millisecond), workers,
+		ran-failN, (passTime / time.Duration(max(ran-failN, 1))).Round(time.Millisecond), failN, (failTime / time.Duration(max(failN, 1))).Round(time.Millisecond))
 	if testing.Verbose() {
 		sort.Slice(slow, func(i, j int) bool {
 			a, _ := time.ParseDuration(strings.Fields(slow[i])[0])

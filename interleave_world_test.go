@@ -153,6 +153,9 @@ CREATE TABLE IF NOT EXISTS `+e.schema+`.ilv_effects (n bigserial PRIMARY KEY, ev
 		cfg.MaxConns = conns
 		cfg.ConnConfig.RuntimeParams["search_path"] = e.clock + ", pg_catalog"
 		cfg.ConnConfig.RuntimeParams["application_name"] = name
+		// PostgreSQL does not crash in these schedules: commits need not
+		// wait for the WAL's flush, which is most of a short commit's time.
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 		return pgxpool.NewWithConfig(ctx, cfg)
 	}
 	if e.app, err = pool(e.schema+"_app", 10); err != nil {
