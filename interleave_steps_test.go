@@ -88,16 +88,22 @@ type ilvGen struct {
 	pinned  bool
 	joined  bool
 	written int
+	fresh   int // new aggregates drawn
 }
 
 func (g *ilvGen) agg() string {
 	switch x := g.rng.IntN(20); {
 	case x == 0:
 		return "L"
-	case x < 12:
+	case x < 10:
 		return ilvAggs[g.rng.IntN(3)]
+	case x < 14:
+		return ilvAggs[g.rng.IntN(len(ilvAggs))]
 	}
-	return ilvAggs[g.rng.IntN(len(ilvAggs))]
+	// A new aggregate (an order created), as most writes of an order
+	// system are.
+	g.fresh++
+	return fmt.Sprintf("n%d", g.fresh)
 }
 
 func (g *ilvGen) relayName() string { return fmt.Sprintf("r%d", 1+g.rng.IntN(g.cfg.relays)) }
@@ -218,9 +224,6 @@ func (s beginStep) run(w *world) error {
 		}
 		wr = &ilvWriter{tx: tx}
 		w.writers[s.w] = wr
-	}
-	if other := w.heldBy(ilvAggID(s.agg), s.w); other != "" {
-		return nil // it would wait for writer other
 	}
 	evs, err := w.insert(wr.tx, s.agg, s.n, s.big)
 	if err != nil {
@@ -524,7 +527,7 @@ func genOutage(g *ilvGen) ilvStep {
 	if g.outage > 0 {
 		return nil
 	}
-	g.outage = 3 + g.rng.IntN(12) // relay rounds until it ends
+	g.outage = 4 + g.rng.IntN(13) // relay rounds until it ends
 	return outageStep{on: true}
 }
 

@@ -446,7 +446,22 @@ type ilvRelay struct {
 	exited  bool // Run returned (its done was received)
 }
 
-var _ outbox.ClaimObserver = (*ilvRelay)(nil)
+var (
+	_ outbox.ClaimObserver = (*ilvRelay)(nil)
+	_ outbox.Prober        = (*ilvRelay)(nil)
+)
+
+// Probe answers as the destination would: unavailable during an outage,
+// else the real publisher's probe (both of the harness's have one).
+func (g *ilvRelay) Probe(ctx context.Context) error {
+	if g.w.outage.Load() {
+		return outbox.Unavailable(errors.New("ilv: the destination is down"))
+	}
+	if p, ok := g.real.(outbox.Prober); ok {
+		return p.Probe(ctx)
+	}
+	return nil
+}
 
 // ObserveClaim holds the relay after every claim, empty or not.
 func (g *ilvRelay) ObserveClaim(o outbox.ClaimObservation) { g.hold(gateClaim, o.Events, o.Err) }
@@ -566,7 +581,6 @@ type world struct {
 
 	violations []ilvViolation
 	trace      []string
-	setupTook  time.Duration
 }
 
 type ilvWriter struct {
@@ -601,12 +615,6 @@ func (w *world) wasInjected(id uuid.UUID) bool {
 // newWorld prepares a schedule: empty tables, a frozen clock, the
 // destination, the relays started and held after their first claim.
 func newWorld(ctx context.Context, e *ilvEnv, cfg ilvConfig) (w *world, err error) {
-	start := time.Now()
-	defer func() {
-		if w != nil {
-			w.setupTook = time.Since(start)
-		}
-	}()
 	if err := e.reset(ctx); err != nil {
 		return nil, err
 	}
