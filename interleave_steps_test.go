@@ -50,7 +50,7 @@ var ilvKinds = []ilvKind{
 	{"sqlrow", 4, parseSQLRow, genSQLRow},
 	{"relay", 22, parseRelay, genRelay},
 	{"pause", 3, parsePause, genPause},
-	{"outage", 2, parseOutage, genOutage},
+	{"outage", 1, parseOutage, genOutage},
 	{"tick", 6, parseTick, genTick},
 	{"retry", 3, parseOperator("retry"), genOperator("retry")},
 	{"skip", 3, parseOperator("skip"), genOperator("skip")},
@@ -100,8 +100,12 @@ func (g *ilvGen) agg() string {
 	case x < 14:
 		return ilvAggs[g.rng.IntN(len(ilvAggs))]
 	}
-	// A new aggregate (an order created), as most writes of an order
-	// system are.
+	return g.freshAgg()
+}
+
+// freshAgg is a new aggregate (an order created), as most writes of an
+// order system are.
+func (g *ilvGen) freshAgg() string {
 	g.fresh++
 	return fmt.Sprintf("n%d", g.fresh)
 }
@@ -527,7 +531,13 @@ func genOutage(g *ilvGen) ilvStep {
 	if g.outage > 0 {
 		return nil
 	}
-	g.outage = 4 + g.rng.IntN(13) // relay rounds until it ends
+	// Relay rounds until it ends: mostly a few, sometimes many (each
+	// round of a relay that waits out the outage as it should costs real
+	// time: its backoff).
+	g.outage = 3 + g.rng.IntN(4)
+	if g.rng.IntN(3) == 0 {
+		g.outage = 9 + g.rng.IntN(4)
+	}
 	return outageStep{on: true}
 }
 

@@ -219,10 +219,10 @@ func genSchedule(seed uint64, i int) ilvSchedule {
 	outageOn := false
 	for len(s.steps) < n {
 		var st ilvStep
-		if outageOn && rng.IntN(5) < 3 {
+		if _, ok := s.steps[max(len(s.steps)-1, 0)].(writeStep); outageOn && !ok {
 			// Writers do not stop because the destination is down: during
-			// an outage, a write comes before every other relay round.
-			st = genWrite(g)
+			// an outage, new orders keep coming between the relays' rounds.
+			st = writeStep{agg: g.freshAgg(), n: 1}
 		}
 		for try := 0; st == nil && try < 10; try++ {
 			x := rng.IntN(total)

@@ -49,7 +49,7 @@ import (
 const (
 	ilvLease       = 4 * time.Second
 	ilvBackoffMin  = 20 * time.Millisecond
-	ilvBackoffMax  = 20 * time.Second // --retry-max, scaled
+	ilvBackoffMax  = 5 * time.Second // --retry-max, scaled
 	ilvMaxAttempts = 4
 	// ilvSlack is the liveness bound beyond an event's own retry backoff:
 	// once the faults stop, every committed event is published within it.
