@@ -219,7 +219,7 @@ func genSchedule(seed uint64, i int) ilvSchedule {
 	outageOn := false
 	for len(s.steps) < n {
 		var st ilvStep
-		if _, ok := s.steps[max(len(s.steps)-1, 0)].(writeStep); outageOn && !ok {
+		if outageOn && !lastIsWrite(s.steps) {
 			// Writers do not stop because the destination is down: during
 			// an outage, new orders keep coming between the relays' rounds.
 			st = writeStep{agg: g.freshAgg(), n: 1}
@@ -249,6 +249,14 @@ func genSchedule(seed uint64, i int) ilvSchedule {
 		}
 	}
 	return s
+}
+
+func lastIsWrite(steps []ilvStep) bool {
+	if len(steps) == 0 {
+		return false
+	}
+	_, ok := steps[len(steps)-1].(writeStep)
+	return ok
 }
 
 // ilvResult is what running a schedule found.

@@ -56,7 +56,7 @@ const (
 	ilvSlack = 2 * time.Second
 	// ilvLockGrace: a relay waiting this long on a lock while every other
 	// actor is idle waits on an application's transaction.
-	ilvLockGrace    = 300 * time.Millisecond
+	ilvLockGrace    = time.Second
 	ilvAggType      = "acct"
 	ilvConsumerName = "ilv"
 	// ilvTopicLimit is the Kafka topic's max.message.bytes; a "big" event's
