@@ -293,8 +293,10 @@ func (w *world) awaitLiveness(phase string) error {
 			if r.attempts > 0 {
 				wait = max(wait, min(ilvBackoffMax, ilvBackoffMin<<min(r.attempts-1, 20))) // its own retry backoff
 			}
-			if r.leased {
-				wait = max(wait, r.leaseLeft) // a relay's lease, which a lost settle leaves to expire
+			if until, ok := w.stepLeases[ev.id]; ok {
+				// A lease taken before the faults stopped, which a lost
+				// settle leaves to expire.
+				wait = max(wait, until.Sub(start))
 			}
 			laneWait[ev.agg] = wait // the events behind it wait for it too
 			// A relay that met an outage may wait about as long again
@@ -369,6 +371,17 @@ func (r *ilvRow) state() string {
 // finish ends a schedule: faults stop, heal, liveness with the open writers
 // still open, then committed, liveness again, the consumer drains, checks.
 func (w *world) finish() error {
+	rows, err := w.rows()
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	w.stepLeases = map[uuid.UUID]time.Time{}
+	for id, r := range rows {
+		if r.leased {
+			w.stepLeases[id] = now.Add(r.leaseLeft)
+		}
+	}
 	if err := w.stopFaults(); err != nil {
 		return err
 	}

@@ -535,7 +535,7 @@ func genOutage(g *ilvGen) ilvStep {
 	// round of a relay that waits out the outage as it should costs real
 	// time: its backoff).
 	g.outage = 3 + g.rng.IntN(4)
-	if g.rng.IntN(3) == 0 {
+	if g.rng.IntN(4) == 0 {
 		g.outage = 9 + g.rng.IntN(4)
 	}
 	return outageStep{on: true}

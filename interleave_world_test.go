@@ -53,7 +53,7 @@ const (
 	ilvMaxAttempts = 4
 	// ilvSlack is the liveness bound beyond an event's own retry backoff:
 	// once the faults stop, every committed event is published within it.
-	ilvSlack = 2 * time.Second
+	ilvSlack = 3 * time.Second
 	// ilvLockGrace: a relay waiting this long on a lock while every other
 	// actor is idle waits on an application's transaction.
 	ilvLockGrace    = time.Second
@@ -577,6 +577,7 @@ type world struct {
 	payer      *ilvPayer // nil: the consumer charges nothing
 	pin        pgx.Tx
 	clockFlows bool
+	stepLeases map[uuid.UUID]time.Time // leases taken before the faults stopped: when they end
 	aborted    bool
 
 	violations []ilvViolation
