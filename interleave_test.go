@@ -34,7 +34,7 @@ var (
 	ilvFailFlag    = flag.Bool("interleavings.fail", ilvFailDefault(), "TestInterleavings: fail on a violation (false: report it and pass); env OUTBOX_INTERLEAVINGS_FAIL")
 	ilvSaveFlag    = flag.Bool("interleavings.save", true, "TestInterleavings: keep each new failing schedule, shrunk, in testdata/interleavings")
 	ilvFileFlag    = flag.String("interleavings.file", "", "TestInterleavings: run only this schedule file")
-	ilvShrinkFlag  = flag.Int("interleavings.shrink", 120, "TestInterleavings: most runs spent shrinking one failure")
+	ilvShrinkFlag  = flag.Int("interleavings.shrink", 0, "TestInterleavings: most runs spent shrinking one failure (0: 120, or 30 with the race detector)")
 )
 
 // ilvBudget is the number of schedules a plain `go test` runs: about two
@@ -541,6 +541,12 @@ func TestInterleavings(t *testing.T) {
 				findings = append(findings, f)
 				mu.Unlock()
 				budget := *ilvShrinkFlag
+				if budget == 0 {
+					budget = 120
+					if ilvRace {
+						budget = 30
+					}
+				}
 				if c.name[0] != '#' {
 					budget = 0 // a kept case is small already
 				}
