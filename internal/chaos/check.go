@@ -528,18 +528,7 @@ FROM `+w.table("outbox_events")+` ORDER BY aggregate_id, aggregate_sequence`)
 	// I5 at the broker: per order, the first publication of each sequence
 	// comes in order, without a gap. (A stale relay may repeat an old event
 	// later: a duplicate, which the consumer's inbox drops.)
-	next := map[string]int64{}
-	first := map[uuid.UUID]bool{}
-	for _, m := range msgs {
-		if first[m.ID] {
-			continue
-		}
-		first[m.ID] = true
-		if want := next[m.AggregateID] + 1; m.Sequence != want {
-			r.Violate("I5", "order %s: sequence %d first reached the broker when %d was next", m.AggregateID, m.Sequence, want)
-		}
-		next[m.AggregateID] = max(next[m.AggregateID], m.Sequence)
-	}
+	DeliveryOrder(msgs, nil, r.Violate)
 
 	// I4: each event applied once; stock and reservations match the orders.
 	processed := map[uuid.UUID]bool{}
