@@ -394,7 +394,7 @@ func planString(p map[int]string) string {
 	return b.String()
 }
 
-func parsePlan(a []string) (map[int]string, error) {
+func parseOutcomePlan(a []string) (map[int]string, error) {
 	p := map[int]string{}
 	for _, x := range a {
 		i, o, ok := strings.Cut(x, ":")
@@ -435,7 +435,7 @@ func parseRelay(a []string) (ilvStep, error) {
 	if len(a) < 1 {
 		return nil, errors.New("want: relay R [I:OUTCOME...]")
 	}
-	p, err := parsePlan(a[1:])
+	p, err := parseOutcomePlan(a[1:])
 	return relayStep{r: a[0], plan: p}, err
 }
 
@@ -485,7 +485,7 @@ func parsePause(a []string) (ilvStep, error) {
 	if len(a) < 2 || (a[1] != "before" && a[1] != "after") {
 		return nil, errors.New("want: pause R before|after [I:OUTCOME...]")
 	}
-	p, err := parsePlan(a[2:])
+	p, err := parseOutcomePlan(a[2:])
 	return pauseStep{r: a[0], after: a[1] == "after", plan: p}, err
 }
 
