@@ -13,7 +13,7 @@ import (
 )
 
 // dbFailureReadyAfter is how long batches must keep failing on the database
-// before Ready reports it (docs/operations.md, "Health and readiness").
+// before Ready reports it (docs/operations.md, "Is it healthy?").
 const dbFailureReadyAfter = 2 * time.Second
 
 var (

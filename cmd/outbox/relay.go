@@ -60,6 +60,13 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	cfg.Cleanup.OlderThan, cfg.Cleanup.InboxOlderThan = ops.horizons.olderThan.D, ops.horizons.inboxOlderThan.D
 	common.RuntimeParams = outbox.RelaySessionParams(*syncCommit)
+	// The relay's sessions say who they are in pg_stat_activity (the
+	// database URL's application_name, when it has one, wins): an operator
+	// looking at what holds a lock or an old snapshot finds "outbox relay".
+	common.RuntimeParams["application_name"] = "outbox relay"
+	if cfg.ID != "" {
+		common.RuntimeParams["application_name"] = "outbox relay " + cfg.ID
+	}
 	cfg.Schema = common.Schema
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	tp, stopTraces, err := otelexport.FromEnv(ctx, "outbox-relay", os.Stdout)
