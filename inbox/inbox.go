@@ -142,7 +142,10 @@ type Config struct {
 	// event of it), an event past sequence 1:
 	//
 	//   - that occurred before the start point (OccurredAt, or the time in a
-	//     UUIDv7 event id; an event with neither counts as before) is
+	//     UUIDv7 event id; an event with neither counts as before; the start
+	//     point is taken back to the oldest transaction open when it was
+	//     recorded, so that the events of a writer transaction open across
+	//     it, which occurred before it but commit after it, are not) is
 	//     applied whatever its sequence: the aggregate began before the
 	//     consumer, its earlier events may never be delivered;
 	//   - that occurred after it is Early, like in a strict consumer: the
@@ -201,6 +204,23 @@ const StartGraceDefault = 5 * time.Minute
 // as one after the start (the safe side).
 const startSkew = time.Minute
 
+// recordStartSQL records a consumer's start point once: the earlier of now
+// and the start of the oldest transaction open in the database cluster at
+// that moment. An event's occurred_at is its writer transaction's start,
+// not its commit: a transaction open since before the consumer's start
+// commits its events after it, and they reach the consumer. Taking the
+// start point back to before every open transaction keeps such events on
+// the "after the start" side (held to their predecessors), whatever the
+// transaction's length. Sessions whose xact_start the role cannot read
+// (another role's, without pg_read_all_stats) are not seen.
+const recordStartSQL = `WITH ins AS (
+	INSERT INTO %[1]s (consumer_name, started_at)
+	VALUES ($1, least(now(), (SELECT min(xact_start) FROM pg_catalog.pg_stat_activity
+		WHERE xact_start IS NOT NULL AND backend_type = 'client backend')))
+	ON CONFLICT (consumer_name) DO NOTHING RETURNING started_at
+)
+SELECT started_at FROM ins UNION ALL SELECT started_at FROM %[1]s WHERE consumer_name = $1 LIMIT 1`
+
 // StartReasonDefault is the reason recorded for an aggregate started at its
 // first seen event when Config.StartReason is empty.
 const StartReasonDefault = "consumer started mid-stream: took the first event seen as the start (Config.StartAtFirstSeen)"
@@ -240,6 +260,7 @@ type Inbox struct {
 	startGrace  time.Duration
 	startMu     sync.Mutex
 	startPoint  time.Time // the consumer's start point, once read
+	startSkew   time.Duration
 	recordStart string
 	tracer      trace.Tracer // nil: tracing off
 	lockMark    string
@@ -289,12 +310,10 @@ WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3`
 		startReason: cfg.StartReason,
 		startGrace:  cfg.StartGrace,
 		// The first recording wins; a concurrent one that lost reads it.
-		recordStart: `WITH ins AS (
-	INSERT INTO ` + consumers + ` (consumer_name) VALUES ($1) ON CONFLICT (consumer_name) DO NOTHING RETURNING started_at
-)
-SELECT started_at FROM ins UNION ALL SELECT started_at FROM ` + consumers + ` WHERE consumer_name = $1 LIMIT 1`,
-		tracer:   tracing.Tracer(cfg.TracerProvider),
-		lockMark: lockMarkSQL(marks),
+		recordStart: fmt.Sprintf(recordStartSQL, consumers),
+		startSkew:   startSkew,
+		tracer:      tracing.Tracer(cfg.TracerProvider),
+		lockMark:    lockMarkSQL(marks),
 		insert: `INSERT INTO ` + s.Table("processed_events") + ` (consumer_name, event_id) VALUES ($1, $2)
 ON CONFLICT DO NOTHING RETURNING true`,
 		advance:     `UPDATE ` + marks + ` SET last_sequence = $4, updated_at = now()` + where,
@@ -341,7 +360,10 @@ func lockMark(ctx context.Context, tx pgx.Tx, sql, consumer, aggregateType, aggr
 
 // StartPoint returns the consumer's start point: when it first handled an
 // event with Config.StartAtFirstSeen (or first called StartPoint), by the
-// database's clock, recorded once per consumer name in inbox_consumers and
+// database's clock, taken back to the start of the oldest transaction then
+// open in the database cluster (an event's time is its writer
+// transaction's start, and a transaction open at that moment commits its
+// events after it), recorded once per consumer name in inbox_consumers and
 // never moved. Events that occurred before it may belong to aggregates the
 // consumer joined mid-stream; an aggregate whose first event seen occurred
 // after it is held to sequence 1 first (Config.StartAtFirstSeen). Call it
@@ -461,7 +483,7 @@ func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 		if firstSeen {
 			at := occurred(msg)
 			switch {
-			case at.IsZero() || at.Before(startPoint.Add(-startSkew)):
+			case at.IsZero() || at.Before(startPoint.Add(-in.startSkew)):
 				// Its history began before the consumer's start.
 			case mark.waitingSeen != nil && mark.waitedSecs >= in.startGrace.Seconds() && msg.Sequence <= *mark.waitingSeen:
 				reason += fmt.Sprintf("; no event before #%d came within %s (StartGrace) of its first delivery, although it occurred after the consumer's start",
