@@ -3,6 +3,7 @@ package outboxwebhook
 import (
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"net/textproto"
 	"sort"
@@ -101,6 +102,11 @@ func encodeHeader(h http.Header, msg *outbox.Message, source string) error {
 	}
 	if !validValue(ct) {
 		return outbox.Permanent(fmt.Errorf("event %s: content type %q cannot be an HTTP header value", msg.ID, ct))
+	}
+	if mt, _, err := mime.ParseMediaType(ct); err == nil && mt == ContentTypeStructured {
+		// A receiver would take it for structured mode, which a binary-mode
+		// receiver refuses (ErrModeMismatch) whatever the event.
+		return outbox.Permanent(fmt.Errorf("event %s: content type %s cannot travel in binary mode, where it says structured mode: use structured mode", msg.ID, ContentTypeStructured))
 	}
 	set := func(k, v string) { h[textproto.CanonicalMIMEHeaderKey(k)] = []string{v} }
 	set(HeaderSpecVersion, SpecVersion)

@@ -164,7 +164,15 @@
 //
 // # Receiving
 //
-// [NewReceiver] returns an http.Handler that checks the signatures against
+// [NewReceiver] returns an http.Handler that accepts one content mode
+// (ReceiverOptions.Mode, structured by default, as the relay's outbox_mode)
+// and refuses the other with 401: the signature of the body does not cover
+// the Content-Type that says the mode, so the mode is the receiver's
+// configuration, never the request's (a captured binary-mode request re-sent
+// as structured mode would otherwise have its payload read as the event's
+// attributes; for the same reason, binary mode refuses an event whose own
+// content type is application/cloudevents+json, and endpoints of different
+// modes should not share a secret). It checks the signatures against
 // any of its secrets (in constant time) and the timestamp against a
 // tolerance (5 minutes either way), caps the body, decodes the message,
 // checks that the signed webhook-id is the event's delivery id, and calls a
@@ -174,11 +182,17 @@
 // is marked outbox.RetryAfter), 401 for a bad signature, timestamp or
 // webhook-id, or attributes that are not signed, 400 for a request that is
 // not an outbox event. It remembers the deliveries it handled while their
-// timestamps are within the tolerance (ReceiverOptions.Remember, bounded):
-// a copy of a request it answered 2xx, whether the relay's retry after a
-// lost answer or a replay of a captured request, is answered 204 again
-// without calling the function, and a copy that arrives while the first is
-// being handled waits for its outcome. That memory is per process: after a
+// timestamps are within the tolerance: a copy of a request it answered 2xx,
+// whether the relay's retry after a lost answer or a replay of a captured
+// request, is answered 204 again without calling the function, and a copy
+// that arrives while the first is being handled waits for its outcome. The
+// timestamp check and the memory read the clock once per request, from a
+// clock that never goes back, so nothing is forgotten while a copy of it
+// would still be accepted. The memory is bounded (ReceiverOptions.Remember
+// deliveries, 65,536 by default, about 200 bytes each); when full it
+// forgets the delivery with the oldest timestamp and then refuses (503,
+// Retry-After: 1) any delivery it does not remember that is no newer, which
+// the relay sends again with a new timestamp. That memory is per process: after a
 // restart, or on another instance behind the same URL, a copy reaches the
 // function again. To apply each event once, in order, call the inbox
 // (package inbox) from the function, which deduplicates by event id in the

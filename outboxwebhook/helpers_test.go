@@ -60,13 +60,19 @@ type sink struct {
 
 func newSink(t *testing.T, secrets ...string) *sink {
 	t.Helper()
+	return newSinkMode(t, outboxwebhook.Structured, secrets...)
+}
+
+// newSinkMode is newSink for a receiver of the content mode given.
+func newSinkMode(t *testing.T, mode outboxwebhook.Mode, secrets ...string) *sink {
+	t.Helper()
 	s := &sink{}
 	rc, err := outboxwebhook.NewReceiver(secrets, func(ctx context.Context, m outbox.Message) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.got = append(s.got, m)
 		return nil
-	}, outboxwebhook.ReceiverOptions{})
+	}, outboxwebhook.ReceiverOptions{Mode: mode})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestRoundTrip(t *testing.T) {
 
 func roundTrip(t *testing.T, mode outboxwebhook.Mode) {
 	secret := newSecret(t)
-	s := newSink(t, secret)
+	s := newSinkMode(t, mode, secret)
 	p := publisher(t, outboxwebhook.Config{URL: s.srv.URL + "/hook?tenant=a%20b", Secrets: []string{secret}, Source: "/shop", Mode: mode})
 
 	plain := message("o-1", 1)

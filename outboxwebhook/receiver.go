@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/pgoutbox/outbox"
@@ -29,16 +30,37 @@ type ReceiverOptions struct {
 	// 413. Defaults to MaxBodyBytesDefault.
 	MaxBodyBytes int64
 	// Now is the clock the timestamp is checked against. Defaults to
-	// time.Now.
+	// time.Now. The Receiver reads it once per request, for both the
+	// timestamp check and the memory of handled deliveries, and never lets
+	// it go back: after the clock steps back, it holds still until the
+	// clock catches up (a copy that the memory forgot as out of tolerance
+	// must not become acceptable again).
 	Now func() time.Time
+	// Mode is the content mode the Receiver accepts: Structured (the
+	// default) or Binary, as the publishing relay's Config.Mode
+	// (outbox_mode). A request in the other mode is refused with 401
+	// (ErrModeMismatch), which the relay takes as the endpoint being
+	// unavailable. The mode is configured rather than read from the
+	// request because the signature of the body does not cover the
+	// Content-Type that says it: a captured binary-mode request re-sent
+	// as structured mode would have its payload read as the event's
+	// attributes. To move from one mode to the other, serve a Receiver of
+	// each mode at its own path and move the relay's URL.
+	Mode Mode
 	// Remember is how many handled deliveries the Receiver remembers, so
 	// that a copy of a request it answered 2xx (the relay's retry after
 	// a lost answer, or a replay of a captured request) is answered 204
 	// again without calling handle. Each is remembered until its
 	// webhook-timestamp leaves the Tolerance, after which a copy is
-	// refused anyway; when the memory is full, the delivery remembered
-	// longest is forgotten first. Defaults to RememberDefault; negative
-	// turns the memory off.
+	// refused anyway. The memory holds at most Remember deliveries (about
+	// 200 bytes each). When it is full, the delivery whose timestamp is
+	// oldest is forgotten, and from then on a delivery the Receiver does
+	// not remember whose timestamp is not newer than the forgotten one's
+	// is refused with 503 and Retry-After: 1 (it may be a copy of the one
+	// forgotten; the relay sends it again with a new timestamp), so a
+	// copy is never handled twice within the tolerance. Defaults to
+	// RememberDefault; negative turns the memory off, and with it the
+	// protection against replays.
 	Remember int
 	// TracerProvider receives a CONSUMER span per event handled, which
 	// continues the trace of the request's traceparent header (the relay's
@@ -53,6 +75,7 @@ type ReceiverOptions struct {
 // that the publishing relay retries what was not handled.
 type Receiver struct {
 	v      verifier
+	clock  clock
 	seen   *seenSet // nil: no memory
 	max    int64
 	handle func(ctx context.Context, msg outbox.Message) error
@@ -63,10 +86,11 @@ type Receiver struct {
 //
 //  1. reads the body, at most opts.MaxBodyBytes (413 beyond, which the
 //     relay takes as permanent);
-//  2. verifies the Standard Webhooks signature against every secret
-//     (any match will do, so secrets rotate by listing old and new), the
-//     timestamp against opts.Tolerance and, in binary mode, the signature
-//     of the ce- headers (webhook-outbox-signature): 401 otherwise;
+//  2. verifies the content mode (opts.Mode), the Standard Webhooks
+//     signature against every secret (any match will do, so secrets rotate
+//     by listing old and new), the timestamp against opts.Tolerance and,
+//     in binary mode, the signature of the ce- headers
+//     (webhook-outbox-signature): 401 otherwise;
 //  3. decodes the message with Decode: 401 when the signed webhook-id is
 //     not the event's delivery id, 400 when it is not an outbox event;
 //  4. answers 204 at once, without calling handle, when it handled this
@@ -115,7 +139,11 @@ func NewReceiver(secrets []string, handle func(ctx context.Context, msg outbox.M
 	if opts.Remember == 0 {
 		opts.Remember = RememberDefault
 	}
-	rc := &Receiver{v: verifier{keys: keys, tolerance: opts.Tolerance, now: opts.Now}, max: opts.MaxBodyBytes, handle: handle,
+	if opts.Mode, err = parseMode(string(opts.Mode)); err != nil {
+		return nil, fmt.Errorf("outboxwebhook: ReceiverOptions.Mode: %w", err)
+	}
+	rc := &Receiver{v: verifier{keys: keys, tolerance: opts.Tolerance, mode: opts.Mode}, clock: clock{now: opts.Now},
+		max: opts.MaxBodyBytes, handle: handle,
 		tracer: tracing.Tracer(opts.TracerProvider)}
 	if opts.Remember > 0 {
 		rc.seen = newSeenSet(opts.Remember)
@@ -139,7 +167,8 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", rc.max))
 		return
 	}
-	sig, err := rc.v.verify(r.Header, body)
+	now := rc.clock.unix() // one reading for the timestamp check and the memory
+	sig, err := rc.v.verify(r.Header, body, now)
 	if err != nil {
 		fail(w, http.StatusUnauthorized, err.Error())
 		return
@@ -155,8 +184,12 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if rc.seen != nil {
 		expiry := sig.ts + int64(rc.v.tolerance/time.Second)
-		handled, err := rc.seen.begin(r.Context(), sig.id, rc.v.now().Unix(), expiry)
+		handled, err := rc.seen.begin(r.Context(), sig.id, now, expiry)
 		switch {
+		case errors.Is(err, errForgotten):
+			w.Header().Set("Retry-After", "1")
+			fail(w, http.StatusServiceUnavailable, err.Error())
+			return
 		case err != nil:
 			fail(w, http.StatusServiceUnavailable, "the request ended while a copy of it was being handled")
 			return
@@ -191,6 +224,21 @@ func (rc *Receiver) serve(w http.ResponseWriter, r *http.Request, msg *outbox.Me
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return true
+}
+
+// clock reads a wall clock that never goes back, in Unix seconds.
+type clock struct {
+	now  func() time.Time
+	mu   sync.Mutex
+	last int64
+}
+
+func (c *clock) unix() int64 {
+	t := c.now().Unix()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.last = max(c.last, t)
+	return c.last
 }
 
 func fail(w http.ResponseWriter, code int, msg string) {

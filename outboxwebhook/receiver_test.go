@@ -37,21 +37,27 @@ func TestSignatureVector(t *testing.T) {
 	h.Set("webhook-id", id)
 	h.Set("webhook-timestamp", "1614265330")
 	h.Set("webhook-signature", "v1a,bm90IGEgc2lnbmF0dXJl "+sig)
-	if err := outboxwebhook.Verify([]string{secret}, h, body, 0, ts.Add(4*time.Minute)); err != nil {
+	if err := outboxwebhook.Verify([]string{secret}, "", h, body, 0, ts.Add(4*time.Minute)); err != nil {
 		t.Fatalf("verify the test vector: %v", err)
 	}
-	if err := outboxwebhook.Verify([]string{secret}, h, body, 0, ts.Add(6*time.Minute)); !errors.Is(err, outboxwebhook.ErrTimestamp) {
+	if err := outboxwebhook.Verify([]string{secret}, "", h, body, 0, ts.Add(6*time.Minute)); !errors.Is(err, outboxwebhook.ErrTimestamp) {
 		t.Fatalf("verify 6 minutes later: %v, want ErrTimestamp", err)
 	}
-	if err := outboxwebhook.Verify([]string{secret}, h, []byte(`{"test": 2432232315}`), 0, ts); !errors.Is(err, outboxwebhook.ErrBadSignature) {
+	if err := outboxwebhook.Verify([]string{secret}, "", h, []byte(`{"test": 2432232315}`), 0, ts); !errors.Is(err, outboxwebhook.ErrBadSignature) {
 		t.Fatalf("verify another body: %v, want ErrBadSignature", err)
 	}
+	if err := outboxwebhook.Verify([]string{secret}, outboxwebhook.Binary, h, body, 0, ts); !errors.Is(err, outboxwebhook.ErrModeMismatch) {
+		t.Fatalf("verify a structured-mode request for binary mode: %v, want ErrModeMismatch", err)
+	}
 	h.Set("content-type", "application/json")
-	if err := outboxwebhook.Verify([]string{secret}, h, body, 0, ts); !errors.Is(err, outboxwebhook.ErrUnsignedAttributes) {
+	if err := outboxwebhook.Verify([]string{secret}, outboxwebhook.Binary, h, body, 0, ts); !errors.Is(err, outboxwebhook.ErrUnsignedAttributes) {
 		t.Fatalf("verify in binary mode without webhook-outbox-signature: %v, want ErrUnsignedAttributes", err)
 	}
+	if err := outboxwebhook.Verify([]string{secret}, "", h, body, 0, ts); !errors.Is(err, outboxwebhook.ErrModeMismatch) {
+		t.Fatalf("verify a binary-mode request for structured mode: %v, want ErrModeMismatch", err)
+	}
 	h.Add("webhook-id", "msg_other")
-	if err := outboxwebhook.Verify([]string{secret}, h, body, 0, ts); !errors.Is(err, outboxwebhook.ErrNoSignature) {
+	if err := outboxwebhook.Verify([]string{secret}, "", h, body, 0, ts); !errors.Is(err, outboxwebhook.ErrNoSignature) {
 		t.Fatalf("verify with two webhook-ids: %v, want ErrNoSignature", err)
 	}
 }
@@ -102,7 +108,7 @@ func TestReceiverRefuses(t *testing.T) {
 			rc, err := outboxwebhook.NewReceiver([]string{secret}, func(ctx context.Context, m outbox.Message) error {
 				handled++
 				return handleErr
-			}, outboxwebhook.ReceiverOptions{MaxBodyBytes: 1000, Remember: -1})
+			}, outboxwebhook.ReceiverOptions{MaxBodyBytes: 1000, Remember: -1, Mode: mode.mode})
 			if err != nil {
 				t.Fatal(err)
 			}

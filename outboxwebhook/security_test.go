@@ -117,7 +117,7 @@ func TestForgedAttributesRefused(t *testing.T) {
 					err = errors.New("early")
 				}
 				return err
-			}, outboxwebhook.ReceiverOptions{})
+			}, outboxwebhook.ReceiverOptions{Mode: mode.mode})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -195,7 +195,7 @@ func TestReplayedRequestAcceptedOnce(t *testing.T) {
 				calls[m.ID]++
 				return fail
 			}
-			rc, err := outboxwebhook.NewReceiver([]string{secret}, handle, outboxwebhook.ReceiverOptions{})
+			rc, err := outboxwebhook.NewReceiver([]string{secret}, handle, outboxwebhook.ReceiverOptions{Mode: mode.mode})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -239,7 +239,7 @@ func TestReplayedRequestAcceptedOnce(t *testing.T) {
 			mu.Unlock()
 
 			// A restarted receiver remembers nothing.
-			again, err := outboxwebhook.NewReceiver([]string{secret}, handle, outboxwebhook.ReceiverOptions{})
+			again, err := outboxwebhook.NewReceiver([]string{secret}, handle, outboxwebhook.ReceiverOptions{Mode: mode.mode})
 			if err != nil {
 				t.Fatal(err)
 			}

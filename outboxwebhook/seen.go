@@ -3,17 +3,33 @@ package outboxwebhook
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"sync"
 )
 
 // RememberDefault is how many handled deliveries a Receiver remembers at
-// most (about 150 bytes each).
+// most (about 200 bytes each: some 13 MiB).
 const RememberDefault = 65536
+
+// errForgotten: a delivery whose timestamp is no later than that of one the
+// memory had to forget while it was still within the tolerance; it may be
+// a replay of that one, so it is refused (503: the relay sends it again,
+// with a new timestamp).
+var errForgotten = errors.New("the receiver's memory of handled deliveries is full, and this request is no newer than one it forgot: send it again with a new timestamp")
 
 // seenSet remembers the delivery ids (webhook-ids) a Receiver handled, each
 // until its request's timestamp leaves the tolerance (after which the
 // signature check refuses a copy anyway), at most max of them; and the ids
 // in flight, so that two copies of one delivery are not handled at once.
+//
+// When full it forgets the entry that expires first, and remembers that
+// expiry as its floor: from then on it refuses (errForgotten) any delivery
+// it does not remember whose expiry is not after the floor, since that may
+// be a copy of the one forgotten. So a replay is never handled twice while
+// it is acceptable, and memory stays bounded; the price, only when more
+// than max deliveries arrive within the tolerance, is that a delivery
+// delayed until its timestamp is older than the forgotten one's is sent
+// again (the relay re-signs every attempt with a new timestamp).
 type seenSet struct {
 	mu       sync.Mutex
 	max      int
@@ -21,6 +37,7 @@ type seenSet struct {
 	byExpiry seenHeap
 	inflight map[string]chan struct{}
 	evicted  int64
+	floor    int64 // the latest expiry forgotten early
 }
 
 type seenEntry struct {
@@ -33,11 +50,12 @@ func newSeenSet(max int) *seenSet {
 	return &seenSet{max: max, byID: map[string]*seenEntry{}, inflight: map[string]chan struct{}{}}
 }
 
-// begin claims delivery id for handling at time now (Unix seconds). It
-// returns handled=true when the delivery was handled already (then it
-// remembers it at least until expiry); otherwise the caller holds the id
-// and must call end. A concurrent copy waits for the one in flight to
-// end, or for ctx.
+// begin claims delivery id for handling at time now (Unix seconds, the
+// same reading the request's timestamp was checked against). It returns
+// handled=true when the delivery was handled already (then it remembers it
+// at least until expiry); errForgotten when it may be a copy of a delivery
+// forgotten early; otherwise the caller holds the id and must call end. A
+// concurrent copy waits for the one in flight to end, or for ctx.
 func (s *seenSet) begin(ctx context.Context, id string, now, expiry int64) (handled bool, err error) {
 	for {
 		s.mu.Lock()
@@ -51,6 +69,10 @@ func (s *seenSet) begin(ctx context.Context, id string, now, expiry int64) (hand
 			return true, nil
 		}
 		wait, busy := s.inflight[id]
+		if !busy && expiry <= s.floor {
+			s.mu.Unlock()
+			return false, errForgotten
+		}
 		if !busy {
 			s.inflight[id] = make(chan struct{})
 			s.mu.Unlock()
@@ -66,7 +88,8 @@ func (s *seenSet) begin(ctx context.Context, id string, now, expiry int64) (hand
 }
 
 // end releases id; when ok, the delivery is remembered as handled until
-// expiry, evicting the entry that expires first when the set is full.
+// expiry. When the set is then over its bound, the entry that expires
+// first (maybe this one) is forgotten and its expiry becomes the floor.
 func (s *seenSet) end(id string, ok bool, expiry int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -75,17 +98,19 @@ func (s *seenSet) end(id string, ok bool, expiry int64) {
 	if !ok || s.max <= 0 {
 		return
 	}
-	for len(s.byID) >= s.max {
-		e := heap.Pop(&s.byExpiry).(*seenEntry)
-		delete(s.byID, e.id)
-		s.evicted++
-	}
 	e := &seenEntry{id: id, expiry: expiry}
 	s.byID[id] = e
 	heap.Push(&s.byExpiry, e)
+	for len(s.byID) > s.max {
+		e := heap.Pop(&s.byExpiry).(*seenEntry)
+		delete(s.byID, e.id)
+		s.evicted++
+		s.floor = max(s.floor, e.expiry)
+	}
 }
 
-// purge forgets the deliveries whose timestamps are out of tolerance.
+// purge forgets the deliveries whose timestamps are out of tolerance at
+// now: expiry < now, exactly when the timestamp check refuses them.
 func (s *seenSet) purge(now int64) {
 	for len(s.byExpiry) > 0 && s.byExpiry[0].expiry < now {
 		e := heap.Pop(&s.byExpiry).(*seenEntry)

@@ -2,14 +2,16 @@ package outboxwebhook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 )
 
 // TestSeenSetBounded: the memory forgets a delivery once its timestamp is
 // out of tolerance, holds at most its bound (forgetting the one that
-// expires first), extends an entry a later copy renews, and makes a copy
-// wait while the first is in flight.
+// expires first, and refusing from then on what is no newer than it),
+// extends an entry a later copy renews, and makes a copy wait while the
+// first is in flight.
 func TestSeenSetBounded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -40,8 +42,18 @@ func TestSeenSetBounded(t *testing.T) {
 	if n, evicted := s.size(); n != 3 || evicted != 8 {
 		t.Fatalf("%d remembered, %d forgotten early; want 3 and 8", n, evicted)
 	}
-	if !handle("b9", 200, 600, true) || handle("b0", 200, 300, true) {
+	if !handle("b9", 200, 600, true) {
 		t.Fatal("the memory kept the wrong entries when full")
+	}
+	// b0 was forgotten while still acceptable: a copy of it, or of anything
+	// no newer, is refused rather than handled again; newer ones are not.
+	for _, id := range []string{"b0", "b7", "new-but-old-timestamp"} {
+		if _, err := s.begin(ctx, id, 200, 307); !errors.Is(err, errForgotten) {
+			t.Fatalf("%s, no newer than a delivery forgotten early: %v, want errForgotten", id, err)
+		}
+	}
+	if handle("b10", 200, 310, true) {
+		t.Fatal("a delivery newer than the ones forgotten is taken for handled")
 	}
 
 	// A copy in flight.

@@ -103,6 +103,10 @@ var (
 	// ErrIDMismatch: the signed webhook-id is not the delivery id of the
 	// event the request carries (see DeliveryID).
 	ErrIDMismatch = errors.New("webhook-id does not match the event")
+	// ErrModeMismatch: the request's content mode (its Content-Type) is not
+	// the one the receiver accepts. The signature of the body does not
+	// cover the mode, so a receiver never takes it from the request.
+	ErrModeMismatch = errors.New("the request's content mode is not the receiver's")
 )
 
 // ToleranceDefault is how far webhook-timestamp may be from the
@@ -114,24 +118,30 @@ const ToleranceDefault = 5 * time.Minute
 type verifier struct {
 	keys      [][]byte
 	tolerance time.Duration
-	now       func() time.Time
+	mode      Mode // the content mode accepted
 }
 
-// Verify checks the signatures of a request's header and body:
+// Verify checks the signatures of a request's header and body, for a
+// receiver that accepts mode (Structured when empty):
 // webhook-timestamp must be within tolerance of now (ToleranceDefault when
 // tolerance is zero) and one of the v1 signatures in webhook-signature
-// must match one of the secrets (compared in constant time). For a request
-// in binary mode (a Content-Type other than application/cloudevents+json),
-// whose attributes travel in ce- headers, one of the v1 signatures in
-// webhook-outbox-signature must match too: it covers the ce- headers,
-// Content-Type and the event's own headers (see the package
-// documentation). It returns nil or an error wrapping ErrNoSignature,
-// ErrTimestamp, ErrBadSignature or ErrUnsignedAttributes; a malformed
-// secret is an error that does not repeat it.
+// must match one of the secrets (compared in constant time). The content
+// mode must be mode: Content-Type application/cloudevents+json in
+// structured mode, any other in binary mode (ErrModeMismatch otherwise).
+// The mode is the receiver's to choose, never the request's: the
+// Standard Webhooks signature covers the body only, and a captured
+// binary-mode request whose Content-Type is changed to structured mode
+// would otherwise have its payload read as the event's attributes. In
+// binary mode, one of the v1 signatures in webhook-outbox-signature must
+// match too: it covers the ce- headers, Content-Type and the event's own
+// headers (see the package documentation). It returns nil or an error
+// wrapping ErrNoSignature, ErrTimestamp, ErrBadSignature, ErrModeMismatch
+// or ErrUnsignedAttributes; a malformed secret is an error that does not
+// repeat it.
 //
 // Verify does not check that webhook-id names the event: Decode does
 // (ErrIDMismatch). Call both, as a Receiver does.
-func Verify(secrets []string, header http.Header, body []byte, tolerance time.Duration, now time.Time) error {
+func Verify(secrets []string, mode Mode, header http.Header, body []byte, tolerance time.Duration, now time.Time) error {
 	keys, err := parseSecrets(secrets)
 	if err != nil {
 		return err
@@ -139,10 +149,13 @@ func Verify(secrets []string, header http.Header, body []byte, tolerance time.Du
 	if len(keys) == 0 {
 		return errors.New("outboxwebhook: no signing secret")
 	}
+	if mode, err = parseMode(string(mode)); err != nil {
+		return fmt.Errorf("outboxwebhook: %w", err)
+	}
 	if tolerance <= 0 {
 		tolerance = ToleranceDefault
 	}
-	_, err = verifier{keys: keys, tolerance: tolerance, now: func() time.Time { return now }}.verify(header, body)
+	_, err = verifier{keys: keys, tolerance: tolerance, mode: mode}.verify(header, body, now.Unix())
 	return err
 }
 
@@ -155,9 +168,9 @@ func single(header http.Header, key string) (string, bool) {
 	return vs[0], true
 }
 
-// verify checks the request's signatures and returns its webhook-id and
-// webhook-timestamp.
-func (v verifier) verify(header http.Header, body []byte) (signed, error) {
+// verify checks the request's signatures at now (Unix seconds) and returns
+// its webhook-id and webhook-timestamp.
+func (v verifier) verify(header http.Header, body []byte, now int64) (signed, error) {
 	id, okID := single(header, HeaderWebhookID)
 	tsText, okTS := single(header, HeaderWebhookTimestamp)
 	sigs := header.Values(HeaderWebhookSignature)
@@ -168,7 +181,6 @@ func (v verifier) verify(header http.Header, body []byte) (signed, error) {
 	if err != nil {
 		return signed{}, fmt.Errorf("outboxwebhook: webhook-timestamp %q: %w", tsText, ErrNoSignature)
 	}
-	now := v.now().Unix()
 	tol := int64(v.tolerance / time.Second)
 	if ts < now-tol || ts > now+tol {
 		return signed{}, fmt.Errorf("outboxwebhook: webhook-timestamp %d is %ds from now, over %s: %w", ts, now-ts, v.tolerance, ErrTimestamp)
@@ -176,7 +188,11 @@ func (v verifier) verify(header http.Header, body []byte) (signed, error) {
 	if !v.match(sigs, func(k []byte) string { return signature(k, id, ts, body) }) {
 		return signed{}, fmt.Errorf("outboxwebhook: %w", ErrBadSignature)
 	}
-	if !isStructured(header) {
+	if structured := isStructured(header); structured != (v.mode == Structured) {
+		return signed{}, fmt.Errorf("outboxwebhook: a %s-mode request (Content-Type %q) at a receiver of %s mode: %w",
+			modeOf(structured), header.Get(HeaderContentType), v.mode, ErrModeMismatch)
+	}
+	if v.mode == Binary {
 		asigs := header.Values(HeaderOutboxSignature)
 		if len(asigs) == 0 {
 			return signed{}, fmt.Errorf("outboxwebhook: binary mode without %s: %w", HeaderOutboxSignature, ErrUnsignedAttributes)
@@ -187,6 +203,15 @@ func (v verifier) verify(header http.Header, body []byte) (signed, error) {
 		}
 	}
 	return signed{id: id, ts: ts}, nil
+}
+
+// modeOf names the content mode of a request whose Content-Type is (or
+// is not) structured mode's.
+func modeOf(structured bool) Mode {
+	if structured {
+		return Structured
+	}
+	return Binary
 }
 
 // signed is what a verified request's signature vouches for besides its

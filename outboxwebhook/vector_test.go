@@ -89,7 +89,7 @@ func TestSignatureVectorsInDocs(t *testing.T) {
 		t.Errorf("canonical headers:\n%s\nwant\n%s", got, vectorBinaryCanonical)
 	}
 	for name, c := range map[string]captured{"structured": s, "binary": b} {
-		if err := outboxwebhook.Verify([]string{vectorSecret}, c.header, c.body, 0, at); err != nil {
+		if err := outboxwebhook.Verify([]string{vectorSecret}, outboxwebhook.Mode(name), c.header, c.body, 0, at); err != nil {
 			t.Errorf("%s: Verify: %v", name, err)
 		}
 		m, err := outboxwebhook.Decode(c.header, c.body)
