@@ -67,8 +67,13 @@ func (c *console) newSession(name string, now time.Time) string {
 }
 
 // session checks the request's session cookie and returns the operator's
-// name and the cookie's value.
-func (c *console) session(r *http.Request) (name, value string, ok bool) {
+// name and the session's identity: its nonce, as signed. Revocation and the
+// CSRF token key on that identity, never on the cookie's text: base64 has
+// more than one text for the same bytes (the unused low bits of the last
+// character; padding), so a copy of a logged-out cookie with its signature
+// written differently would otherwise pass as another session. The
+// signature is decoded strictly besides.
+func (c *console) session(r *http.Request) (name, id string, ok bool) {
 	if c.sessionKey == nil {
 		return "", "", false
 	}
@@ -80,24 +85,41 @@ func (c *console) session(r *http.Request) (name, value string, ok bool) {
 	if len(parts) != 4 {
 		return "", "", false
 	}
-	sig, err := base64.RawURLEncoding.DecodeString(parts[3])
+	sig, err := base64.RawURLEncoding.Strict().DecodeString(parts[3])
 	if err != nil || !hmac.Equal(sig, c.mac("session", parts[0], parts[1], parts[2])) {
 		return "", "", false
 	}
+	// parts[2] is the nonce exactly as signed: no other text of it has
+	// this signature.
 	exp, err := strconv.ParseInt(parts[1], 10, 64)
-	if err != nil || time.Now().Unix() >= exp || c.revoked.has(ck.Value, time.Now().Unix()) {
+	if err != nil || time.Now().Unix() >= exp || c.revoked.has(parts[2], time.Now().Unix()) {
 		return "", "", false
 	}
-	n, err := base64.RawURLEncoding.DecodeString(parts[0])
+	n, err := base64.RawURLEncoding.Strict().DecodeString(parts[0])
 	if err != nil || !namePattern.Match(n) {
 		return "", "", false
 	}
-	return string(n), ck.Value, true
+	return string(n), sessionID{nonce: parts[2], exp: exp}.String(), true
 }
 
-// csrfToken is the token the forms of a session carry.
-func (c *console) csrfToken(sessionValue string) string {
-	return hex.EncodeToString(c.mac("csrf", sessionValue))
+// sessionID is a session's identity: its signed nonce and expiry.
+type sessionID struct {
+	nonce string
+	exp   int64
+}
+
+func (s sessionID) String() string { return s.nonce + "." + strconv.FormatInt(s.exp, 10) }
+
+// parseSessionID reads what sessionID.String wrote.
+func parseSessionID(s string) (sessionID, bool) {
+	nonce, exp, ok := strings.Cut(s, ".")
+	e, err := strconv.ParseInt(exp, 10, 64)
+	return sessionID{nonce: nonce, exp: e}, ok && err == nil
+}
+
+// csrfToken is the token the forms of a session (its identity) carry.
+func (c *console) csrfToken(session string) string {
+	return hex.EncodeToString(c.mac("csrf", session))
 }
 
 // sameOrigin reports whether a POST comes from the console's own pages.
@@ -133,8 +155,8 @@ type ctxKey int
 
 const operatorKey ctxKey = 0
 
-// operator is the logged-in operator's name, set by guard on requests with
-// a valid session.
+// operator is the logged-in operator's name and session identity
+// (sessionID), set by guard on requests with a valid session.
 type operator struct{ name, session string }
 
 func operatorOf(r *http.Request) (operator, bool) {
@@ -207,14 +229,14 @@ func (c *console) guard(next http.Handler) http.Handler {
 			}
 		}
 		if r.URL.Path == "/login" {
-			if wait, ok := c.throttle.allow(clientIP(r), time.Now()); !ok {
+			if wait, ok := c.throttle.allow(throttleKey(clientIP(r)), time.Now()); !ok {
 				c.log.Warn("console login throttled", "remote_addr", r.RemoteAddr)
 				h.Set("Retry-After", strconv.Itoa(int(wait.Seconds()+1)))
 				c.render(w, r, http.StatusTooManyRequests, "login", pageData{Error: "Too many failed logins: wait a minute."})
 				return
 			}
 			if !c.tokenMatches(r.PostForm.Get("token")) {
-				c.throttle.failed(clientIP(r), time.Now())
+				c.throttle.failed(throttleKey(clientIP(r)), time.Now())
 				c.log.Warn("console login refused", "remote_addr", r.RemoteAddr)
 				c.render(w, r, http.StatusUnauthorized, "login", pageData{Error: "Wrong token."})
 				return
@@ -279,18 +301,18 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/quarantine", http.StatusSeeOther)
 }
 
-// logout ends the session on the server too: its cookie value is revoked
-// until it expires, so a copy of the cookie (a stolen one, a browser that
-// kept it) is refused from now on.
+// logout ends the session on the server too: its identity (the signed
+// nonce) is revoked until it expires, so a copy of the cookie (a stolen
+// one, a browser that kept it), however its text is written, is refused
+// from now on.
 func (c *console) logout(w http.ResponseWriter, r *http.Request) {
 	if op, ok := operatorOf(r); ok {
 		exp := time.Now().Add(c.cfg.SessionTTL).Unix()
-		if parts := strings.Split(op.session, "."); len(parts) == 4 {
-			if e, err := strconv.ParseInt(parts[1], 10, 64); err == nil {
-				exp = e
-			}
+		id, ok := parseSessionID(op.session)
+		if ok {
+			exp = id.exp
 		}
-		c.revoked.add(op.session, exp, time.Now().Unix())
+		c.revoked.add(id.nonce, exp, time.Now().Unix())
 		c.log.Info("console logout", "operator", op.name, "remote_addr", r.RemoteAddr)
 	}
 	c.setSession(w, r, "", -1)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -95,7 +96,7 @@ func (hs hostSet) allows(host string) bool {
 	return host != "" && hs.names[strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")]
 }
 
-// revocations are the session cookies logged out of, each until it
+// revocations are the sessions logged out of (their nonces), each until it
 // expires.
 type revocations struct {
 	mu      sync.Mutex
@@ -123,22 +124,29 @@ func (rv *revocations) has(session string, now int64) bool {
 	return ok && e > now
 }
 
-// Login throttling: each client address may fail loginBurst times, then
-// once per loginRefill; all clients together globalBurst times, then once
-// per globalRefill (a guesser behind many addresses).
+// Login throttling. Each client (an IPv4 address, or an IPv6 /64: one
+// host's share) may fail loginBurst times, then once per loginRefill: an
+// attacker slows down only the addresses it sends from. All failing clients
+// together may fail globalBurst times, then once per globalRefill (a
+// guesser behind many addresses). The global bucket never stops a client
+// with no failure of its own in the last loginRefill (its bucket full, or
+// none): so no attacker, however many addresses it fails from, can lock
+// the operator out; an operator who mistyped waits at most loginRefill.
+// Memory is bounded: at most throttleMaxClients buckets; when they are all
+// in use, the fullest (least suspect) is forgotten.
 const (
-	loginBurst     = 5
-	loginRefill    = 12 * time.Second
-	globalBurst    = 50
-	globalRefill   = time.Second
-	throttleMaxIPs = 10000
+	loginBurst         = 5
+	loginRefill        = 12 * time.Second
+	globalBurst        = 50
+	globalRefill       = time.Second
+	throttleMaxClients = 10000
 )
 
 // loginThrottle counts failed logins in token buckets.
 type loginThrottle struct {
-	mu     sync.Mutex
-	perIP  map[string]*bucket
-	global bucket
+	mu      sync.Mutex
+	clients map[string]*bucket
+	global  bucket
 }
 
 // bucket is a token bucket: tokens left at a time.
@@ -154,43 +162,79 @@ func (b *bucket) level(now time.Time, burst int, refill time.Duration) float64 {
 	return min(float64(burst), b.tokens+float64(now.Sub(b.at))/float64(refill))
 }
 
-// allow reports whether a login attempt from ip may be checked now, and
-// otherwise how long to wait.
-func (t *loginThrottle) allow(ip string, now time.Time) (time.Duration, bool) {
+// throttleKey is the client a login attempt is counted against: the
+// address, or for IPv6 its /64 (an attacker's host has a whole /64).
+func throttleKey(ip string) string {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return ip
+	}
+	if a.Is4() || a.Is4In6() {
+		return a.Unmap().String()
+	}
+	p, _ := a.Prefix(64)
+	return p.String()
+}
+
+// allow reports whether a login attempt from client may be checked now,
+// and otherwise how long to wait.
+func (t *loginThrottle) allow(client string, now time.Time) (time.Duration, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if g := t.global.level(now, globalBurst, globalRefill); g < 1 {
-		return time.Duration((1 - g) * float64(globalRefill)), false
+	b := t.clients[client]
+	if b == nil {
+		return 0, true // no failure of its own: never throttled
 	}
-	if b := t.perIP[ip]; b != nil {
-		if l := b.level(now, loginBurst, loginRefill); l < 1 {
-			return time.Duration((1 - l) * float64(loginRefill)), false
-		}
+	l := b.level(now, loginBurst, loginRefill)
+	if l < 1 {
+		return time.Duration((1 - l) * float64(loginRefill)), false
+	}
+	if l >= loginBurst {
+		return 0, true
+	}
+	if g := t.global.level(now, globalBurst, globalRefill); g < 1 {
+		// Until its own bucket is full again (it is suspect) or a global
+		// token comes back, whichever is first.
+		return min(time.Duration((1-g)*float64(globalRefill)), time.Duration((loginBurst-l)*float64(loginRefill))), false
 	}
 	return 0, true
 }
 
-// failed spends a token of ip's bucket and of the global one.
-func (t *loginThrottle) failed(ip string, now time.Time) {
+// failed spends a token of client's bucket and of the global one.
+func (t *loginThrottle) failed(client string, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.perIP == nil {
-		t.perIP = map[string]*bucket{}
+	if t.clients == nil {
+		t.clients = map[string]*bucket{}
 	}
-	if len(t.perIP) >= throttleMaxIPs {
-		for k, b := range t.perIP {
-			if b.level(now, loginBurst, loginRefill) >= loginBurst {
-				delete(t.perIP, k) // full again: nothing to remember
-			}
-		}
-	}
-	b := t.perIP[ip]
+	b := t.clients[client]
 	if b == nil {
+		if len(t.clients) >= throttleMaxClients {
+			t.forgetOne(now)
+		}
 		b = &bucket{}
-		t.perIP[ip] = b
+		t.clients[client] = b
 	}
 	b.tokens, b.at = b.level(now, loginBurst, loginRefill)-1, now
 	t.global.tokens, t.global.at = t.global.level(now, globalBurst, globalRefill)-1, now
+}
+
+// forgetOne drops the buckets full again, or else the fullest one.
+func (t *loginThrottle) forgetOne(now time.Time) {
+	fullest, level := "", -1.0
+	for k, b := range t.clients {
+		l := b.level(now, loginBurst, loginRefill)
+		if l >= loginBurst {
+			delete(t.clients, k) // nothing to remember
+			continue
+		}
+		if l > level {
+			fullest, level = k, l
+		}
+	}
+	if len(t.clients) >= throttleMaxClients {
+		delete(t.clients, fullest)
+	}
 }
 
 // safeText makes text from the database or a request safe to show as it
@@ -224,11 +268,26 @@ func safeText(s string) string {
 	return b.String()
 }
 
-// hidden reports whether r is invisible or reorders text: format
-// characters (Cf: bidi controls, zero-width space/joiners, BOM, soft
-// hyphen, ...), and control characters other than tab and newline.
+// hidden reports whether r is invisible, reorders text, or passes for
+// another character: every character that is not graphic (Cc controls
+// other than tab and newline; Cf format characters: bidi embeddings,
+// overrides, isolates U+2066–U+2069, marks U+200E, U+200F, U+061C,
+// zero-width space and joiners, BOM, soft hyphen, tag characters; Zl and
+// Zp separators; private use, surrogates and unassigned code points),
+// spaces other than U+0020 (no-break, en, ideographic, ...), variation
+// selectors (U+FE00–U+FE0F, U+E0100–U+E01EF, Mongolian), the other
+// default-ignorable code points (combining grapheme joiner, Hangul
+// fillers, U+E0000–U+E0FFF) and the blank Braille pattern U+2800.
 func hidden(r rune) bool {
-	return unicode.Is(unicode.Cf, r) || (unicode.IsControl(r) && r != '\t' && r != '\n')
+	switch r {
+	case ' ', '\t', '\n':
+		return false
+	case 0x2800:
+		return true
+	}
+	return !unicode.IsGraphic(r) || unicode.Is(unicode.Zs, r) ||
+		unicode.Is(unicode.Variation_Selector, r) || unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) ||
+		(0xE0000 <= r && r <= 0xE0FFF)
 }
 
 // validText reports whether a filter or form value can be looked up:
