@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	iredact "github.com/pgoutbox/outbox/internal/redact"
 	"net"
 	"net/url"
 	"strconv"
@@ -96,15 +97,9 @@ func (c Config) String() string {
 // GoString is String: %#v does not print the password either.
 func (c Config) GoString() string { return "outboxamqp.Config" + c.String() }
 
-// redact returns raw with its password replaced by "xxxxx", or a
-// placeholder when raw does not parse (the error would repeat it).
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
+// redact returns raw as every binary shows a URL (internal/redact.URL): its
+// password masked, or a placeholder when it does not parse.
+func redact(raw string) string { return iredact.URL(raw) }
 
 func (c Config) withDefaults() Config {
 	if c.URL == "" {

@@ -41,7 +41,7 @@ func ParseURL(raw string) (Config, error) {
 		}
 		return Config{}, fmt.Errorf("outboxamqp: destination URL: %w", err)
 	}
-	shown := u.Redacted()
+	shown := redact(raw)
 	if u.Scheme != "amqp" && u.Scheme != "amqps" {
 		return Config{}, fmt.Errorf("outboxamqp: destination %s: scheme %q, want amqp:// or amqps://", shown, u.Scheme)
 	}

@@ -108,18 +108,40 @@ func (c Config) GoString() string { return c.String() }
 // path); no credentials, query or fragment.
 func redactURL(raw string) string { return redact.Webhook(raw) }
 
+// urlSecrets returns what of u may be a secret, for redact.Secrets: its
+// path (as sent and decoded), each path segment of 16 bytes or more (a
+// token), and the values of its query.
+func urlSecrets(u *url.URL) []string {
+	var out []string
+	if u.Path != "" && u.Path != "/" {
+		out = append(out, u.EscapedPath(), u.Path)
+		for _, seg := range strings.Split(u.Path, "/") {
+			if len(seg) >= 16 {
+				out = append(out, seg)
+			}
+		}
+	}
+	for _, vs := range u.Query() {
+		out = append(out, vs...)
+	}
+	return out
+}
+
 // Publisher POSTs outbox messages to one HTTP endpoint as CloudEvents, in
 // structured mode unless Config.Mode says binary, signed as Standard
 // Webhooks (see the package documentation).
 // It implements outbox.Publisher and outbox.Prober and is safe for
 // concurrent use.
 type Publisher struct {
-	cfg    Config
-	url    *url.URL
-	shown  string
-	keys   [][]byte
-	client *http.Client
-	now    func() time.Time
+	cfg   Config
+	url   *url.URL
+	shown string
+	// urlSecrets are the parts of the URL an answer's body may echo (a
+	// "Cannot POST /services/T…/B…/<token>" page): hidden in errors.
+	urlSecrets []string
+	keys       [][]byte
+	client     *http.Client
+	now        func() time.Time
 }
 
 var (
@@ -160,7 +182,7 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Publisher{cfg: cfg, url: u, shown: shown, keys: keys, client: client, now: time.Now}, nil
+	return &Publisher{cfg: cfg, url: u, shown: shown, urlSecrets: urlSecrets(u), keys: keys, client: client, now: time.Now}, nil
 }
 
 // tlsFiles are the CA and client certificate files, named as the URL's
@@ -253,7 +275,8 @@ func (p *Publisher) post(parent context.Context, msg *outbox.Message) error {
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil // accepted, even if the body could not be read whole
 	}
-	se := &StatusError{StatusCode: resp.StatusCode, Status: resp.Status, URL: p.shown, EventID: msg.ID.String(), Body: quote(body, readErr)}
+	se := &StatusError{StatusCode: resp.StatusCode, Status: resp.Status, URL: p.shown, EventID: msg.ID.String(),
+		Body: redact.Secrets(quote(body, readErr), p.urlSecrets...)}
 	return classifyStatus(se, resp, p.now())
 }
 

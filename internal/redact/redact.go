@@ -247,6 +247,16 @@ func Database(s string) string {
 	if isURL(s) {
 		return genericURL(strings.TrimSpace(s))
 	}
+	if t := strings.TrimSpace(s); schemeOf(t) != "" {
+		// "scheme:..." is no key=value string (a key has no ':'). Another
+		// URL given as a database (a destination in the wrong flag) is
+		// shown as URL shows it: read as key=value, a query's "x=1" made
+		// it one pair, shown whole.
+		if _, _, ok := authority(t); ok {
+			return URL(t)
+		}
+		return "(malformed connection string, not shown)"
+	}
 	return keyValue(s)
 }
 
