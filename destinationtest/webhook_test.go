@@ -71,7 +71,7 @@ func webhookTarget(t *testing.T, mode outboxwebhook.Mode) destinationtest.Target
 			return outbox.Permanent(errors.New("this endpoint does not take that event type"))
 		}
 		return nil
-	}, outboxwebhook.ReceiverOptions{})
+	}, outboxwebhook.ReceiverOptions{Mode: mode})
 	if err != nil {
 		t.Fatal(err)
 	}
