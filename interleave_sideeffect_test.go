@@ -126,10 +126,12 @@ func newIlvPayer(ctx context.Context, e *ilvEnv, mode string, clock func() time.
 
 // frozen returns a Caller like the payer's whose process freezes right
 // after its claim (a GC pause, SIGSTOP, a frozen VM): its clock's first
-// reading (the claim's) is free; the next one, the first after the claim
-// (Do's check of its lease before the call, or before the lookup that
-// precedes it), closes in and waits for gate, then reads the clock, which
-// the ticks meanwhile moved.
+// reading (the claim's) is free; the next one closes in and waits for gate,
+// then reads the clock, which the ticks meanwhile moved. For a new attempt
+// (the common case) that next reading is Do's check of its lease just
+// before the call; for an attempt that exists already (a redelivery) it
+// comes before the transaction that claims it, so the freeze is then
+// before the claim, which is harmless.
 func (py *ilvPayer) frozen(e *ilvEnv, gate, in chan struct{}) (*sideeffect.Caller, error) {
 	cfg := py.cfg
 	readings := 0
