@@ -28,12 +28,13 @@ import (
 )
 
 var (
-	ilvBudgetFlag  = flag.Int("interleavings.budget", 0, "TestInterleavings: how many generated schedules to run (0: 1500, or 200 with the race detector)")
+	ilvBudgetFlag  = flag.Int("interleavings.budget", 0, "TestInterleavings: how many generated schedules to run (0: 1500, or 150 with the race detector)")
 	ilvSeedFlag    = flag.Uint64("interleavings.seed", 1, "TestInterleavings: the seed the schedules are drawn from")
 	ilvWorkersFlag = flag.Int("interleavings.workers", 4, "TestInterleavings: schedules run at once (a schema each)")
 	ilvFailFlag    = flag.Bool("interleavings.fail", ilvFailDefault(), "TestInterleavings: fail on a violation (false: report it and pass); env OUTBOX_INTERLEAVINGS_FAIL")
 	ilvSaveFlag    = flag.Bool("interleavings.save", true, "TestInterleavings: keep each new failing schedule, shrunk, in testdata/interleavings")
 	ilvFileFlag    = flag.String("interleavings.file", "", "TestInterleavings: run only this schedule file")
+	ilvRescanFlag  = flag.String("interleavings.rescan", "", "TestInterleavings: every schedule's RescanInterval (e.g. -1ns: a full scan at every claim), whatever its config says; \"\": the config's")
 	ilvShrinkFlag  = flag.Int("interleavings.shrink", 0, "TestInterleavings: most runs spent shrinking one failure (0: 120, or 30 with the race detector)")
 )
 
@@ -46,7 +47,7 @@ func ilvBudget() int {
 	case *ilvBudgetFlag > 0:
 		return *ilvBudgetFlag
 	case ilvRace:
-		return 200
+		return 150
 	}
 	return 1500
 }
@@ -328,6 +329,13 @@ func (r *ilvResult) has(inv string) bool {
 // liveness, the consumer's drain, the checks).
 func (e *ilvEnv) runSchedule(ctx context.Context, s ilvSchedule) (*ilvResult, error) {
 	start := time.Now()
+	if *ilvRescanFlag != "" {
+		d, err := time.ParseDuration(*ilvRescanFlag)
+		if err != nil {
+			return nil, fmt.Errorf("-interleavings.rescan: %w", err)
+		}
+		s.cfg.rescan = d
+	}
 	w, err := newWorld(ctx, e, s.cfg)
 	if err != nil {
 		return nil, err
