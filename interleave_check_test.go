@@ -250,7 +250,7 @@ func (w *world) stopFaults() error {
 	}
 	if !w.clockFlows {
 		w.clockFlows = true
-		if _, err := w.env.app.Exec(w.ctx, `UPDATE `+w.env.clock+`.clock SET flowing = true, since = pg_catalog.now()`); err != nil {
+		if _, err := w.env.app.Exec(w.ctx, `UPDATE `+w.env.clock+`.clock SET t = t + (pg_catalog.now() - since) * `+ilvCreep+`, flowing = true, since = pg_catalog.now()`); err != nil {
 			return err
 		}
 	}
@@ -299,9 +299,11 @@ func (w *world) awaitLiveness(phase string) error {
 				wait = max(wait, until.Sub(start))
 			}
 			laneWait[ev.agg] = wait // the events behind it wait for it too
-			// A relay that met an outage may wait about as long again
-			// before it finds the destination back.
-			bound[ev.id] = ilvSlack + wait + w.outageTook
+			// A relay that met an outage looks at the destination again
+			// within ilvProbeMax, and publishes at once when it is back:
+			// an outage spends no attempt and pushes no event's
+			// available_at, so however long it lasted, it adds no more.
+			bound[ev.id] = ilvSlack + wait + ilvProbeMax
 			deadline[ev.id] = start.Add(bound[ev.id])
 		}
 	}
@@ -375,6 +377,7 @@ func (w *world) finish() error {
 	if err != nil {
 		return err
 	}
+	w.checkAttempts(rows)
 	now := time.Now()
 	w.stepLeases = map[uuid.UUID]time.Time{}
 	for id, r := range rows {
@@ -481,10 +484,31 @@ func (w *world) check() error {
 			fmt.Println("debug:", t)
 		}
 	}
+	w.checkAttempts(rows)
 	if err := w.checkCharges(); err != nil {
 		return err
 	}
 	return w.checkConsumer(rows, atDest, skipped)
+}
+
+// checkAttempts: an event's attempt_count counts its own failures only. An
+// outage (every publish refused as unavailable, an unavailable message
+// alone in its batch, a lost ack) is the destination's state and spends
+// none (issue 19, item 7), so no event has more attempts than the failures
+// the harness gave it that may count: its "retry" and "perm" outcomes, and
+// its "unavail" and "lostack" ones (blamed on it after LoneOutageLimit in a
+// row while others were published). Poison events fail on their own.
+func (w *world) checkAttempts(rows map[uuid.UUID]*ilvRow) {
+	for _, ev := range w.events {
+		r := rows[ev.id]
+		if r == nil || ev.poison != "" || w.attemptsReported[ev.id] {
+			continue
+		}
+		if n := w.failures(ev.id); r.attempts > n {
+			w.attemptsReported[ev.id] = true
+			w.violate("liveness", "%s has %d attempts spent but was failed only %d times: an outage spent an attempt (%s)", ev.name(), r.attempts, n, r.state())
+		}
+	}
 }
 
 // checkConsumer checks the consumer's side: each event applied at most

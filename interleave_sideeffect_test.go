@@ -16,6 +16,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,8 +29,9 @@ import (
 )
 
 // The side-effect caller's settings: its lease is the database's clock's
-// (a tick past it is a caller paused past its claim), its call timeout is
-// real time.
+// and its own (sideeffect.Config.Clock, which the ticks move as they move
+// the database's: a tick past the lease is a caller paused past its claim),
+// its call timeout is real time.
 const (
 	ilvCallTimeout = time.Second
 	ilvCallLease   = 3 * time.Second
@@ -88,10 +90,11 @@ func (p *ilvProvider) close(ctx context.Context, keep bool) {
 // ilvPayer is a schedule's charging consumer: the provider and the Caller.
 type ilvPayer struct {
 	p      *ilvProvider
+	cfg    sideeffect.Config
 	caller *sideeffect.Caller
 }
 
-func newIlvPayer(ctx context.Context, e *ilvEnv, mode string) (*ilvPayer, error) {
+func newIlvPayer(ctx context.Context, e *ilvEnv, mode string, clock func() time.Time) (*ilvPayer, error) {
 	p, err := e.provider(ctx, mode)
 	if err != nil {
 		return nil, err
@@ -100,7 +103,7 @@ func newIlvPayer(ctx context.Context, e *ilvEnv, mode string) (*ilvPayer, error)
 		return nil, err
 	}
 	cfg := sideeffect.Config{Name: "ilv.charge", Schema: e.schema, CallTimeout: ilvCallTimeout, Lease: ilvCallLease,
-		CheckInterval: 10 * time.Millisecond, MaxCheckInterval: 100 * time.Millisecond, Logger: discardLogger()}
+		CheckInterval: 10 * time.Millisecond, MaxCheckInterval: 100 * time.Millisecond, Logger: discardLogger(), Clock: clock}
 	switch provider.Mode(mode) {
 	case provider.ModeQueryable:
 		cfg.Mode = sideeffect.Queryable
@@ -118,7 +121,34 @@ func newIlvPayer(ctx context.Context, e *ilvEnv, mode string) (*ilvPayer, error)
 	if err != nil {
 		return nil, err
 	}
-	return &ilvPayer{p: p, caller: c}, nil
+	return &ilvPayer{p: p, cfg: cfg, caller: c}, nil
+}
+
+// frozen returns a Caller like the payer's whose process freezes right
+// after its claim (a GC pause, SIGSTOP, a frozen VM): its clock's first
+// reading (the claim's) is free; the next one closes in and waits for gate,
+// then reads the clock, which the ticks meanwhile moved. For a new attempt
+// (the common case) that next reading is Do's check of its lease just
+// before the call; for an attempt that exists already (a redelivery) it
+// comes before the transaction that claims it, so the freeze is then
+// before the claim, which is harmless.
+func (py *ilvPayer) frozen(e *ilvEnv, gate, in chan struct{}) (*sideeffect.Caller, error) {
+	cfg := py.cfg
+	readings := 0
+	var mu sync.Mutex
+	clock := cfg.Clock
+	cfg.Clock = func() time.Time {
+		mu.Lock()
+		readings++
+		n := readings
+		mu.Unlock()
+		if n == 2 {
+			close(in)
+			<-gate
+		}
+		return clock()
+	}
+	return sideeffect.New(e.app, cfg)
 }
 
 // ilvPaused is a worker paused between its Caller's claim and its call.
@@ -129,15 +159,19 @@ type ilvPaused struct {
 	in   chan struct{} // closed once the call is reached (the claim is taken)
 }
 
-// charge runs the Caller for m; gate, when not nil, holds the call until
-// it is closed (in is closed when the call is reached).
-func (py *ilvPayer) charge(ctx context.Context, m outbox.Message, gate, in chan struct{}) error {
+// charge runs the Caller for m; with gate, a frozen one (in is closed once
+// it is frozen after its claim).
+func (py *ilvPayer) charge(ctx context.Context, e *ilvEnv, m outbox.Message, gate, in chan struct{}) error {
 	key := m.ID.String()
-	_, err := py.caller.Do(ctx, key, []byte(key), func(ctx context.Context, key string) ([]byte, error) {
-		if gate != nil {
+	caller := py.caller
+	if gate != nil {
+		var err error
+		if caller, err = py.frozen(e, gate, in); err != nil {
 			close(in)
-			<-gate
+			return err
 		}
+	}
+	_, err := caller.Do(ctx, key, []byte(key), func(ctx context.Context, key string) ([]byte, error) {
 		ch, err := py.p.client.Charge(ctx, key, provider.ChargeRequest{Reference: key, Amount: 100, Currency: "eur"})
 		switch {
 		case err == nil:
@@ -151,7 +185,7 @@ func (py *ilvPayer) charge(ctx context.Context, m outbox.Message, gate, in chan 
 		select {
 		case <-in:
 		default:
-			close(in) // Do returned without calling
+			close(in) // Do returned without reading its clock again
 		}
 	}
 	return err
@@ -164,7 +198,7 @@ func (c *ilvConsumer) pay(w *world, m *outbox.Message) (bool, error) {
 	if w.payer == nil {
 		return true, nil
 	}
-	if err := w.payer.charge(w.ctx, *m, nil, nil); err != nil {
+	if err := w.payer.charge(w.ctx, w.env, *m, nil, nil); err != nil {
 		w.note("charge %s#%d: %v", ilvAggName(m.AggregateID), m.Sequence, err)
 		return false, nil
 	}
@@ -180,7 +214,7 @@ func (c *ilvConsumer) pause(w *world, i int) error {
 	}
 	c.held[i] = nil
 	p := &ilvPaused{msg: *m, gate: make(chan struct{}), done: make(chan error, 1), in: make(chan struct{})}
-	go func() { p.done <- w.payer.charge(context.WithoutCancel(w.ctx), p.msg, p.gate, p.in) }()
+	go func() { p.done <- w.payer.charge(context.WithoutCancel(w.ctx), w.env, p.msg, p.gate, p.in) }()
 	<-p.in
 	c.paused[i] = p
 	return nil

@@ -510,12 +510,6 @@ func (s outageStep) String() string {
 }
 
 func (s outageStep) run(w *world) error {
-	switch {
-	case s.on && !w.outage.Load():
-		w.outageFrom = time.Now()
-	case !s.on && w.outage.Load():
-		w.outageTook += time.Since(w.outageFrom)
-	}
 	w.outage.Store(s.on)
 	return nil
 }
@@ -876,16 +870,39 @@ func genResolve(g *ilvGen) ilvStep { return resolveStep{i: g.rng.IntN(3)} }
 
 // --- infrastructure faults ---
 
-// killConnStep kills a relay's database connection in the middle of its
-// settle (pg_terminate_backend): the relay, paused after the destination's
-// answer, is let go while the harness holds one of its events' rows, so
-// that its settle waits; its backend is terminated there.
-type killConnStep struct{ r string }
+// killConnStep kills relay connections (pg_terminate_backend), as a
+// failover, a pooler's restart, idle_session_timeout or an operator does.
+// Busy ("killconn R"): in the middle of its settle: the relay, paused after
+// the destination's answer, is let go while the harness holds one of its
+// events' rows, so that its settle waits; its backend is terminated there.
+// Idle ("killconn R idle"): every idle connection of the relay's pool,
+// wherever it is held; its next statements meet them dead.
+type killConnStep struct {
+	r    string
+	idle bool
+}
 
-func (s killConnStep) String() string { return "killconn " + s.r }
+func (s killConnStep) String() string {
+	if s.idle {
+		return "killconn " + s.r + " idle"
+	}
+	return "killconn " + s.r
+}
 
 func (s killConnStep) run(w *world) error {
 	g := w.relay(s.r)
+	if s.idle {
+		if g == nil || g.stuck {
+			return nil
+		}
+		var n int
+		if err := w.env.app.QueryRow(w.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE application_name = $1 AND state = 'idle'`, g.app).Scan(&n); err != nil {
+			return err
+		}
+		w.note("%s: terminated %d", s, n)
+		return nil
+	}
 	if g == nil || g.stuck || g.at != gateAfterAck {
 		return nil
 	}
@@ -927,25 +944,36 @@ WHERE application_name = $1 AND wait_event_type = 'Lock' AND state = 'active'`, 
 }
 
 func parseKillConn(a []string) (ilvStep, error) {
-	if len(a) != 1 {
-		return nil, errors.New("want: killconn R")
+	if len(a) < 1 || len(a) > 2 || (len(a) == 2 && a[1] != "idle") {
+		return nil, errors.New("want: killconn R [idle]")
 	}
-	return killConnStep{r: a[0]}, nil
+	return killConnStep{r: a[0], idle: len(a) == 2}, nil
 }
 
 func genKillConn(g *ilvGen) ilvStep {
-	for r, p := range g.paused {
-		if p {
+	if g.rng.IntN(2) == 0 {
+		// Sorted: the draw must not depend on the map's order.
+		var paused []string
+		for r, p := range g.paused {
+			if p {
+				paused = append(paused, r)
+			}
+		}
+		sort.Strings(paused)
+		if len(paused) > 0 {
+			r := paused[g.rng.IntN(len(paused))]
 			delete(g.paused, r)
 			return killConnStep{r: r}
 		}
 	}
-	return nil
+	return killConnStep{r: g.relayName(), idle: true}
 }
 
-// pinStep opens (pin) or ends (unpin) a transaction that holds a snapshot,
-// pinning the database's xmin: nothing deleted or updated since can be
-// vacuumed while it is open.
+// pinStep opens (pin) or ends (unpin) a transaction that holds a snapshot
+// and a transaction id across any number of rounds (BEGIN; SELECT
+// txid_current(), as a forgotten psql or a long migration does), pinning
+// the database's xmin: nothing deleted or updated since can be vacuumed
+// while it is open, and every snapshot lists it as running.
 type pinStep struct{ on bool }
 
 func (s pinStep) String() string {
@@ -970,7 +998,7 @@ func (s pinStep) run(w *world) error {
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(w.ctx, `SELECT count(*) FROM `+w.env.schema+`.outbox_events`); err != nil {
+	if _, err := tx.Exec(w.ctx, `SELECT txid_current(), (SELECT count(*) FROM `+w.env.schema+`.outbox_events)`); err != nil {
 		_ = tx.Rollback(w.ctx)
 		return err
 	}

@@ -51,6 +51,14 @@ const (
 	ilvBackoffMin  = 20 * time.Millisecond
 	ilvBackoffMax  = 5 * time.Second // --retry-max, scaled
 	ilvMaxAttempts = 4
+	// ilvProbeMax is the relays' OutageProbeMax: in an outage a relay looks
+	// at the destination again after 15 ms, 30 ms, ... up to 120 ms (1 s in
+	// production), and once it is back, publishes at once.
+	ilvProbeMax = 120 * time.Millisecond
+	// ilvRescanLong is the RescanInterval of most schedules: longer than
+	// any schedule, so that the incremental claim must publish every event
+	// on its own, within the liveness bound, without the full scan's help.
+	ilvRescanLong = time.Hour
 	// ilvSlack is the liveness bound beyond an event's own retry backoff:
 	// once the faults stop, every committed event is published within it.
 	ilvSlack = 3 * time.Second
@@ -121,6 +129,9 @@ type ilvEnv struct {
 
 const ilvMaxRelays = 3
 
+// ilvCreep is how fast the frozen clock moves, against real time.
+const ilvCreep = "0.001"
+
 // newIlvEnv creates worker w's schema, clock, pools and destinations.
 func newIlvEnv(ctx context.Context, worker int, tag string, natsURL string) (*ilvEnv, error) {
 	e := &ilvEnv{worker: worker, schema: fmt.Sprintf("ilv_%s_%d", tag, worker)}
@@ -133,15 +144,30 @@ func newIlvEnv(ctx context.Context, worker int, tag string, natsURL string) (*il
 	if _, err := outboxmigrate.Migrate(ctx, setup, e.schema); err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", e.schema, err)
 	}
-	// The harness's clock: now() in the schema's sessions (search_path puts
-	// it before pg_catalog) reads it. Frozen, it is t; flowing, t plus the
-	// real time since "since".
+	// The harness's clock: now() and clock_timestamp() in the schema's
+	// sessions (search_path puts them before pg_catalog) read it, and so do
+	// the columns whose default is now() (bound to pg_catalog's when the
+	// migrations created them: set again here). Flowing, it is t plus the
+	// real time since "since". Frozen, it creeps: t plus a thousandth of
+	// the real time since "since" (a millisecond a second), so that leases
+	// and backoffs end only when a tick says so, and yet, as in production,
+	// a later transaction's now() is after an earlier statement's
+	// clock_timestamp() (an event released is due at the next claim).
 	if _, err := setup.Exec(ctx, `
 CREATE SCHEMA IF NOT EXISTS `+e.clock+`;
 CREATE TABLE IF NOT EXISTS `+e.clock+`.clock (t timestamptz NOT NULL, flowing bool NOT NULL, since timestamptz NOT NULL);
 INSERT INTO `+e.clock+`.clock SELECT pg_catalog.now(), false, pg_catalog.now() WHERE NOT EXISTS (SELECT 1 FROM `+e.clock+`.clock);
 CREATE OR REPLACE FUNCTION `+e.clock+`.now() RETURNS timestamptz LANGUAGE sql STABLE AS
-$$ SELECT c.t + CASE WHEN c.flowing THEN pg_catalog.now() - c.since ELSE interval '0' END FROM `+e.clock+`.clock c $$;
+$$ SELECT c.t + (pg_catalog.now() - c.since) * CASE WHEN c.flowing THEN 1 ELSE `+ilvCreep+` END FROM `+e.clock+`.clock c $$;
+CREATE OR REPLACE FUNCTION `+e.clock+`.clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE AS
+$$ SELECT c.t + (pg_catalog.clock_timestamp() - c.since) * CASE WHEN c.flowing THEN 1 ELSE `+ilvCreep+` END FROM `+e.clock+`.clock c $$;
+DO $$ DECLARE c record; BEGIN
+	FOR c IN SELECT table_name, column_name FROM information_schema.columns
+		WHERE table_schema = '`+e.schema+`' AND column_default IN ('now()', 'CURRENT_TIMESTAMP', 'clock_timestamp()')
+	LOOP
+		EXECUTE format('ALTER TABLE %I.%I ALTER COLUMN %I SET DEFAULT %I.now()', '`+e.schema+`', c.table_name, c.column_name, '`+e.clock+`');
+	END LOOP;
+END $$;
 CREATE TABLE IF NOT EXISTS `+e.schema+`.ilv_effects (n bigserial PRIMARY KEY, event_id uuid NOT NULL, aggregate_id text NOT NULL, seq bigint NOT NULL);`); err != nil {
 		return nil, fmt.Errorf("create the clock: %w", err)
 	}
@@ -408,10 +434,11 @@ const (
 	gateClaim                        // after a claim (ObserveClaim), before publishing it
 	gateBeforePublish                // inside Publish, before the destination is called
 	gateAfterAck                     // inside Publish, after the destination answered
+	gateProbe                        // in an outage, before its look at the destination (Probe)
 )
 
 func (g ilvGate) String() string {
-	return [...]string{"running", "claimed", "before-publish", "after-ack"}[g]
+	return [...]string{"running", "claimed", "before-publish", "after-ack", "probe"}[g]
 }
 
 type ilvArrival struct {
@@ -451,9 +478,12 @@ var (
 	_ outbox.Prober        = (*ilvRelay)(nil)
 )
 
-// Probe answers as the destination would: unavailable during an outage,
-// else the real publisher's probe (both of the harness's have one).
+// Probe holds the relay (a relay in an outage claims nothing: it waits,
+// then looks at the destination; a relay step lets it look once), then
+// answers as the destination would: unavailable during an outage, else the
+// real publisher's probe (both of the harness's have one).
 func (g *ilvRelay) Probe(ctx context.Context) error {
+	g.hold(gateProbe, 0, nil)
 	if g.w.outage.Load() {
 		return outbox.Unavailable(errors.New("ilv: the destination is down"))
 	}
@@ -522,9 +552,13 @@ func (g *ilvRelay) Publish(ctx context.Context, msgs []outbox.Message) []error {
 			g.w.inject(m.ID)
 			errs[i] = fmt.Errorf("ilv: event %s failed, try again", m.ID)
 		case "unavail":
+			g.w.mayCount(m.ID)
 			errs[i] = outbox.Unavailable(fmt.Errorf("ilv: unavailable for event %s", m.ID))
 		default:
 			lost[len(fwd)] = o == "lostack"
+			if o == "lostack" {
+				g.w.mayCount(m.ID)
+			}
 			fwd = append(fwd, m)
 			fwdAt = append(fwdAt, i)
 		}
@@ -563,22 +597,23 @@ type world struct {
 	dest   ilvDest
 	relays []*ilvRelay
 
-	writers    map[string]*ilvWriter
-	events     []*ilvEvent // committed, in commit order
-	byID       map[uuid.UUID]*ilvEvent
-	rolledBack map[uuid.UUID]bool
-	skipped    map[uuid.UUID]bool // by the harness's operator
-	outage     atomic.Bool
-	outageFrom time.Time     // when the current outage began (real time)
-	outageTook time.Duration // how long the destination was down, in all
-	injMu      sync.Mutex
-	injected   map[uuid.UUID]bool // events the harness made fail
-	consumer   *ilvConsumer
-	payer      *ilvPayer // nil: the consumer charges nothing
-	pin        pgx.Tx
-	clockFlows bool
-	stepLeases map[uuid.UUID]time.Time // leases taken before the faults stopped: when they end
-	aborted    bool
+	writers          map[string]*ilvWriter
+	events           []*ilvEvent // committed, in commit order
+	byID             map[uuid.UUID]*ilvEvent
+	rolledBack       map[uuid.UUID]bool
+	skipped          map[uuid.UUID]bool // by the harness's operator
+	outage           atomic.Bool
+	injMu            sync.Mutex
+	injected         map[uuid.UUID]bool // events the harness made fail
+	consumer         *ilvConsumer
+	payer            *ilvPayer // nil: the consumer charges nothing
+	pin              pgx.Tx
+	clockFlows       bool
+	stepLeases       map[uuid.UUID]time.Time // leases taken before the faults stopped: when they end
+	ticked           atomic.Int64            // how far tick steps moved the database's clock (ns): the side-effect caller's clock follows
+	failed           map[uuid.UUID]int       // per event, the failures the harness made that may count as attempts
+	attemptsReported map[uuid.UUID]bool
+	aborted          bool
 
 	violations []ilvViolation
 	trace      []string
@@ -604,7 +639,23 @@ func (w *world) note(format string, args ...any) {
 func (w *world) inject(id uuid.UUID) {
 	w.injMu.Lock()
 	w.injected[id] = true
+	w.failed[id]++
 	w.injMu.Unlock()
+}
+
+// mayCount records a failure of event id that the relay may count as an
+// attempt (an Unavailable of one message while others were published, which
+// it blames on the event after LoneOutageLimit in a row), not an outage.
+func (w *world) mayCount(id uuid.UUID) {
+	w.injMu.Lock()
+	w.failed[id]++
+	w.injMu.Unlock()
+}
+
+func (w *world) failures(id uuid.UUID) int {
+	w.injMu.Lock()
+	defer w.injMu.Unlock()
+	return w.failed[id]
 }
 
 func (w *world) wasInjected(id uuid.UUID) bool {
@@ -620,7 +671,7 @@ func newWorld(ctx context.Context, e *ilvEnv, cfg ilvConfig) (w *world, err erro
 		return nil, err
 	}
 	w = &world{env: e, ctx: ctx, cfg: cfg, writers: map[string]*ilvWriter{}, byID: map[uuid.UUID]*ilvEvent{},
-		rolledBack: map[uuid.UUID]bool{}, skipped: map[uuid.UUID]bool{}, injected: map[uuid.UUID]bool{}}
+		rolledBack: map[uuid.UUID]bool{}, skipped: map[uuid.UUID]bool{}, injected: map[uuid.UUID]bool{}, failed: map[uuid.UUID]int{}, attemptsReported: map[uuid.UUID]bool{}}
 	if cfg.dest == "kafka" {
 		d, err := newIlvKafka(ctx, e)
 		if err != nil {
@@ -635,7 +686,7 @@ func newWorld(ctx context.Context, e *ilvEnv, cfg ilvConfig) (w *world, err erro
 		return nil, err
 	}
 	if cfg.payer != "" {
-		if w.payer, err = newIlvPayer(ctx, e, cfg.payer); err != nil {
+		if w.payer, err = newIlvPayer(ctx, e, cfg.payer, w.clock); err != nil {
 			return nil, err
 		}
 	}
@@ -645,7 +696,7 @@ func newWorld(ctx context.Context, e *ilvEnv, cfg ilvConfig) (w *world, err erro
 			arrive: make(chan ilvArrival, 1), release: make(chan struct{}), freed: make(chan struct{}), done: make(chan error, 1)}
 		r, err := outbox.NewRelay(e.relayPools[i], outbox.RelayConfig{
 			Publisher: g, Observer: g, Schema: e.schema, ID: g.name, BatchSize: cfg.batch,
-			LeaseDuration: ilvLease, PollInterval: time.Millisecond, CatchUpInterval: -1,
+			LeaseDuration: ilvLease, PollInterval: time.Millisecond, CatchUpInterval: -1, RescanInterval: cfg.rescan, OutageProbeMax: ilvProbeMax,
 			RetryBackoffMin: ilvBackoffMin, RetryBackoffMax: ilvBackoffMax, MaxAttempts: ilvMaxAttempts,
 			ShutdownTimeout: time.Second, DisableClaimAhead: true, DisableNotify: true, DisablePipelining: cfg.noPipelining,
 			HeartbeatInterval: time.Hour, LaneSweepInterval: time.Hour, VacuumInterval: -1, Logger: discardLogger(),
@@ -744,11 +795,19 @@ LIMIT 1`, app, ilvLockGrace.Milliseconds()).Scan(&pid, &query, &blockers)
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
-// tick moves the database's clock forward.
+// tick moves the database's clock forward, and the side-effect caller's
+// with it.
 func (w *world) tick(d time.Duration) error {
 	_, err := w.env.app.Exec(w.ctx, `UPDATE `+w.env.clock+`.clock SET t = t + $1 * interval '1 millisecond'`, d.Milliseconds())
+	if err == nil {
+		w.ticked.Add(int64(d.Truncate(time.Millisecond)))
+	}
 	return err
 }
+
+// clock is the side-effect caller's clock (sideeffect.Config.Clock): real
+// time, moved by the ticks as the database's is.
+func (w *world) clock() time.Time { return time.Now().Add(time.Duration(w.ticked.Load())) }
 
 // ilvWake wakes every relay, as a writer's notification after its commit
 // does.

@@ -83,11 +83,14 @@ type claim struct {
 	attempts int
 	checks   int
 	// leaseEnd is when the lease the last claiming statement granted ends,
-	// by this process's monotonic clock, conservatively: the statement's
+	// by the caller's clock (Config.Clock), conservatively: the statement's
 	// now() is no earlier than the moment it was sent, so the lease ends no
 	// earlier than leaseEnd.
 	leaseEnd time.Time
 }
+
+// realTime is t of the caller's clock on time.Now's.
+func (c *Caller) realTime(t time.Time) time.Time { return time.Now().Add(t.Sub(c.cfg.Clock())) }
 
 // granted is the local end of a lease granted by a statement sent at sent.
 func (c *Caller) granted(sent time.Time) time.Time { return sent.Add(c.cfg.Lease) }
@@ -104,7 +107,7 @@ func (c *Caller) leaseMargin() time.Duration { return (c.cfg.Lease - c.cfg.CallT
 // callable says whether a call starting now, and running for up to
 // CallTimeout, ends at least leaseMargin before the claim's lease does.
 func (c *Caller) callable(cl claim) bool {
-	return !time.Now().Add(c.cfg.CallTimeout).After(cl.leaseEnd.Add(-c.leaseMargin()))
+	return !c.cfg.Clock().Add(c.cfg.CallTimeout).After(cl.leaseEnd.Add(-c.leaseMargin()))
 }
 
 // current is an existing attempt, read under its row lock.
@@ -134,7 +137,7 @@ func secs(d time.Duration) float64 { return d.Seconds() }
 func (c *Caller) claim(ctx context.Context, key string, fp []byte) (claim, *Result, error) {
 	for range 3 {
 		var token int64
-		sent := time.Now()
+		sent := c.cfg.Clock()
 		err := c.pool.QueryRow(ctx, `INSERT INTO `+c.t+` AS s
 	(name, key, mode, state, fingerprint, attempts, lease_until, next_check_at, last_attempt_at)
 VALUES ($1, $2, $3, 'started', $4, 1, now() + make_interval(secs => $5), now() + make_interval(secs => $5), now())
@@ -160,8 +163,8 @@ RETURNING lease_token`, c.cfg.Name, key, c.cfg.Mode.String(), fp, secs(c.cfg.Lea
 		var cl claim
 		var res *Result
 		var gone bool
-		var after error   // decided and written: returned once committed
-		sent = time.Now() // the claim's now() is the transaction's start, later
+		var after error      // decided and written: returned once committed
+		sent = c.cfg.Clock() // the claim's now() is the transaction's start, later
 		err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 			cur, err := c.lockCurrent(ctx, tx, key)
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -352,7 +355,7 @@ func (c *Caller) run(ctx context.Context, cl claim, call Call) (Result, error) {
 // called; the claim is released like after a call not sent.
 func (c *Caller) refuseLate(ctx context.Context, cl claim) (Result, error) {
 	late := fmt.Errorf("%w: paused for %s between the claim and the call, too late to call (the lease is %s, the call may take %s)",
-		ErrLeaseExpired, time.Since(cl.leaseEnd.Add(-c.cfg.Lease)).Round(time.Millisecond), c.cfg.Lease, c.cfg.CallTimeout)
+		ErrLeaseExpired, c.cfg.Clock().Sub(cl.leaseEnd.Add(-c.cfg.Lease)).Round(time.Millisecond), c.cfg.Lease, c.cfg.CallTimeout)
 	if err := c.recordNotSent(ctx, cl, late); err != nil {
 		return Result{Key: cl.key, State: Started}, errors.Join(late, err)
 	}
@@ -388,7 +391,7 @@ func (c *Caller) lookupBeforeCall(ctx context.Context, cl *claim) (Result, bool,
 	// about to be made, and renew the claim for it.
 	rctx, cancel := c.recordCtx(ctx)
 	defer cancel()
-	sent := time.Now()
+	sent := c.cfg.Clock()
 	err := c.pool.QueryRow(rctx, `UPDATE `+c.t+` SET attempts = attempts + 1, last_attempt_at = now(),
 	lease_until = now() + make_interval(secs => $4), next_check_at = now() + make_interval(secs => $4), updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'
@@ -465,7 +468,7 @@ func (c *Caller) record(ctx context.Context, cl claim, o outcome) (Result, error
 	// lease ends; a retry that finds the row no longer started but still
 	// under this token, in the state written, finds the first attempt's
 	// write, which committed unseen.
-	err := pgretry.Do(rctx, cl.leaseEnd, func(ctx context.Context, a pgretry.Attempt) error {
+	err := pgretry.Do(rctx, c.realTime(cl.leaseEnd), func(ctx context.Context, a pgretry.Attempt) error {
 		err := c.pool.QueryRow(ctx, `UPDATE `+c.t+` SET state = $4, response = coalesce($5, response), last_error = $6, resolved_via = $7,
 	lease_until = NULL, next_check_at = now() + make_interval(secs => $8),
 	unknown_since = CASE WHEN $4 = 'unknown' THEN coalesce(unknown_since, now()) ELSE unknown_since END, updated_at = now()

@@ -167,6 +167,13 @@ type Config struct {
 	// Logger receives a warning when a round of Reconcile fails. Defaults
 	// to slog.Default().
 	Logger *slog.Logger
+	// Clock is the caller's clock for its leases: a claim's lease ends Lease
+	// after the claiming statement was sent by this clock, and Do refuses a
+	// call that this clock says starts too late (see Lease). It must move
+	// forward with real time; a test that moves the database's now() ahead
+	// (to expire leases without waiting) moves this clock by as much.
+	// Defaults to time.Now.
+	Clock func() time.Time
 }
 
 // Caller makes one external call per key safely: see the package
@@ -218,6 +225,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Caller, error) {
 	}
 	def(&cfg.CallTimeout, CallTimeoutDefault)
 	def(&cfg.Lease, 3*cfg.CallTimeout)
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
 	def(&cfg.CheckInterval, CheckIntervalDefault)
 	def(&cfg.MaxCheckInterval, MaxCheckIntervalDefault)
 	def(&cfg.MaxAge, MaxAgeDefault)
