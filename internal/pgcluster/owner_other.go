@@ -23,7 +23,9 @@ func (c *Cluster) baseDir() (string, error) { return os.TempDir(), nil }
 
 func asUser(*exec.Cmd, *user.User) error { return nil }
 
-func writeOwner(dir string) error { return os.WriteFile(dir+string(os.PathSeparator)+ownerFile, nil, 0o644) }
+func writeOwner(dir string) error {
+	return os.WriteFile(dir+string(os.PathSeparator)+ownerFile, nil, 0o644)
+}
 
 func removeLeftoversOnce() {}
 
