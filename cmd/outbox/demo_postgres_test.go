@@ -160,6 +160,7 @@ func processesOf(t *testing.T, pid int, dir string) []string {
 // --postgres private --keep, DATABASE_URL is ignored and the cluster is
 // stopped and kept.
 func TestDemoPrivateClusterWhenNothingAnswers(t *testing.T) {
+	t.Parallel() // the demo runs as processes of their own, with their environment
 	dead := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", deadPort(t))
 	out, _, dataDir, pid, err := demoProcess(t, demoEnv(demoDefaultURLEnv+"="+dead), "--orders", "30")
 	if err != nil {
