@@ -15,6 +15,10 @@ import (
 // p99_ms and ratio. It checks no target: the figures of a smoke run on a
 // shared machine mean nothing.
 func TestQuickRun(t *testing.T) {
+	// In parallel with the module's other tests: each runs on schemas
+	// and streams of its own, and checks what must hold on any machine,
+	// not figures; most of their time is waiting on fixed durations.
+	t.Parallel()
 	o := options{quick: true, only: allGroups, sz: quickSizes(),
 		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222"), amqpURL: envOr("AMQP_URL", "amqp://127.0.0.1:5672/")}
@@ -75,6 +79,7 @@ func TestQuickRun(t *testing.T) {
 // and last intervals and the flatness ratios. Like TestQuickRun, it checks
 // no target.
 func TestQuickSoak(t *testing.T) {
+	t.Parallel() // see TestQuickRun
 	o := options{quick: true, only: []string{"soak"}, sz: quickSizes(),
 		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222"), amqpURL: envOr("AMQP_URL", "amqp://127.0.0.1:5672/")}

@@ -17,6 +17,7 @@ import (
 // every event in order, and reports an aggregate's event stored before its
 // predecessor, or after a gap.
 func TestDestinationReadBack(t *testing.T) {
+	t.Parallel() // see TestQuickRun
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	o := options{sz: quickSizes(),

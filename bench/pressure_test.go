@@ -24,6 +24,7 @@ const settleFixed = true
 // machine: nothing lost, invented or reordered at the destination, and
 // (with settleFixed) no event of the killed cell waits half a lease.
 func TestPressureShort(t *testing.T) {
+	t.Parallel() // see TestQuickRun
 	sz := quickPressure()
 	sz.relays = []string{"polling"}
 	sz.cells = []string{"kill-busy", "xmin"}

@@ -90,8 +90,11 @@ the end unless --keep.
 PostgreSQL (--postgres): "auto" (the default) uses DATABASE_URL or
 --database-url when set, and fails within 5s, naming it, when that server does
 not answer; when neither is set, it uses the server at the default address
-(postgres://postgres@127.0.0.1:5432/postgres) when one answers there, and
-otherwise starts a private cluster of its own on a free port. "url" always uses
+(postgres://postgres@127.0.0.1:5432/postgres) when PostgreSQL 13 or newer
+answers there and lets the demo in without a password, and otherwise starts a
+private cluster of its own on a free port, saying why in one line (nothing
+answers, not PostgreSQL, wants a password, too old). The server must be
+PostgreSQL 13 or newer. "url" always uses
 the URL (or the default address), "private" always starts a private cluster. A
 private cluster is made from the machine's PostgreSQL server binaries (initdb,
 pg_ctl: found in PG_BINDIR, pg_config --bindir, /usr/lib/postgresql/<version>/bin,
@@ -117,7 +120,7 @@ Exits non-zero if a check fails.`)
 	fs.Uint64Var(&f.seed, "seed", 0, "seed of the command mix (0: random)")
 	fs.BoolVar(&f.verbose, "verbose", false, "log the components' info messages too")
 	fs.StringVar(&f.mode, "mode", "polling", "relay mode: polling, or cdc (needs wal_level=logical: a private cluster unless DATABASE_URL is set)")
-	fs.StringVar(&f.postgres, "postgres", postgresAuto, "which PostgreSQL: auto (DATABASE_URL when set; else the default address when it answers; else a private cluster), url (DATABASE_URL, --database-url or the default address, never a private cluster), or private (a private cluster from the machine's server binaries, removed at the end unless --keep)")
+	fs.StringVar(&f.postgres, "postgres", postgresAuto, "which PostgreSQL: auto (DATABASE_URL when set; else the default address when PostgreSQL 13+ lets the demo in there; else a private cluster), url (DATABASE_URL, --database-url or the default address, never a private cluster), or private (a private cluster from the machine's server binaries, removed at the end unless --keep)")
 	fs.BoolVar(&f.noSaga, "no-saga", false, "run without the order saga (payment provider, payments and saga consumers); a non-NATS destination runs without it anyway")
 	fs.StringVar(&f.providerMode, "provider-mode", "idempotent", "the payment provider's mode: idempotent, queryable (I6 checked in both) or neither (duplicate charges reported as a figure)")
 	fs.StringVar(&f.providerFaults, "provider-faults", "drop-response:p=0.05", "faults of the payment provider, as 'orders provider --fault' takes them, ';'-separated (\"\": none); a dropped response is an ambiguous outcome the payments consumer resolves")

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -78,9 +79,24 @@ func TestComposeMatchesTheTests(t *testing.T) {
 		if len(hc.Test) < 2 || (hc.Test[0] != "CMD" && hc.Test[0] != "CMD-SHELL") || hc.Retries < 1 || hc.Interval == "" {
 			t.Errorf("%s: no usable health check: %+v", name, hc)
 		}
-		if !strings.Contains(s.Image, ":") {
-			t.Errorf("%s: image %q has no tag", name, s.Image)
+		if !regexp.MustCompile(`:\d+(\.\d+)*(-[a-z]+)?$`).MatchString(s.Image) {
+			t.Errorf("%s: image %q is not pinned to a version", name, s.Image)
 		}
+	}
+	// NATS: the version the tests embed; RabbitMQ: a minor version.
+	mod, err := os.ReadFile(filepath.Join("..", "..", "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*github\.com/nats-io/nats-server/v2 v(\S+)$`).FindSubmatch(mod)
+	if m == nil {
+		t.Fatal("go.mod has no nats-server")
+	}
+	if want := "nats:" + string(m[1]) + "-alpine"; f.Services["nats"].Image != want {
+		t.Errorf("nats: image %q, want %q (go.mod's nats-server)", f.Services["nats"].Image, want)
+	}
+	if img := f.Services["rabbitmq"].Image; !regexp.MustCompile(`^rabbitmq:\d+\.\d+`).MatchString(img) {
+		t.Errorf("rabbitmq: image %q is not pinned to a minor version", img)
 	}
 
 	// PostgreSQL: the tests' and the demo's default URL.

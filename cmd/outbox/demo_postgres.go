@@ -87,8 +87,8 @@ func (d *demoRun) openPostgres(ctx context.Context) (*demoPostgres, error) {
 		if cdc {
 			return d.startPrivate("--mode cdc; DATABASE_URL is not set")
 		}
-		if !answers(ctx, f.databaseURL) {
-			return d.startPrivate("nothing answers at " + redact.Database(f.databaseURL) + " and DATABASE_URL is not set")
+		if why := unusable(ctx, f.databaseURL); why != "" {
+			return d.startPrivate(why + " and DATABASE_URL is not set")
 		}
 	}
 	if source == "" {
@@ -116,6 +116,11 @@ func (d *demoRun) startPrivate(why string) (*demoPostgres, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot start a %s (%s): %w", kind, why, err)
 	}
+	if err := checkVersion(context.Background(), cluster.URL(""), "the private cluster"); err != nil {
+		_ = cluster.Close()
+		bin, _ := pgcluster.BinDir()
+		return nil, fmt.Errorf("%w; install a newer PostgreSQL, or set PG_BINDIR to the directory of its initdb (these are in %s)", err, bin)
+	}
 	bin, _ := pgcluster.BinDir()
 	d.printf("  %s on 127.0.0.1:%d, data directory %s (server binaries in %s): %s; removed at the end unless --keep\n",
 		kind, cluster.Port(), cluster.DataDir(), bin, why)
@@ -137,6 +142,78 @@ func (p *demoPostgres) close(d *demoRun) error {
 	}
 	d.printf("kept the private cluster (stopped) in %s; start it again with:\n  %s\n  and connect with DATABASE_URL=%s\n",
 		p.cluster.Dir(), restart, p.cluster.URL(""))
+	return nil
+}
+
+// minServerVersion is the oldest PostgreSQL major version the outbox runs
+// on (docs/operations.md).
+const minServerVersion = 13
+
+// unusable says why the demo cannot use the server at url, the default
+// address (then a private cluster is started instead): nothing answers
+// there, what answers is not PostgreSQL, or it wants a password, refuses
+// the demo, or is older than minServerVersion; "" when it can use it.
+func unusable(ctx context.Context, url string) string {
+	name := redact.Database(url)
+	if !answers(ctx, url) {
+		return "nothing answers at " + name
+	}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "the default address " + name + " does not parse"
+	}
+	cctx, cancel := context.WithTimeout(ctx, demoConnectTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		msg := redact.Secrets(oneLine(err.Error()), redact.DatabaseSecrets(url)...)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && (pgErr.Code == "28P01" || strings.Contains(pgErr.Message, "password")):
+			return "the server at " + name + " wants a password (" + pgErr.Message + ")"
+		case errors.As(err, &pgErr):
+			return "the server at " + name + " refuses the demo (" + pgErr.Message + ")"
+		case strings.Contains(msg, "password"):
+			return "the server at " + name + " wants a password (" + msg + ")"
+		}
+		return "what answers at " + name + " is not PostgreSQL (" + msg + ")"
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if major, version := serverVersion(conn); major < minServerVersion {
+		return fmt.Sprintf("the server at %s is PostgreSQL %s, older than %d", name, version, minServerVersion)
+	}
+	return ""
+}
+
+// serverVersion is the server's major version and the version it reports
+// (server_version: "16.2 (Debian 16.2-1)", "17beta1"); 0 when unreadable.
+func serverVersion(conn *pgx.Conn) (int, string) {
+	v := conn.PgConn().ParameterStatus("server_version")
+	digits := v
+	if i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		digits = v[:i]
+	}
+	major, _ := strconv.Atoi(digits)
+	return major, v
+}
+
+// checkVersion connects to url and fails when the server is older than
+// minServerVersion, naming it as what.
+func checkVersion(ctx context.Context, url, what string) error {
+	cctx, cancel := context.WithTimeout(ctx, demoConnectTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, url)
+	if err != nil {
+		return redact.Error(fmt.Errorf("%s: %w", what, err), redact.DatabaseSecrets(url)...)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return versionError(conn, what)
+}
+
+func versionError(conn *pgx.Conn, what string) error {
+	if major, version := serverVersion(conn); major < minServerVersion {
+		return fmt.Errorf("%s is PostgreSQL %s: the outbox needs PostgreSQL %d or newer", what, version, minServerVersion)
+	}
 	return nil
 }
 
@@ -191,6 +268,9 @@ func checkPostgres(ctx context.Context, url, source string, cdc bool) error {
 			name, source, oneLine(err.Error()), elsewhere+" a server that answers", private), secrets...)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if err := versionError(conn, fmt.Sprintf("the server at %s (%s)", name, source)); err != nil {
+		return fmt.Errorf("%w; upgrade it, %s, %s", err, elsewhere+" a newer server", private)
+	}
 	if !cdc {
 		return nil
 	}

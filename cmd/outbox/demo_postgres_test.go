@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/internal/pgcluster"
@@ -157,6 +160,7 @@ func processesOf(t *testing.T, pid int, dir string) []string {
 // --postgres private --keep, DATABASE_URL is ignored and the cluster is
 // stopped and kept.
 func TestDemoPrivateClusterWhenNothingAnswers(t *testing.T) {
+	t.Parallel() // the demo runs as processes of their own, with their environment
 	dead := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", deadPort(t))
 	out, _, dataDir, pid, err := demoProcess(t, demoEnv(demoDefaultURLEnv+"="+dead), "--orders", "30")
 	if err != nil {
@@ -343,5 +347,121 @@ func TestDemoCDCOnDatabaseURL(t *testing.T) {
 	}
 	if slots+pubs+schemas != 0 {
 		t.Errorf("left behind: %d slots, %d publications, %d schemas", slots, pubs, schemas)
+	}
+}
+
+// fakeServer speaks just enough of PostgreSQL's protocol to let a client
+// in without a password and report server_version version; it returns its
+// address.
+func fakeServer(t *testing.T, version string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b := pgproto3.NewBackend(c, c)
+				msg, err := b.ReceiveStartupMessage()
+				if _, ok := msg.(*pgproto3.SSLRequest); ok && err == nil {
+					if _, err := c.Write([]byte("N")); err != nil {
+						return
+					}
+					msg, err = b.ReceiveStartupMessage()
+				}
+				if err != nil {
+					return
+				}
+				b.Send(&pgproto3.AuthenticationOk{})
+				b.Send(&pgproto3.ParameterStatus{Name: "server_version", Value: version})
+				b.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 1}})
+				b.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+				if b.Flush() != nil {
+					return
+				}
+				for {
+					if m, err := b.Receive(); err != nil {
+						return
+					} else if _, ok := m.(*pgproto3.Terminate); ok {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// TestDemoDefaultAddressUnusable: with DATABASE_URL unset, the demo uses
+// the server at the default address only when it is PostgreSQL 13 or
+// newer and lets it in; otherwise it starts a private cluster, and the one
+// line says why: nothing answers, what answers is not PostgreSQL (an HTTP
+// server, one that never answers), it wants a password, or it is too old.
+// A server DATABASE_URL names that is too old fails the run, saying so.
+func TestDemoDefaultAddressUnusable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	hba := func(dataDir string) error {
+		return os.WriteFile(filepath.Join(dataDir, "pg_hba.conf"), []byte("host all all 127.0.0.1/32 scram-sha-256\n"), 0o600)
+	}
+	locked := outboxtest.PrivateCluster(t, pgcluster.Config{Prepare: hba})
+	httpSrv := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(httpSrv.Close)
+	httpAddr := strings.TrimPrefix(httpSrv.URL, "http://")
+	old := fakeServer(t, "12.4 (Debian 12.4-1)")
+	pgURL := func(addr string) string { return "postgres://postgres@" + addr + "/postgres?sslmode=disable" }
+	for _, tc := range []struct{ name, url, want string }{
+		{"nothing answers", pgURL(fmt.Sprintf("127.0.0.1:%d", deadPort(t))), "nothing answers at "},
+		{"HTTP", pgURL(httpAddr), "what answers at " + pgURL(httpAddr) + " is not PostgreSQL ("},
+		{"silent", pgURL(silentServer(t)), " is not PostgreSQL ("},
+		{"password", locked.URL(""), "the server at " + locked.URL("") + " wants a password ("},
+		{"too old", pgURL(old), "the server at " + pgURL(old) + " is PostgreSQL 12.4 (Debian 12.4-1), older than 13"},
+		{"usable", outboxtest.DatabaseURL(), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := unusable(ctx, tc.url)
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) || strings.Contains(got, "\n") {
+				t.Errorf("unusable = %q, want one line with %q", got, tc.want)
+			}
+		})
+	}
+	err := checkPostgres(ctx, pgURL(old), "DATABASE_URL", false)
+	if err == nil || !strings.Contains(err.Error(), "(DATABASE_URL) is PostgreSQL 12.4 (Debian 12.4-1): the outbox needs PostgreSQL 13 or newer") {
+		t.Errorf("checkPostgres on PostgreSQL 12: %v", err)
+	}
+}
+
+// TestDemoCDCKeepTwice runs --mode cdc --keep twice on the same server:
+// each run's replication slot and publication have names of their own,
+// so the second run does not collide with what the first kept.
+func TestDemoCDCKeepTwice(t *testing.T) {
+	c := outboxtest.PrivateCluster(t, pgcluster.Config{Settings: map[string]string{"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}})
+	var schemas []string
+	for range 2 {
+		_, schema, _ := runDemoTest(t, "--database-url", c.URL(""), "--mode", "cdc", "--orders", "20", "--keep", "--destination", "kafka")
+		schemas = append(schemas, schema)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, c.URL(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, schema := range schemas {
+		var slots int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, outboxcdc.SlotName(schema, outboxcdc.GroupDefault)).Scan(&slots); err != nil {
+			t.Fatal(err)
+		}
+		if slots != 1 {
+			t.Errorf("run of schema %s: %d slots kept, want 1", schema, slots)
+		}
 	}
 }

@@ -84,6 +84,11 @@ func TestQuickStartAgrees(t *testing.T) {
 	if len(flagsInHelp) < 10 {
 		t.Fatalf("demo --help lists %d flags:\n%s", len(flagsInHelp), demoHelp)
 	}
+	// A default is shown as it is, not as a URL that failed to parse
+	// (--destination's "nats" once was).
+	if !strings.Contains(string(demoHelp), `(default "nats")`) || strings.Contains(string(demoHelp), "unparsable") {
+		t.Errorf("demo --help does not show --destination's default \"nats\" as it is:\n%s", demoHelp)
+	}
 	setupHelp, err := exec.Command("bash", filepath.Join("..", "..", ".ci", "setup"), "--help").CombinedOutput()
 	if err != nil {
 		t.Fatalf(".ci/setup --help: %v", err)

@@ -167,7 +167,7 @@ func TestSetupPlanFreshMachine(t *testing.T) {
 		if code != 0 {
 			t.Errorf("exit %d, want 0", code)
 		}
-		wantLines(t, out, "setup: would install", "setup: would install: apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium")
+		wantLines(t, out, "setup: would install", "setup: would install: apt-get update && apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium")
 		wantLines(t, out, "setup: would start NATS", "setup: would start NATS: "+ssd+" --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p "+strconv.Itoa(s.nats)+" -js -sd /var/lib/nats-server -l /var/log/nats-server.log")
 		wantLines(t, out, "setup: would start RabbitMQ", "setup: would start RabbitMQ: /usr/sbin/rabbitmq-server -detached")
 		if len(lines(out, "setup: would start PostgreSQL: after the install, the cluster its package creates on port "+strconv.Itoa(s.pg))) != 1 {
@@ -207,7 +207,7 @@ func TestSetupPlanFreshMachine(t *testing.T) {
 				}
 			}
 			if tc.release == ubuntuRelease {
-				wantLines(t, out, "setup: may not install", "setup: may not install packages (neither root nor passwordless sudo): sudo apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium")
+				wantLines(t, out, "setup: may not install", "setup: may not install packages (neither root nor passwordless sudo): sudo apt-get update && sudo apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium")
 			}
 		})
 	}
@@ -260,7 +260,7 @@ func TestSetupPlanInstalledButDown(t *testing.T) {
 		state := filepath.Join(s.home, ".local/state/outbox")
 		wantLines(t, out, "setup: would start",
 			"setup: would start PostgreSQL: sudo -n "+filepath.Join(s.bin, "pg_ctlcluster")+" --skip-systemctl-redirect 16 main start",
-			"setup: would start NATS: nohup "+filepath.Join(s.root, "usr/sbin/nats-server")+" -a 127.0.0.1 -p "+strconv.Itoa(s.nats)+" -js -sd "+state+"/nats -l "+state+"/nats-server.log",
+			"setup: would start NATS: detach "+filepath.Join(s.root, "usr/sbin/nats-server")+" -a 127.0.0.1 -p "+strconv.Itoa(s.nats)+" -js -sd "+state+"/nats -l "+state+"/nats-server.log",
 			"setup: would start RabbitMQ: sudo -n "+filepath.Join(s.root, "usr/sbin/rabbitmq-server")+" -detached")
 		if _, err := os.Stat(state); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the dry run made %s", state)
@@ -278,7 +278,7 @@ func TestSetupPlanInstalledButDown(t *testing.T) {
 		wantLines(t, out, "  - ",
 			"  - PostgreSQL: cluster 16/main on port "+strconv.Itoa(s.pg)+" is down: sudo pg_ctlcluster 16 main start",
 			"  - RabbitMQ is installed but does not answer on 127.0.0.1:"+strconv.Itoa(s.amqp)+": sudo rabbitmq-server -detached (or sudo systemctl start rabbitmq-server)")
-		if len(lines(out, "setup: would start NATS: nohup ")) != 1 {
+		if len(lines(out, "setup: would start NATS: detach ")) != 1 {
 			t.Error("the plan does not start NATS as the user")
 		}
 	})
@@ -301,6 +301,24 @@ func TestSetupPlanInstalledButDown(t *testing.T) {
 			t.Errorf("missing %q: want PostgreSQL, installed but down, to be started as the system does", m)
 		}
 	})
+}
+
+// TestSetupPlanNoCluster: Debian's layout with PostgreSQL installed and no
+// cluster at all, and a user who may not create one: the plan says to
+// create it with pg_createcluster on the tests' port, and how to let the
+// tests in.
+func TestSetupPlanNoCluster(t *testing.T) {
+	t.Parallel()
+	s := installedDown(t, "none")
+	s.nats, s.amqp = answer(t), answer(t)
+	s.prog(t, "pg_lsclusters", "")
+	out, code := s.run(t, "--dry-run")
+	if code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	p := strconv.Itoa(s.pg)
+	wantLines(t, out, "  - ", "  - PostgreSQL: no cluster exists (pg_lsclusters lists none): create and start one on port "+p+
+		" with sudo pg_createcluster -p "+p+" 16 main --start, then let the tests in: add 'host all postgres 127.0.0.1/32 trust' at the top of /etc/postgresql/16/main/pg_hba.conf and sudo pg_ctlcluster 16 main reload; or, for the three services, docker compose up -d --wait (compose.yaml)")
 }
 
 // TestSetupPlanLeavesWhatAnswers: what answers is left alone, whatever is
@@ -439,6 +457,7 @@ chmod +x "$r/usr/sbin/nats-server" "$r/usr/sbin/rabbitmq-server" '`+s.bin+`/chro
 	calls, _ := os.ReadFile(s.calls)
 	t.Logf("calls:\n%s", calls)
 	want := []string{
+		"apt-get update",
 		"apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium",
 		"pg_ctlcluster --skip-systemctl-redirect 16 main start",
 		"start-stop-daemon --start",
@@ -465,13 +484,14 @@ chmod +x "$r/usr/sbin/nats-server" "$r/usr/sbin/rabbitmq-server" '`+s.bin+`/chro
 	}
 }
 
-// TestSetupRealRunInstallFails: when apt-get fails (even after an update),
-// a real run says so in its list of what is missing and exits 1, so that no
-// test runs.
+// TestSetupRealRunInstallFails: when apt-get install fails, a real run
+// says so in its list of what is missing and exits 1, so that no test runs.
+// apt-get runs twice, whatever is missing: one update, then one install of
+// every package.
 func TestSetupRealRunInstallFails(t *testing.T) {
 	t.Parallel()
 	s := newSetupSystem(t, debianRelease, "root")
-	s.prog(t, "apt-get", "echo 'E: Unable to locate package nats-server' >&2; exit 100")
+	s.prog(t, "apt-get", `case "$*" in *install*) echo 'E: Unable to locate package nats-server' >&2; exit 100 ;; esac`)
 	s.prog(t, "go", "")
 	cmd := exec.Command("bash", filepath.Join("..", "..", ".ci", "setup"))
 	cmd.Env = append(setupEnv(), "HOME="+s.home,
@@ -490,7 +510,7 @@ func TestSetupRealRunInstallFails(t *testing.T) {
 		t.Error("setup does not say no test runs")
 	}
 	calls, _ := os.ReadFile(s.calls)
-	if got := strings.TrimSpace(string(calls)); got != "apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium\napt-get update" {
-		t.Errorf("calls:\n%s\nwant an install, then an update", got)
+	if got := strings.TrimSpace(string(calls)); got != "apt-get update\napt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium" {
+		t.Errorf("calls:\n%s\nwant one update, then one install", got)
 	}
 }

@@ -11,8 +11,15 @@
 // Postgres.app's and the PGDG RPMs' (/usr/pgsql-<version>/bin), newest
 // version first; else on the PATH (Fedora's /usr/bin). When none has them,
 // the error (ErrNoBinaries) says what to install on each system.
-// When the caller is root the tools run as the postgres user, because
-// initdb and postgres refuse to run as root.
+// When the caller is root the tools run as the postgres user (nobody where
+// there is none), because initdb and postgres refuse to run as root; the
+// cluster's directory is then made where that user can reach it.
+//
+// A cluster outlives a process killed without a chance to Close it
+// (SIGKILL): its directory records the process that owns it, and the next
+// Start of any process removes the clusters whose owner is gone, stopping
+// their servers first. Keep hands a cluster over to its user: it is never
+// removed.
 package pgcluster
 
 import (
@@ -45,9 +52,10 @@ type Config struct {
 // directory.
 type Cluster struct {
 	dir, data string
+	sock      string // the Unix socket's directory: dir, or a short one when dir is too long
 	port      int
 	settings  map[string]string
-	owner     *user.User // the postgres user when running as root
+	owner     *user.User // the user the server runs as when the caller is root
 
 	mu      sync.Mutex
 	running bool
@@ -153,30 +161,60 @@ func version(binDir string) int {
 	return n
 }
 
-// Start creates a cluster in a new temporary directory and starts it.
+// dirPrefix begins the name of every cluster's directory (under the
+// temporary directory), sockPrefix that of a short socket directory.
+const (
+	dirPrefix  = "outbox-pg-"
+	sockPrefix = "outbox-pgs-"
+)
+
+// Start creates a cluster in a new temporary directory and starts it. It
+// first removes the clusters of processes that died without closing them.
 func Start(cfg Config) (*Cluster, error) {
 	if err := Available(); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "outbox-pg-")
+	removeLeftoversOnce()
+	c := &Cluster{settings: cfg.Settings}
+	if os.Geteuid() == 0 {
+		var err error
+		if c.owner, err = serverUser(); err != nil {
+			return nil, err
+		}
+	}
+	base, err := c.baseDir()
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, data: filepath.Join(dir, "data"), settings: cfg.Settings}
-	fail := func(err error) (*Cluster, error) {
-		_ = os.RemoveAll(dir)
+	dir, err := os.MkdirTemp(base, dirPrefix)
+	if err != nil {
 		return nil, err
 	}
-	if os.Geteuid() == 0 {
-		if c.owner, err = user.Lookup("postgres"); err != nil {
-			return fail(fmt.Errorf("pgcluster: running as root needs the postgres user to own the cluster: %w", err))
-		}
-		if err := c.chown(dir); err != nil {
-			return fail(err)
-		}
+	c.dir, c.data, c.sock = dir, filepath.Join(dir, "data"), dir
+	fail := func(err error) (*Cluster, error) {
+		c.removeDirs()
+		return nil, err
+	}
+	if err := writeOwner(dir); err != nil {
+		return fail(err)
+	}
+	if err := c.chown(dir); err != nil {
+		return fail(err)
 	}
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return fail(err)
+	}
+	if len(filepath.Join(dir, ".s.PGSQL.65535.lock")) > maxSocketPath {
+		// A long TMPDIR: the socket's path would not fit in sun_path.
+		if c.sock, err = os.MkdirTemp(shortTempDir, sockPrefix); err != nil {
+			return fail(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "socket-dir"), []byte(c.sock), 0o644); err != nil {
+			return fail(err)
+		}
+		if err := c.chown(c.sock); err != nil {
+			return fail(err)
+		}
 	}
 	if err := c.run("initdb", "-D", c.data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
 		return fail(err)
@@ -222,10 +260,19 @@ func (c *Cluster) Start() error {
 		return nil
 	}
 	if err := c.run("pg_ctl", c.startArgs()...); err != nil {
-		return err
+		return fmt.Errorf("%w\nthe end of the server's log (%s):\n%s", err, filepath.Join(c.dir, "log"), tail(c.Log(), 20))
 	}
 	c.running = true
 	return nil
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // startArgs are pg_ctl's arguments that start the cluster.
@@ -233,7 +280,7 @@ func (c *Cluster) startArgs() []string {
 	opts := []string{
 		fmt.Sprintf("-p %d", c.port),
 		"-c listen_addresses=127.0.0.1",
-		"-c unix_socket_directories=" + c.dir,
+		"-c unix_socket_directories=" + c.sock,
 		"-c max_connections=60",
 		"-c shared_buffers=32MB",
 	}
@@ -288,6 +335,10 @@ func (c *Cluster) Keep() (restart string, err error) {
 	if err := c.Stop(); err != nil {
 		return "", err
 	}
+	// Kept for its user: no later Start may take it for a leftover.
+	if err := os.Remove(filepath.Join(c.dir, ownerFile)); err != nil {
+		return "", err
+	}
 	bin, err := binDir()
 	if err != nil {
 		return "", err
@@ -307,27 +358,39 @@ func (c *Cluster) Keep() (restart string, err error) {
 // Close stops the cluster (immediately) and removes its directory.
 func (c *Cluster) Close() error {
 	err := c.Crash()
-	if rmErr := os.RemoveAll(c.dir); err == nil {
+	if rmErr := c.removeDirs(); err == nil {
 		err = rmErr
 	}
 	return err
 }
 
-// run runs a PostgreSQL tool, as the postgres user when the caller is root.
+// removeDirs removes the cluster's directory and its socket's.
+func (c *Cluster) removeDirs() error {
+	err := os.RemoveAll(c.dir)
+	if c.sock != c.dir {
+		err = errors.Join(err, os.RemoveAll(c.sock))
+	}
+	return err
+}
+
+// run runs a PostgreSQL tool, as the cluster's owner when the caller is
+// root, in the cluster's directory.
 func (c *Cluster) run(tool string, args ...string) error {
 	bin, err := binDir()
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(bin, tool)
-	var cmd *exec.Cmd
-	if c.owner != nil {
-		cmd = exec.Command("runuser", append([]string{"-u", c.owner.Username, "--", path}, args...)...)
-	} else {
-		cmd = exec.Command(path, args...)
+	cmd := exec.Command(filepath.Join(bin, tool), args...)
+	cmd.Dir = c.dir
+	if err := asUser(cmd, c.owner); err != nil {
+		return err
 	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
+		if strings.Contains(string(out), "No space left on device") {
+			return fmt.Errorf("pgcluster: %s: the file system of %s is full (no space left on device): free some space there, or set TMPDIR to a directory on a file system with room (a cluster takes about 40 MB)\n%s",
+				tool, c.dir, tail(string(out), 10))
+		}
 		return fmt.Errorf("pgcluster: %s %s: %v\n%s", tool, strings.Join(args, " "), err, out)
 	}
 	return nil

@@ -48,9 +48,14 @@ func IsSecretKey(k string) bool { return secretKeys[strings.ToLower(k)] }
 // server's user part hidden. An http:// or https:// URL is shown as
 // Webhook shows it. Leading and trailing spaces and the case of the scheme
 // do not matter. A URL that does not parse is not shown: the result is its
-// scheme and a note.
+// scheme and a note. A bare name ("nats", "webhook": letters, digits, '.',
+// '-' and '_' only) is no URL and has no place for a secret: it is returned
+// as it is.
 func URL(raw string) string {
 	t := strings.TrimSpace(raw)
+	if bareName(t) {
+		return t
+	}
 	switch schemeOf(t) {
 	case "http", "https":
 		return Webhook(t)
@@ -202,6 +207,20 @@ func Webhook(raw string) string {
 		shown += "/" + Mask
 	}
 	return shown
+}
+
+// bareName reports whether s is a name, not a URL: letters, digits, '.',
+// '-' and '_' only (the demo's and chaos's "nats", "kafka", "webhook").
+func bareName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 func unparsable(raw string) string {

@@ -103,6 +103,9 @@ func TestURL(t *testing.T) {
 		"amqp:relay:s3cret@mq":                              "amqp://(unparsable URL, not shown)",
 		"amqp://relay:s3cret@mq:5672/%zz":                   "amqp://(unparsable URL, not shown)",
 		"not a url with s3cret in it: ::":                   "(unparsable URL, not shown)",
+		"nats":                                              "nats",
+		" webhook ":                                         "webhook",
+		"s3cret@h":                                          "(unparsable URL, not shown)",
 	} {
 		got := redact.URL(in)
 		if got != want {
