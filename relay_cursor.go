@@ -332,8 +332,9 @@ func (r *Relay) startCursor(ctx context.Context) error {
 //   - points: the pending events as written of the transactions that were
 //     running at the cursor's snapshot ($6);
 //   - due: the scheduled events (available_at <> occurred_at: backed off,
-//     released, retried, unparked) that are due and the heads of their
-//     lanes (outbox_rescheduled_idx), oldest first, at most window of them.
+//     released, retried, unparked) that are due, not under a live lease
+//     and the heads of their lanes (outbox_rescheduled_idx), oldest first,
+//     at most window of them.
 //     Only heads: a scheduled event behind an unpublished one cannot be
 //     claimed, and released successors of a head that backs off would
 //     otherwise fill the window before the heads due after them;
@@ -385,6 +386,7 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
 	  AND e.available_at <> e.occurred_at AND e.available_at < ` + parkedAvailableAt + `
 	  AND e.available_at <= now()
+	  AND (e.claim_until IS NULL OR e.claim_until < now())
 	  AND ` + isHead(events, "e") + `
 	ORDER BY e.available_at
 	LIMIT ` + window + `
