@@ -670,7 +670,7 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, by string) (EventInfo, 
 			return err
 		}
 		blocked := head != nil && head.Quarantined
-		availableAt := dueAgainSQL("")
+		availableAt := dueAgainSQL()
 		if blocked {
 			availableAt = parkedAvailableAt
 		}
@@ -754,6 +754,16 @@ RETURNING `+eventInfoColumns, id, by, reason))
 		}
 		if next == nil || !next.Quarantined {
 			if err := unparkTx(ctx, tx, a.schema, e.AggregateType, e.AggregateID); err != nil {
+				return err
+			}
+			// A next event as written may have been read by every relay's
+			// incremental claim while it was not the head, and passed;
+			// nothing else would look for it before the full scan. Made due
+			// now, it is scheduled, where the incremental claim looks.
+			if _, err := tx.Exec(ctx, `UPDATE `+a.t.events+` SET available_at = `+dueAgainSQL()+`
+WHERE aggregate_type = $1 AND aggregate_id = $2 AND aggregate_sequence = $3 + 1
+  AND published_at IS NULL AND quarantined_at IS NULL AND available_at = occurred_at`,
+				e.AggregateType, e.AggregateID, e.Sequence); err != nil {
 				return err
 			}
 		}

@@ -71,5 +71,5 @@ func FreshClaimStatement(schema string, batchSize int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fastClaimSQL(s.Table("outbox_events"), batchSize, ""), nil
+	return fastClaimSQL(s.Table("outbox_events"), batchSize, "", false), nil
 }

@@ -138,7 +138,7 @@ WHERE e.published_at IS NULL
 func unparkSQL(s pgident.Schema) (flag, events string) {
 	flag = `UPDATE ` + s.Table("outbox_aggregates") + ` SET parked_at = NULL, parked_through = NULL
 WHERE aggregate_type = $1 AND aggregate_id = $2`
-	events = `UPDATE ` + s.Table("outbox_events") + ` SET available_at = ` + dueAgainSQL("") + `
+	events = `UPDATE ` + s.Table("outbox_events") + ` SET available_at = ` + dueAgainSQL() + `
 WHERE published_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2 AND available_at = ` + parkedAvailableAt
 	return flag, events
 }
@@ -277,7 +277,7 @@ CROSS JOIN LATERAL (`+head("l")+`) h`, typ, id).Scan(&headSeq, &quarantined)
 			if !isParked {
 				return nil
 			}
-			tag, err := tx.Exec(ctx, `UPDATE `+events+` SET available_at = `+dueAgainSQL("")+`
+			tag, err := tx.Exec(ctx, `UPDATE `+events+` SET available_at = `+dueAgainSQL()+`
 WHERE published_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2 AND available_at = `+parkedAvailableAt, typ, id)
 			if err != nil {
 				return err

@@ -375,7 +375,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		// ReconcileAfter ago, and its cursor never passes the young events
 		// it leaves: they may be the ones the stream misses.
 		r.sql.claim = claimSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("e", cfg.ReconcileAfter))
-		r.sql.fastClaim = fastClaimSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("f", cfg.ReconcileAfter))
+		r.sql.fastClaim = fastClaimSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("f", cfg.ReconcileAfter), true)
 		r.cursor.conservative = true
 	}
 	r.prober, _ = cfg.Publisher.(Prober)

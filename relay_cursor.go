@@ -37,11 +37,12 @@ type laneNext struct {
 
 // claimCursor is where a relay's incremental claim starts.
 //
-// Every pending event that is not quarantined or parked and not
-// rescheduled (outbox_rescheduled_idx) has a dispatch_xid at or past from,
-// or in points, or is the next event of a lane in cont, or is one that only
-// the full scan finds (leased by a relay that died; written before
-// migration 009). Claims keep that true as they move from forward.
+// Every pending event that is not quarantined and is as written
+// (available_at = occurred_at; a scheduled one, available_at <>
+// occurred_at, is in outbox_rescheduled_idx) has a dispatch_xid at or past
+// from, or in points, or is the next event of a lane in cont, or is one
+// that only the full scan finds (leased by a relay that died; written
+// before migration 009). Claims keep that true as they move from forward.
 type claimCursor struct {
 	mu sync.Mutex
 	// conservative: the cursor never passes a pending event it read and
@@ -139,7 +140,8 @@ type freshMeta struct {
 	fresh     int     // rows the range scan read (a full window: window)
 	points    int     // rows the running transactions' lookup read
 	headsCut  bool    // more heads were found than the batch could take
-	firstLeft *string // the lowest dispatch_xid the range scan read and left, not leased here
+	lastRead  *string // the highest dispatch_xid the range scan read
+	firstLeft *string // the lowest dispatch_xid of a head the range scan read and left (conservative: of any event it left, not leased here)
 	keepLanes []int64 // 1-based positions in cont of lanes to look for again
 	// keepPoints are the running transactions of the last snapshot that
 	// now have events the claim read and left (not leased here): a
@@ -154,9 +156,15 @@ type freshMeta struct {
 // every event the claim's snapshot shows was read, and what was left is
 // left to someone who will come back to it: the claim moves to the
 // snapshot's xmax, and its running transactions become the points. Else it
-// moves only up to the lowest dispatch_xid it left (not leased by this
-// relay), and keeps its points, adding the transactions running below the
-// new start.
+// moves only up to the lowest dispatch_xid of a head it left for lack of
+// room (a conservative cursor: of any event it left, not leased by this
+// relay), and never past the last dispatch_xid the range scan read when
+// that scan filled its window (what lies beyond was not read), and keeps
+// its points, adding the transactions running below the new start. The
+// events it read and left for other reasons may be passed, as when the
+// window is not full: docs/design.md, "Why nothing is left behind". Were a
+// lane's events behind its blocked head held too, a window of them would
+// hold the cursor until the head moved, and no claim would read past them.
 func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 	_, xmax, xip, err := parseSnapshot(m.snapshot)
 	if err != nil {
@@ -181,6 +189,18 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 	to := xmax
 	if m.firstLeft != nil {
 		v, err := strconv.ParseUint(*m.firstLeft, 10, 64)
+		if err != nil {
+			return fmt.Errorf("claim cursor: %w", err)
+		}
+		to = min(to, v)
+	}
+	if m.fresh >= window && m.lastRead != nil {
+		// The range scan stopped at its window: the events past the last
+		// one it read were not read at all, whatever it did with those it
+		// read. lastRead itself stays in (the range starts at from,
+		// inclusive): its transaction may have more events than the window
+		// showed.
+		v, err := strconv.ParseUint(*m.lastRead, 10, 64)
 		if err != nil {
 			return fmt.Errorf("claim cursor: %w", err)
 		}
@@ -289,7 +309,7 @@ func parseSnapshot(s string) (xmin, xmax uint64, xip []uint64, err error) {
 func cursorStartSQL(events string) string {
 	return `SELECT (SELECT min(e.dispatch_xid) FROM ` + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
-	  AND e.available_at <= e.occurred_at)::text,
+	  AND e.available_at = e.occurred_at)::text,
 	pg_current_snapshot()::text`
 }
 
@@ -306,11 +326,18 @@ func (r *Relay) startCursor(ctx context.Context) error {
 // fastClaimSQL is the incremental claim: the claim of claimSQL, but with a
 // window made only of
 //
-//   - fresh: the pending events at or past the cursor's dispatch_xid ($5), a
-//     range of outbox_fresh_idx, oldest first, at most window of them;
-//   - points: the pending events of the transactions that were running at
-//     the cursor's snapshot ($6);
-//   - due: the rescheduled events that are due (outbox_rescheduled_idx);
+//   - fresh: the pending events as written (available_at = occurred_at) at
+//     or past the cursor's dispatch_xid ($5), a range of outbox_fresh_idx,
+//     oldest first, at most window of them;
+//   - points: the pending events as written of the transactions that were
+//     running at the cursor's snapshot ($6);
+//   - due: the scheduled events (available_at <> occurred_at: backed off,
+//     released, retried, unparked) that are due, not under a live lease
+//     and the heads of their lanes (outbox_rescheduled_idx), oldest first,
+//     at most window of them.
+//     Only heads: a scheduled event behind an unpublished one cannot be
+//     claimed, and released successors of a head that backs off would
+//     otherwise fill the window before the heads due after them;
 //   - cont: the next event of each lane the relay just published ($7-$9).
 //
 // The window's rows are locked and re-checked as in the full scan, the heads
@@ -321,12 +348,20 @@ func (r *Relay) startCursor(ctx context.Context) error {
 //
 // Besides the claimed rows it returns one row (the first column true) with
 // what the cursor needs: the statement's snapshot, how many rows each scan
-// read, whether heads were left for lack of room, the lowest dispatch_xid
-// the range scan read and did not claim (not counting events leased by this
-// relay, which it will settle), and which looked-for lanes to look for
-// again because their event was there but locked by another claim.
-func fastClaimSQL(events string, batchSize int, heads string) string {
+// read, whether heads were left for lack of room, the highest dispatch_xid
+// the range scan read, the lowest dispatch_xid of a head it read and left
+// for lack of room (for a conservative cursor, see claimCursor: of any event
+// it read and did not claim, not counting events leased by this relay, which
+// it will settle), and which looked-for lanes to look for again because
+// their event was there but locked by another claim.
+func fastClaimSQL(events string, batchSize int, heads string, conservative bool) string {
 	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
+	// left is the condition on a fresh row f, not claimed, that keeps the
+	// cursor at or before it.
+	left := `f.event_id IN (SELECT event_id FROM all_heads)`
+	if conservative {
+		left = `NOT (f.claimed_by IS NOT DISTINCT FROM $2 AND f.claim_until >= now())`
+	}
 	headCond := isHead(events, "f")
 	if heads != "" { // a further condition on the heads, alias f (see reconcileHeadSQL)
 		headCond += `
@@ -335,20 +370,24 @@ func fastClaimSQL(events string, batchSize int, heads string) string {
 	return `WITH fresh AS (
 	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at FROM ` + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
+	  AND e.available_at = e.occurred_at
 	  AND e.dispatch_xid >= $5::text::xid8
 	ORDER BY e.dispatch_xid
 	LIMIT ` + window + `
 ), points AS (
 	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at FROM ` + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
+	  AND e.available_at = e.occurred_at
 	  AND e.dispatch_xid = ANY ($6::text[]::xid8[])
 	ORDER BY e.dispatch_xid
 	LIMIT ` + window + `
 ), due AS (
 	SELECT e.event_id FROM ` + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
-	  AND e.available_at > e.occurred_at AND e.available_at < ` + parkedAvailableAt + `
+	  AND e.available_at <> e.occurred_at AND e.available_at < ` + parkedAvailableAt + `
 	  AND e.available_at <= now()
+	  AND (e.claim_until IS NULL OR e.claim_until < now())
+	  AND ` + isHead(events, "e") + `
 	ORDER BY e.available_at
 	LIMIT ` + window + `
 ), cont AS (
@@ -389,23 +428,22 @@ func fastClaimSQL(events string, batchSize int, heads string) string {
 	  AND e.event_id = ANY (ARRAY(SELECT event_id FROM candidates))
 	RETURNING ` + messageColumnsSkipped(events, "e", `CASE WHEN c.head THEN `+skippedFromSQL(events, "e")+` ELSE 0 END`) + `, e.attempt_count, c.claimed_by
 )
-SELECT false, c.*, NULL::text, 0::bigint, 0::bigint, false, NULL::text, NULL::bigint[], NULL::text[] FROM claimed c
+SELECT false, c.*, NULL::text, 0::bigint, 0::bigint, false, NULL::text, NULL::text, NULL::bigint[], NULL::text[] FROM claimed c
 UNION ALL
 SELECT true, '00000000-0000-0000-0000-000000000000'::uuid, '', '', 0::bigint, '', 0, '', ''::bytea, '{}', now(), 0::bigint, 0, NULL::text,
 	pg_current_snapshot()::text,
 	(SELECT count(*) FROM fresh),
 	(SELECT count(*) FROM points),
 	(SELECT count(*) FROM all_heads) > ` + limit + `,
+	(SELECT max(f.dispatch_xid)::text FROM fresh f),
 	(SELECT min(f.dispatch_xid)::text FROM fresh f
 	 WHERE f.event_id NOT IN (SELECT event_id FROM claimed)
-	   AND f.available_at <= f.occurred_at
-	   AND NOT (f.claimed_by IS NOT DISTINCT FROM $2 AND f.claim_until >= now())),
+	   AND ` + left + `),
 	ARRAY(SELECT c.n FROM cont c
 	 WHERE c.event_id NOT IN (SELECT event_id FROM claimed)
 	   AND c.quarantined_at IS NULL AND (c.claim_until IS NULL OR c.claim_until < now())),
 	ARRAY(SELECT DISTINCT p.dispatch_xid::text FROM points p
 	 WHERE p.event_id NOT IN (SELECT event_id FROM claimed)
-	   AND p.available_at <= p.occurred_at
 	   AND NOT (p.claimed_by IS NOT DISTINCT FROM $2 AND p.claim_until >= now()))`
 }
 
@@ -440,7 +478,7 @@ func (r *Relay) claimFresh(ctx context.Context, q querier, b *batch) (int64, err
 		var fresh, points int64
 		var headsCut bool
 		dest := append([]any{&isMeta}, row.dest(&attempts, &prevOwner)...)
-		dest = append(dest, &snap, &fresh, &points, &headsCut, &meta.firstLeft, &meta.keepLanes, &meta.keepPoints)
+		dest = append(dest, &snap, &fresh, &points, &headsCut, &meta.lastRead, &meta.firstLeft, &meta.keepLanes, &meta.keepPoints)
 		if err := rows.Scan(dest...); err != nil {
 			r.cursor.restore(cont)
 			return l.takenOver, fmt.Errorf("claim batch: %w", err)

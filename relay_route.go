@@ -188,14 +188,14 @@ func probeRoutesSQL(events string) string {
 	return `WITH back AS (
 	SELECT EXISTS (SELECT 1 FROM ` + events + ` WHERE event_id = $1 AND published_at IS NOT NULL AND skipped_at IS NULL) AS back
 ), released AS (
-	UPDATE ` + events + ` e SET available_at = ` + dueAgainSQL("e") + `
+	UPDATE ` + events + ` e SET available_at = ` + dueAgainSQL() + `
 	WHERE (SELECT back FROM back)
 	  AND e.published_at IS NULL AND e.quarantined_at IS NULL
 	  AND e.available_at > now() AND e.available_at < 'infinity'
 	  AND starts_with(e.last_error, $2)
 	RETURNING 1
 ), next AS (
-	UPDATE ` + events + ` e SET available_at = ` + dueAgainSQL("e") + `
+	UPDATE ` + events + ` e SET available_at = ` + dueAgainSQL() + `
 	WHERE NOT (SELECT back FROM back) AND e.event_id = (
 		SELECT h.event_id FROM ` + events + ` h
 		WHERE h.published_at IS NULL AND h.quarantined_at IS NULL

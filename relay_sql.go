@@ -34,7 +34,7 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	return relaySQL{
 		flagLanes: flagLanes, parkLanes: parkLanes,
 		claim:     claimSQL(events, batchSize, ""),
-		fastClaim: fastClaimSQL(events, batchSize, ""), cursorStart: cursorStartSQL(events),
+		fastClaim: fastClaimSQL(events, batchSize, "", false), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
 		probeRoutes: probeRoutesSQL(events),
@@ -46,7 +46,7 @@ SET published_at = now(), claimed_by = NULL, claim_token = NULL, claim_until = N
 WHERE event_id = ANY($1) AND claim_token = $2`,
 
 		markFailed: `UPDATE ` + events + ` e
-SET available_at = greatest(now() + f.delay_ms * interval '1 millisecond', e.occurred_at + interval '1 microsecond'),
+SET available_at = now() + f.delay_ms * interval '1 millisecond',
 	attempt_count = e.attempt_count + f.attempts,
 	last_error = f.error,
 	quarantined_at = CASE WHEN f.quarantine THEN now() END,
@@ -55,28 +55,27 @@ FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::text[], $5::bool[])
 	AS f(event_id, delay_ms, attempts, error, quarantine)
 WHERE e.event_id = f.event_id AND e.claim_token = $6`,
 
-		// A released event is due again at once; available_at moves past
-		// occurred_at so that it is in outbox_rescheduled_idx, where an
+		// A released event is due again at once; its available_at is no
+		// longer its occurred_at, so it is in outbox_rescheduled_idx, where an
 		// incremental claim finds it (relay_cursor.go): its dispatch_xid may
 		// be behind every relay's cursor.
 		release: `UPDATE ` + events + `
 SET claimed_by = NULL, claim_token = NULL, claim_until = NULL,
-	available_at = ` + dueAgainSQL("") + `
+	available_at = ` + dueAgainSQL() + `
 WHERE event_id = ANY($1) AND claim_token = $2`,
 	}
 }
 
 // dueAgainSQL is the available_at of an event made due again now (released,
-// retried, unparked), for the row alias e ("" for the unqualified columns):
-// now, and strictly after occurred_at, so that the event is in
-// outbox_rescheduled_idx (migration 009), where an incremental claim looks
-// for events whose transaction is behind its cursor.
-func dueAgainSQL(e string) string {
-	if e != "" {
-		e += "."
-	}
-	return `greatest(clock_timestamp(), ` + e + `occurred_at + interval '1 microsecond')`
-}
+// retried, unparked, held route back, the next event of a skipped head):
+// the moment of the statement. It is not the event's occurred_at (the
+// writer's transaction start, long before), so the event counts as
+// scheduled (available_at <> occurred_at) and is in outbox_rescheduled_idx
+// (migration 009), where an incremental claim looks for events whose
+// transaction is behind its cursor. It is only now, never pushed to follow
+// occurred_at: an occurred_at ahead of the database's clock (set by a
+// writer from its own) must not delay the event.
+func dueAgainSQL() string { return `clock_timestamp()` }
 
 // claimSQL is the polling claim. heads, when not empty, is a further
 // condition on the heads (alias e), ANDed to claimable (see reconcileHeadSQL).
@@ -186,9 +185,9 @@ func claimable(e string) string {
 }
 
 // claimableNow is claimable for a row the claim found by its transaction
-// (the incremental claim's fresh events, PublishIDs's ids): an event never
-// rescheduled (available_at = occurred_at, the writer's transaction start)
-// is due as soon as it is visible. Comparing its available_at with the
+// (the incremental claim's fresh events, PublishIDs's ids): an event as
+// written (available_at = occurred_at exactly, the writer's transaction
+// start) is due as soon as it is visible. Comparing its available_at with the
 // claim's now() is wrong there: now() is the claim's transaction start,
 // taken before its snapshot, so an event whose writer started after the
 // claim's now() and committed before its snapshot is visible but looks
@@ -197,7 +196,7 @@ func claimable(e string) string {
 func claimableNow(e string) string {
 	return e + `.published_at IS NULL
 	  AND ` + e + `.quarantined_at IS NULL
-	  AND (` + e + `.available_at <= now() OR ` + e + `.available_at <= ` + e + `.occurred_at)
+	  AND (` + e + `.available_at <= now() OR ` + e + `.available_at = ` + e + `.occurred_at)
 	  AND (` + e + `.claim_until IS NULL OR ` + e + `.claim_until < now())`
 }
 

@@ -21,11 +21,17 @@
 -- at or past its xmax, so no late commit is missed, however long the
 -- writer's transaction lasted.
 --
--- outbox_rescheduled_idx holds the pending events whose available_at was
--- moved past the moment they were written (occurred_at): a failed publish's
--- backoff, an operator's retry, a lane unparked, events released unsent.
--- They become claimable with time, not with a commit; a claim reads those
--- that are due from this index, which holds only them.
+-- An event as written has available_at = occurred_at exactly (both the
+-- writer's now()); outbox_fresh_idx holds only those. Every other pending
+-- event is scheduled: available_at <> occurred_at, in outbox_rescheduled_idx.
+-- A failed publish's backoff, an operator's retry, a lane unparked, events
+-- released unsent: each sets available_at to a moment of its own (never
+-- derived from occurred_at, which a writer may have set from a clock ahead
+-- of the database's), and so moves the event from the one index to the
+-- other; so does a row written by hand with an available_at of its own,
+-- earlier or later than its occurred_at. Scheduled events become claimable
+-- with time or an action, not with a commit; a claim reads those that are
+-- due from this index, which holds only them.
 --
 -- Upgrading a large table: the column is nullable, and its default is set
 -- after it is added, so existing rows keep NULL and nothing is rewritten
@@ -38,17 +44,19 @@
 ALTER TABLE outbox_events ADD COLUMN IF NOT EXISTS dispatch_xid xid8;
 ALTER TABLE outbox_events ALTER COLUMN dispatch_xid SET DEFAULT pg_current_xact_id();
 
--- The predicates name dispatch_xid IS NOT NULL and available_at >
--- occurred_at although the statements that read these indexes say more: a
--- statement that does not state them cannot use the index. The claim's
+-- The predicates name dispatch_xid IS NOT NULL, available_at = occurred_at
+-- and available_at <> occurred_at although the statements that read these
+-- indexes say more: a statement that does not state them cannot use the
+-- index. The claim's
 -- other lookups (a lane's predecessor, its successors) then cannot be
 -- planned on outbox_fresh_idx, whose predicate they would otherwise imply,
 -- as a scan of every pending event.
 CREATE INDEX IF NOT EXISTS outbox_fresh_idx
     ON outbox_events (dispatch_xid)
-    WHERE published_at IS NULL AND quarantined_at IS NULL AND dispatch_xid IS NOT NULL;
+    WHERE published_at IS NULL AND quarantined_at IS NULL AND dispatch_xid IS NOT NULL
+      AND available_at = occurred_at;
 
 CREATE INDEX IF NOT EXISTS outbox_rescheduled_idx
     ON outbox_events (available_at)
     WHERE published_at IS NULL AND quarantined_at IS NULL
-      AND available_at > occurred_at AND available_at < 'infinity';
+      AND available_at <> occurred_at AND available_at < 'infinity';
