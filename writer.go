@@ -24,7 +24,10 @@ type WriterConfig struct {
 	// "outbox".
 	Schema string
 	// MaxPayloadBytes is the largest payload accepted. Defaults to
-	// MaxPayloadBytesDefault (1 MiB).
+	// MaxPayloadBytesDefault (1 MiB). The database's write functions have a
+	// limit of their own, 1 MiB unless the tables' owner raised it
+	// (docs/sql-api.md); a larger payload is refused there, with SQLSTATE
+	// 22023, aborting the transaction.
 	MaxPayloadBytes int
 	// DisableTraceContext stops the writer from copying the W3C trace
 	// context of the caller's context.Context into the events' headers.

@@ -409,7 +409,7 @@ BEGIN
         ELSE
             p := NULL;
         END IF;
-        h := with_traceparent(i, ev -> 'headers', ev ->> 'traceparent');
+        h := with_traceparent(i, nullif(ev -> 'headers', 'null'::jsonb), ev ->> 'traceparent');
         PERFORM enqueue_check(i, ev ->> 'aggregate_type', ev ->> 'aggregate_id', ev ->> 'event_type',
             coalesce((ev ->> 'schema_version')::integer, 1), ev ->> 'content_type', p, h, max_payload);
         eid := coalesce((ev ->> 'event_id')::uuid, new_event_id());
