@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -186,5 +187,31 @@ func TestSQLEnqueueAgreesWithTheWriter(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox_events").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d events left (%v)", n, err)
+	}
+}
+
+// TestWakeNotifiesTheRelaysChannel: outbox.wake() notifies the channel the
+// schema's relays listen on (outbox.NotifyChannel), also for a schema name
+// long enough that the channel carries a hash of it.
+func TestWakeNotifiesTheRelaysChannel(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{outboxtest.UniqueName(t, "w"), (outboxtest.UniqueName(t, "w") + strings.Repeat("x", 63))[:63]} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		pool, schema := outboxtest.SchemaNamed(t, name)
+		conn, err := pgx.Connect(ctx, outboxtest.DatabaseURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel(schema)}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, "SELECT "+schema+".wake()"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			t.Fatalf("schema %s (%d bytes): no notification on %s: %v", schema, len(schema), outbox.NotifyChannel(schema), err)
+		}
 	}
 }
