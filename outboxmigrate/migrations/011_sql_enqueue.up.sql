@@ -457,6 +457,7 @@ BEGIN
         FROM input i
         JOIN counts c USING (aggregate_type, aggregate_id)
         JOIN seq s USING (aggregate_type, aggregate_id)
+        ORDER BY i.ord -- rows stored in the events' order, as ids (UUIDv7) grow: the planner's correlation
         RETURNING e.event_id, e.aggregate_sequence, e.occurred_at
     )
     SELECT ins.event_id, ins.aggregate_sequence, ins.occurred_at
