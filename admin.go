@@ -51,7 +51,8 @@ type AdminConfig struct {
 // is stuck, why" (Status, ListQuarantined) and unsticks (Retry, Skip),
 // replays (Replay) and cleans up (Cleanup). It is safe for concurrent use.
 //
-// It needs the schema at migration version 2 or later.
+// It needs the schema at migration version 11 or later (Cleanup and Replay
+// call functions that migration installs).
 type Admin struct {
 	pool   *pgxpool.Pool
 	schema pgident.Schema

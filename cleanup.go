@@ -93,7 +93,7 @@ type cleaner struct {
 }
 
 func newCleaner(pool *pgxpool.Pool, s pgident.Schema, obs CleanupObserver) *cleaner {
-	events, processed, aggregates := s.Table("outbox_events"), s.Table("processed_events"), s.Table("outbox_aggregates")
+	processed := s.Table("processed_events")
 	return &cleaner{
 		pool: pool,
 		obs:  obs,
@@ -111,24 +111,18 @@ func newCleaner(pool *pgxpool.Pool, s pgident.Schema, obs CleanupObserver) *clea
 		// that event is gone (cleaned up after it, in a later batch). The
 		// probes are scalar subqueries (index lookups, never hashed over the
 		// table) evaluated for skipped rows only.
-		deleteEvents: `DELETE FROM ` + events + ` WHERE ctid = ANY (ARRAY(
-	SELECT e.ctid FROM ` + events + ` e
-	WHERE e.published_at IS NOT NULL AND e.published_at < now() - $1 * interval '1 microsecond'
-	  AND (e.skipped_at IS NULL OR (
-		(SELECT a.last_sequence FROM ` + aggregates + ` a
-		 WHERE a.aggregate_type = e.aggregate_type AND a.aggregate_id = e.aggregate_id) > e.aggregate_sequence
-		AND NOT EXISTS (SELECT 1 FROM ` + events + ` n
-		WHERE n.aggregate_type = e.aggregate_type AND n.aggregate_id = e.aggregate_id
-		  AND n.aggregate_sequence = e.aggregate_sequence + 1)))
-	ORDER BY e.published_at
-	LIMIT $2
-	FOR UPDATE SKIP LOCKED))`,
-		deleteInbox: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY(
+		//
+		// That statement is the function cleanup_events (migration 011), so
+		// that the relay and operator roles delete events through it only,
+		// and never an unpublished one: they have no DELETE on outbox_events.
+		deleteEvents: `SELECT ` + s.Quoted() + `.cleanup_events($1 * interval '1 microsecond', $2)`,
+		deleteInbox: `WITH gone AS (DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM ` + processed + `
 	WHERE processed_at < now() - $1 * interval '1 microsecond'
 	ORDER BY processed_at
 	LIMIT $2
-	FOR UPDATE SKIP LOCKED))`,
+	FOR UPDATE SKIP LOCKED)) RETURNING 1)
+SELECT count(*) FROM gone`,
 	}
 }
 
@@ -184,8 +178,8 @@ func (c *cleaner) batch(ctx context.Context, query string, horizon time.Duration
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	tag, err := tx.Exec(ctx, query, horizon.Microseconds(), n)
-	if err != nil {
+	var deleted int64
+	if err := tx.QueryRow(ctx, query, horizon.Microseconds(), n).Scan(&deleted); err != nil {
 		return 0, err
 	}
 	if err := failpoint.Hit("cleanup/mid-batch"); err != nil {
@@ -194,5 +188,5 @@ func (c *cleaner) batch(ctx context.Context, query string, horizon time.Duration
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
 	}
-	return int(tag.RowsAffected()), nil
+	return int(deleted), nil
 }

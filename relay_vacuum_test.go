@@ -56,8 +56,9 @@ func TestRelayThatCannotVacuumSaysSo(t *testing.T) {
 	if _, err := pool.Exec(ctx, "ALTER TABLE "+schema+".outbox_events SET (autovacuum_enabled = false)"); err != nil {
 		t.Fatal(err)
 	}
-	roles := outboxmigrate.Roles{Writer: outboxtest.UniqueName(t, "w"), Relay: outboxtest.UniqueName(t, "r"), Operator: outboxtest.UniqueName(t, "o")}
-	for _, r := range []string{roles.Writer, roles.Relay, roles.Operator} {
+	roles := outboxmigrate.Roles{Writer: outboxtest.UniqueName(t, "w"), Relay: outboxtest.UniqueName(t, "r"),
+		Operator: outboxtest.UniqueName(t, "o"), Consumer: outboxtest.UniqueName(t, "c")}
+	for _, r := range []string{roles.Writer, roles.Relay, roles.Operator, roles.Consumer} {
 		if _, err := pool.Exec(ctx, "CREATE ROLE "+r+" LOGIN"); err != nil {
 			t.Fatal(err)
 		}

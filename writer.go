@@ -24,7 +24,10 @@ type WriterConfig struct {
 	// "outbox".
 	Schema string
 	// MaxPayloadBytes is the largest payload accepted. Defaults to
-	// MaxPayloadBytesDefault (1 MiB).
+	// MaxPayloadBytesDefault (1 MiB). The database's write functions have a
+	// limit of their own, 1 MiB unless the tables' owner raised it
+	// (docs/sql-api.md); a larger payload is refused there, with SQLSTATE
+	// 22023, aborting the transaction.
 	MaxPayloadBytes int
 	// DisableTraceContext stops the writer from copying the W3C trace
 	// context of the caller's context.Context into the events' headers.
@@ -71,150 +74,73 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 	}, nil
 }
 
-// bornAvailableAtSQL is the available_at of an event inserted with the
-// counter row seq returned: parked when its lane is parked, else now (the
-// column's default).
-func bornAvailableAtSQL(seq string) string {
-	return `CASE WHEN ` + seq + `.parked_at IS NULL THEN now() ELSE ` + parkedAvailableAt + ` END`
-}
-
-// parkedThroughSQL is the counter row's new parked_through when n events
-// are appended: a parked lane whose events are all parked (parked_through =
-// last_sequence) stays so, since these are written parked; otherwise it is
-// left for the lane sweep (NULL, not parked, stays NULL).
-func parkedThroughSQL(n string) string {
-	return `CASE WHEN a.parked_through = a.last_sequence THEN a.last_sequence + ` + n + ` ELSE a.parked_through END`
-}
+// The writer's statements call the SQL write API that migration 011
+// installs (enqueue, enqueue_many: docs/sql-api.md), so that a writer role
+// needs EXECUTE on those functions and no right on the outbox tables, and
+// rows written from Go and from any other language are alike. The functions
+// validate again what prepare validated (a caller without this package must
+// be checked too), allocate the sequences under the counter-row locks,
+// write a parked lane's event parked (see parked.go), and record the
+// aggregates the transaction holds in a transaction-local setting.
 
 // wroteSetting is the transaction-local setting (set_config(..., true)) in
-// which the writer's statements record the aggregates whose counter rows the
+// which the write functions record the aggregates whose counter rows the
 // transaction holds: a jsonb array of strings, schema, aggregate type and
 // aggregate id joined by U+001F (which the writer refuses in names and ids,
 // see Event.validate). It reverts with the transaction, and with a
 // rolled-back savepoint, like the row locks it describes.
 const wroteSetting = "outbox.wrote"
 
-// heldKeySQL is the wroteSetting entry of aggregate (typ, id) in schema s
-// (heldKey in Go).
-func heldKeySQL(s pgident.Schema, typ, id string) string {
-	return `'` + s.Name() + `' || chr(31) || ` + typ + ` || chr(31) || ` + id
-}
-
-// heldKey is heldKeySQL in Go.
+// heldKey is the wroteSetting entry of aggregate (typ, id) in schema s.
 func heldKey(s pgident.Schema, typ, id string) string {
 	return s.Name() + "\x1f" + typ + "\x1f" + id
 }
 
-// firstCallSQL is true, and records held (a wroteSetting value, as text) in
-// wroteSetting, when the transaction has not written events yet; otherwise
-// it is false and the statement inserts nothing (InsertTx then runs the
-// statement for later calls). Evaluate it once per statement: in an
-// uncorrelated subquery, or on a single row.
-func firstCallSQL(held string) string {
-	return `CASE WHEN coalesce(current_setting('` + wroteSetting + `', true), '') = ''
-		THEN set_config('` + wroteSetting + `', ` + held + `, true) IS NOT NULL
-		ELSE false END`
-}
+// firstCallSQL is true when the transaction has not written events yet. In
+// a statement's WHERE clause, with no column in it, PostgreSQL evaluates it
+// once, before the function it guards runs (a one-time filter): on a later
+// call the function is not called and the statement returns no row.
+const firstCallSQL = `coalesce(current_setting('` + wroteSetting + `', true), '') = ''`
 
-// laterCallSQL is the CTE "ordered" of a transaction's later call: ok is
-// true when the call's aggregates (counts) lock nothing out of order, and
-// then the call's aggregates ($2, a wroteSetting value) are added to
-// wroteSetting. A call may lock the counter row of an aggregate the
-// transaction holds already, or of one that sorts after every one it holds.
-// Then every transaction takes counter rows in one global order (schema,
-// aggregate type, aggregate id, by the database's collation; within a
-// statement the upsert sorts them), and no two can wait for each other.
-func laterCallSQL(s pgident.Schema) string {
-	return `wrote AS MATERIALIZED (
-	SELECT nullif(current_setting('` + wroteSetting + `', true), '')::jsonb AS w
-), ordered AS (
-	SELECT CASE WHEN wrote.w IS NULL OR NOT EXISTS (SELECT 1 FROM counts c
-			WHERE NOT jsonb_exists(wrote.w, ` + heldKeySQL(s, "c.aggregate_type", "c.aggregate_id") + `)
-			  AND ('` + s.Name() + `'::text, c.aggregate_type, c.aggregate_id) < (
-				SELECT split_part(h, chr(31), 1), split_part(h, chr(31), 2), split_part(h, chr(31), 3)
-				FROM jsonb_array_elements_text(wrote.w) h ORDER BY 1 DESC, 2 DESC, 3 DESC LIMIT 1))
-		THEN set_config('` + wroteSetting + `', (coalesce(wrote.w, '[]') || (SELECT coalesce(jsonb_agg(k), '[]')
-			FROM jsonb_array_elements_text($2::jsonb) k WHERE wrote.w IS NULL OR NOT jsonb_exists(wrote.w, k)))::text, true) IS NOT NULL
-		ELSE false END AS ok
-	FROM wrote
-)`
-}
+// laterCallOKSQL is true when a call whose aggregates are $2 (a
+// wroteSetting value) locks nothing out of order: every aggregate it names
+// is held already, or sorts after every one the transaction holds (by
+// schema, aggregate type, aggregate id, in the database's collation). Then
+// every transaction takes counter rows in one global order and no two can
+// wait for each other. enqueue_many refuses such a call too (SQLSTATE
+// 55000), but by raising, which aborts the transaction: the writer checks
+// first, in the same statement (a one-time filter again), so that a refused
+// call leaves the transaction usable.
+const laterCallOKSQL = `(SELECT wrote.w IS NULL OR NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text($2::jsonb) k
+	WHERE NOT jsonb_exists(wrote.w, k)
+	  AND (split_part(k, chr(31), 1), split_part(k, chr(31), 2), split_part(k, chr(31), 3)) < (
+		SELECT split_part(h, chr(31), 1), split_part(h, chr(31), 2), split_part(h, chr(31), 3)
+		FROM jsonb_array_elements_text(wrote.w) h ORDER BY 1 DESC, 2 DESC, 3 DESC LIMIT 1))
+FROM (SELECT nullif(current_setting('` + wroteSetting + `', true), '')::jsonb AS w) wrote)`
 
-// insertEventsSQL allocates the sequences and inserts the rows of any number
-// of events ($1, a jsonb document) in one statement (one round trip). The
-// per-aggregate counter rows are upserted in a fixed order, so writers
-// touching several aggregates cannot deadlock each other; the row lock they
-// take serialises writers of the same aggregate until commit, so sequences
-// are gap-free and commit in order. The upsert also returns the lane's
-// parked flag, read under that lock: an event written behind a quarantined
-// event is written parked (see parked.go).
-//
-// A transaction's first call (later false) records its aggregates ($2) in
-// wroteSetting; on a later call it inserts nothing and returns no row. The
-// statement for later calls (later true) inserts only when the call locks
-// nothing out of order (laterCallSQL), and otherwise inserts nothing and
-// returns no row (ErrInsertOrder). Either way the decision is made once,
-// before the upsert locks anything (an uncorrelated subquery: a one-time
-// filter); if the upsert then fails, its error aborts the transaction.
+// insertEventsSQL records any number of events ($1, the jsonb document of
+// enqueue_many) in one statement: for a transaction's first call (later
+// false) only when it is one, and for a later call only when it locks
+// nothing out of order ($2, see laterCallOKSQL). Otherwise it writes
+// nothing and returns no row.
 func insertEventsSQL(s pgident.Schema, later bool) string {
-	ctes, filter := "", `(SELECT `+firstCallSQL("$2::text")+`)`
+	filter := firstCallSQL
 	if later {
-		ctes, filter = ", "+laterCallSQL(s), "(SELECT ok FROM ordered)"
+		filter = laterCallOKSQL
 	}
-	return `WITH input AS (
-	SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(
-		ord int, event_id uuid, aggregate_type text, aggregate_id text,
-		event_type text, schema_version int, content_type text, payload text, headers jsonb)
-), counts AS (
-	SELECT aggregate_type, aggregate_id, count(*) AS n
-	FROM input GROUP BY aggregate_type, aggregate_id
-)` + ctes + `, seq AS (
-	INSERT INTO ` + s.Table("outbox_aggregates") + ` AS a (aggregate_type, aggregate_id, last_sequence)
-	SELECT aggregate_type, aggregate_id, n FROM counts WHERE ` + filter + `
-	ORDER BY aggregate_type, aggregate_id
-	ON CONFLICT (aggregate_type, aggregate_id)
-	DO UPDATE SET last_sequence = a.last_sequence + EXCLUDED.last_sequence,
-		parked_through = ` + parkedThroughSQL("EXCLUDED.last_sequence") + `
-	RETURNING a.aggregate_type, a.aggregate_id, a.last_sequence, a.parked_at
-)
-INSERT INTO ` + s.Table("outbox_events") + ` (event_id, aggregate_type, aggregate_id,
-	aggregate_sequence, event_type, schema_version, content_type, payload_bytes, headers, available_at)
-SELECT i.event_id, i.aggregate_type, i.aggregate_id,
-	s.last_sequence - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
-	i.event_type, i.schema_version, i.content_type, decode(coalesce(i.payload, ''), 'base64'), coalesce(i.headers, '{}'::jsonb),
-	` + bornAvailableAtSQL("s") + `
-FROM input i
-JOIN counts c USING (aggregate_type, aggregate_id)
-JOIN seq s USING (aggregate_type, aggregate_id)
-ORDER BY i.ord
-RETURNING event_id, aggregate_sequence, occurred_at`
+	return `SELECT event_id, sequence, occurred_at FROM ` + s.Quoted() + `.enqueue_many($1::jsonb) WHERE ` + filter
 }
 
 // insertOneSQL is insertEventsSQL for the common case of a single event:
-// the same counter upsert and insert, with typed parameters instead of a
-// jsonb document to decode, group and number. It is what one would write by
-// hand for one event, and costs the database less than the general
-// statement. It is also only for a transaction's first call: it records the
-// aggregate in wroteSetting, and on a later call (the setting is set) it
-// inserts nothing and returns no row, and InsertTx runs the general
-// statement, which checks the order. So the common case pays for a
-// setting read and written, not for the check (whose plan PostgreSQL would
-// set up on every execution: about 15 µs).
+// enqueue with typed parameters instead of a jsonb document to decode,
+// group and number. It is only for a transaction's first call: on a later
+// call it returns no row, and InsertTx runs the general statement, which
+// checks the order. So the common case pays for a setting read, not for the
+// check (whose plan PostgreSQL would set up on every execution).
 func insertOneSQL(s pgident.Schema) string {
-	held := `'[' || to_json(` + heldKeySQL(s, "$2::text", "$3::text") + `)::text || ']'`
-	return `WITH seq AS (
-	INSERT INTO ` + s.Table("outbox_aggregates") + ` AS a (aggregate_type, aggregate_id, last_sequence)
-	SELECT $2, $3, 1
-	WHERE ` + firstCallSQL(held) + `
-	ON CONFLICT (aggregate_type, aggregate_id)
-	DO UPDATE SET last_sequence = a.last_sequence + 1, parked_through = ` + parkedThroughSQL("1") + `
-	RETURNING a.last_sequence, a.parked_at
-)
-INSERT INTO ` + s.Table("outbox_events") + ` (event_id, aggregate_type, aggregate_id,
-	aggregate_sequence, event_type, schema_version, payload_bytes, headers, content_type, available_at)
-SELECT $1::uuid, $2::text, $3::text, seq.last_sequence, $4::text, $5::int, $6::bytea, $7::text::jsonb, $8::text,
-	` + bornAvailableAtSQL("seq") + ` FROM seq
-RETURNING event_id, aggregate_sequence, occurred_at`
+	return `SELECT event_id, sequence, occurred_at FROM ` + s.Quoted() + `.enqueue($2::text, $3::text, $4::text, $6::bytea,
+	content_type => $8::text, headers => $7::text::jsonb, schema_version => $5::int, id => $1::uuid)
+WHERE ` + firstCallSQL
 }
 
 // one holds the parameters of insertOneSQL.
@@ -272,7 +198,7 @@ type eventRow struct {
 	EventType     string            `json:"event_type"`
 	SchemaVersion int               `json:"schema_version"`
 	ContentType   string            `json:"content_type,omitempty"`
-	Payload       []byte            `json:"payload"` // base64 in the document
+	Payload       []byte            `json:"payload_base64"` // base64 in the document
 	Headers       map[string]string `json:"headers,omitempty"`
 }
 
@@ -345,7 +271,7 @@ func (w *Writer) insertMany(events []Event, later bool, tc traceContext, query q
 		return nil, err
 	}
 	if !later {
-		out, err := query(w.insertSQL, ids, arg, held)
+		out, err := query(w.insertSQL, ids, arg)
 		if !errors.Is(err, errNoneStored) {
 			if err != nil {
 				return nil, fmt.Errorf("outbox: insert events: %w", err)

@@ -21,7 +21,8 @@ func ExampleGrants() {
 	}
 	// Output:
 	// GRANT USAGE ON SCHEMA "shop" TO "shop_app";
-	// GRANT SELECT, INSERT, UPDATE ON "shop"."outbox_aggregates" TO "shop_app";
-	// GRANT INSERT ON "shop"."outbox_events" TO "shop_app";
-	// GRANT SELECT (event_id, aggregate_sequence, occurred_at) ON "shop"."outbox_events" TO "shop_app";
+	// GRANT EXECUTE ON FUNCTION "shop".enqueue(text, text, text, bytea, text, jsonb, text, integer, uuid) TO "shop_app";
+	// GRANT EXECUTE ON FUNCTION "shop".enqueue(text, text, text, text, text, jsonb, text, integer, uuid) TO "shop_app";
+	// GRANT EXECUTE ON FUNCTION "shop".enqueue_many(jsonb) TO "shop_app";
+	// GRANT EXECUTE ON FUNCTION "shop".wake() TO "shop_app";
 }

@@ -10,14 +10,15 @@ import (
 // (outboxmigrate's TestGrantsLeastPrivilege tests the grants themselves).
 func TestMigratePrintGrants(t *testing.T) {
 	t.Parallel()
-	stdout, stderr, code := runOutbox(t, nil, "migrate", "--print-grants", "--schema", "shop", "--writer-role", "app", "--relay-role", "relayer", "--operator-role", "ops")
+	stdout, stderr, code := runOutbox(t, nil, "migrate", "--print-grants", "--schema", "shop", "--writer-role", "app", "--relay-role", "relayer", "--operator-role", "ops", "--consumer-role", "billing")
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %q", code, stderr)
 	}
 	for _, want := range []string{
-		`GRANT INSERT ON "shop"."outbox_events" TO "app";`,
+		`GRANT EXECUTE ON FUNCTION "shop".enqueue_many(jsonb) TO "app";`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON "shop"."outbox_relays" TO "relayer";`,
-		`GRANT SELECT, INSERT, UPDATE ON "shop"."outbox_operations" TO "ops";`,
+		`GRANT SELECT, INSERT ON "shop"."outbox_operations" TO "ops";`,
+		`GRANT INSERT ON "shop"."processed_events" TO "billing";`,
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("--print-grants output lacks %q:\n%s", want, stdout)
