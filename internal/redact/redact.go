@@ -43,8 +43,9 @@ func IsSecretKey(k string) bool { return secretKeys[strings.ToLower(k)] }
 // query parameters that hold secrets (password, sslpassword, token, key,
 // ...) replaced by Mask. A user name alone stays, except in a nats:// or
 // tls:// URL, where it is a token, and in a user part with more than one
-// '@' (an unencoded '@' in a password: where it ends is ambiguous), which
-// is hidden whole. A NATS server list ("nats://a@h1,b@h2") has each
+// '@' (an unencoded '@' in a password: where it ends is ambiguous) or with
+// an '@' after a '/', '?' or '#' (an unencoded one of those in a password),
+// which is hidden whole, up to the last '@'. A NATS server list ("nats://a@h1,b@h2") has each
 // server's user part hidden. An http:// or https:// URL is shown as
 // Webhook shows it. Leading and trailing spaces and the case of the scheme
 // do not matter. A URL that does not parse is not shown: the result is its
@@ -103,7 +104,14 @@ func genericURL(t string) string {
 		// would agree on.
 		return unparsable(t)
 	}
-	if strings.Count(auth, "@") > 1 {
+	if at := strings.LastIndexByte(t[start:], '@'); at >= len(auth) {
+		// An '@' past the first '/', '?' or '#': an unencoded one of those
+		// in the password ended the authority early, and a parser would
+		// show the password's tail as the path, query or fragment. Hide
+		// all up to the last '@' (an '@' in a genuine path or query then
+		// hides more than the user part: never less).
+		t = t[:start] + Mask + t[start+at:]
+	} else if strings.Count(auth, "@") > 1 {
 		// An unencoded '@' in the user part: hide all of it.
 		at := strings.LastIndexByte(auth, '@')
 		t = t[:start] + Mask + t[start+at:]
@@ -117,11 +125,11 @@ func genericURL(t string) string {
 			u.User = url.UserPassword(u.User.Username(), Mask)
 		}
 	}
+	u.RawQuery = redactQuery(u.RawQuery)
 	if u.User != nil && u.User.Username() == Mask {
 		u.User = nil
 		return u.Scheme + "://" + Mask + "@" + strings.TrimPrefix(u.String(), u.Scheme+"://")
 	}
-	u.RawQuery = redactQuery(u.RawQuery)
 	return u.String()
 }
 
