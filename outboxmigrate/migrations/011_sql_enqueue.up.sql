@@ -163,6 +163,31 @@ BEGIN
 END
 $fn$;
 
+-- json_depth_exceeds: whether the JSON text t nests arrays and objects
+-- deeper than max (brackets inside strings do not count). Called only for
+-- a payload with more than max opening brackets.
+CREATE OR REPLACE FUNCTION json_depth_exceeds(t text, max integer) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+AS $fn$
+DECLARE
+    b text := regexp_replace(regexp_replace(t, '"(\\.|[^"\\])*"', '', 'g'), '[^][{}]', '', 'g');
+    depth integer := 0;
+    c text;
+BEGIN
+    FOREACH c IN ARRAY regexp_split_to_array(b, '') LOOP
+        IF c = '[' OR c = '{' THEN
+            depth := depth + 1;
+            IF depth > max THEN
+                RETURN true;
+            END IF;
+        ELSE
+            depth := depth - 1;
+        END IF;
+    END LOOP;
+    RETURN false;
+END
+$fn$;
+
 -- json_problem: checkJSON. One JSON document (the json type's parser, which
 -- checks syntax only), valid UTF-8, and no escape jsonb cannot hold: \u0000
 -- or a surrogate not part of a pair.
@@ -183,9 +208,18 @@ BEGIN
     -- UTF-8.
     BEGIN
         t := convert_from(payload, 'UTF8');
+        -- Go's encoding/json refuses nesting deeper than 10,000; PostgreSQL's
+        -- parser accepts more, up to its stack depth limit (then 54001).
+        -- Only a payload with more than 10,000 brackets can be that deep:
+        -- its brackets outside strings are counted then.
+        IF octet_length(t) - octet_length(translate(t, '[{', '')) > 10000
+           AND json_depth_exceeds(t, 10000) THEN
+            RETURN 'payload: not valid JSON';
+        END IF;
         PERFORM t::json;
     EXCEPTION WHEN character_not_in_repertoire OR untranslatable_character
-                OR invalid_text_representation OR invalid_parameter_value THEN
+                OR invalid_text_representation OR invalid_parameter_value
+                OR statement_too_complex THEN
         IF t IS NULL THEN
             RETURN 'payload: not valid UTF-8';
         END IF;
@@ -521,7 +555,7 @@ SELECT EXISTS (SELECT 1 FROM done)
 $fn$;
 
 REVOKE ALL ON FUNCTION enqueue_check(integer, text, text, text, integer, text, bytea, jsonb, integer),
-    content_type_problem(text), json_problem(bytea), new_event_id(), header_problem(text, text), enqueue_hold(jsonb),
+    content_type_problem(text), json_problem(bytea), json_depth_exceeds(text, integer), new_event_id(), header_problem(text, text), enqueue_hold(jsonb),
     with_traceparent(integer, jsonb, text),
     enqueue(text, text, text, bytea, text, jsonb, text, integer, uuid),
     enqueue(text, text, text, text, text, jsonb, text, integer, uuid),
