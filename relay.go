@@ -453,6 +453,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			dbBackoff = 0
 		}
 	}
+	r.handOffLanes(ctx)
 	r.log.Info("relay stopped", slog.Int64("published", r.published.Load()))
 	return nil
 }

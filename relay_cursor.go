@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -509,4 +510,41 @@ func (c *claimCursor) restore(cont []laneNext) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.cont = append(cont, c.cont...)
+}
+
+// handOffLanes is a stopping relay's last write: the next events of the
+// lanes it published up to (cont), which only it would have looked for,
+// are made due now, so that any other relay's incremental claim finds them
+// among the scheduled events. Another relay may have read such an event
+// while its predecessor was leased here, and passed it as not the head of
+// its lane. A relay that dies instead leaves them to the other relays'
+// full scans (RescanInterval).
+func (r *Relay) handOffLanes(ctx context.Context) {
+	r.cursor.mu.Lock()
+	cont := r.cursor.cont
+	r.cursor.cont = nil
+	r.cursor.mu.Unlock()
+	if len(cont) == 0 {
+		return
+	}
+	types, ids, seqs := make([]string, len(cont)), make([]string, len(cont)), make([]int64, len(cont))
+	for i, l := range cont {
+		types[i], ids[i], seqs[i] = l.typ, l.id, l.seq
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
+	defer cancel()
+	if _, err := r.pool.Exec(ctx, r.sql.handOff, types, ids, seqs); err != nil {
+		r.log.Warn("could not hand the lanes it published up to over to the other relays; their full scans will find the next events",
+			slog.Int("lanes", len(cont)), slog.Any("error", err))
+	}
+}
+
+// handOffSQL makes due now the events ($1, $2, $3: aggregate types, ids and
+// sequences) that are pending and as written (see handOffLanes).
+func handOffSQL(events string) string {
+	return `UPDATE ` + events + ` e SET available_at = ` + dueAgainSQL() + `
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS l(aggregate_type, aggregate_id, aggregate_sequence)
+WHERE e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
+  AND e.aggregate_sequence = l.aggregate_sequence
+  AND e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at = e.occurred_at`
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -416,4 +417,59 @@ func TestLivenessTwoRelaysSavepointsRestart(t *testing.T) {
 	if n := countUnpublished(t, pool, schema); n != 0 {
 		t.Fatalf("%d events unpublished", n)
 	}
+}
+
+// TestLivenessStoppedRelayHandsItsLanesOver: relay X holds a lane's
+// head k in flight; k+1 commits; relay Y's incremental claim reads k+1 (not
+// a head: k is leased by X) and its cursor passes it. X then shuts down
+// gracefully: it finishes the publish, marks k, and exits before its next
+// claim. The continuation it kept in memory (cont) must not go with it:
+// Relay.Run's last write makes k+1 due, and Y claims it (it failed before:
+// nobody read k+1 again before Y's full scan, an hour away here).
+func TestLivenessStoppedRelayHandsItsLanesOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	inGate, openGate := make(chan string, 2), make(chan struct{})
+	var once sync.Once
+	gated := func(id string) outbox.Publisher {
+		return failingPublisher{next: b.pub, fail: func(m outbox.Message) error {
+			if m.AggregateID == "lane" && m.Sequence == 1 {
+				once.Do(func() { inGate <- id })
+				<-openGate
+			}
+			return nil
+		}}
+	}
+	cfgA, cfgB := freshOnly(schema, gated("a")), freshOnly(schema, gated("b"))
+	cfgA.ID, cfgB.ID = "relay-a", "relay-b"
+	_, stopA := startRelay(t, pool, cfgA)
+	_, stopB := startRelay(t, pool, cfgB)
+	warmUp(t, pool, w, schema)
+	writeEventsFor(t, pool, w, "lane")
+	holder := <-inGate // the holder publishes k = 1, blocked
+	stopHolder, other := stopA, "relay-b"
+	if holder == "b" {
+		stopHolder, other = stopB, "relay-a"
+	}
+	writeEventsFor(t, pool, w, "lane") // k+1, committed while k is in flight
+	// The other relay claims something written after k+1: its incremental
+	// claim has read k+1 (not a head then) and passed it.
+	writeEventsFor(t, pool, w, "after")
+	publishedSoon(t, pool, schema, "an event after k+1, by "+other, "after")
+	// The holder shuts down: its publish of k finishes and is marked.
+	go func() { close(openGate) }()
+	stopHolder()
+	var kPublished bool
+	if err := pool.QueryRow(ctx, `SELECT published_at IS NOT NULL FROM `+schema+`.outbox_events
+		WHERE aggregate_id = 'lane' AND aggregate_sequence = 1`).Scan(&kPublished); err != nil {
+		t.Fatal(err)
+	}
+	if !kPublished {
+		t.Fatal("the stopped relay did not mark k (the test's premise)")
+	}
+	writeEventsFor(t, pool, w, "poke") // wakes the survivor: claims keep happening
+	publishedSoon(t, pool, schema, "k+1 after the relay that published k stopped; "+other+" is alive", "lane", "poke")
 }

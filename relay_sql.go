@@ -21,6 +21,9 @@ type relaySQL struct {
 	// probeRoutes probes the routes the destination refuses (see
 	// probeRoutesSQL).
 	probeRoutes string
+	// handOff makes the next events of lanes due again (see
+	// Relay.handOffLanes).
+	handOff string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -37,7 +40,7 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 		fastClaim: fastClaimSQL(events, batchSize, "", false), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
-		probeRoutes: probeRoutesSQL(events),
+		probeRoutes: probeRoutesSQL(events), handOff: handOffSQL(events),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.
