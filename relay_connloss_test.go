@@ -42,16 +42,32 @@ func relayPoolThrough(t *testing.T, p *cutproxy.Proxy, app string) *pgxpool.Pool
 // idle_session_timeout would.
 func endSessions(t *testing.T, admin *pgxpool.Pool, app string) {
 	t.Helper()
+	// Called from the relay's goroutine (a Publisher's hook): it must not
+	// call t.Fatal, which would end that goroutine and leave Run unfinished.
+	// It waits for the sessions it ended to be gone, not for every session
+	// of app: the relay opens new ones at once (its LISTEN connection is
+	// back within milliseconds).
 	ctx := context.Background()
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+	var pids []int32
+	if err := admin.QueryRow(ctx, `WITH s AS MATERIALIZED (SELECT pid FROM pg_stat_activity WHERE application_name = $1)
+		SELECT coalesce(array_agg(pid), '{}') FROM s WHERE pg_terminate_backend(pid)`, app).Scan(&pids); err != nil {
 		t.Error(err)
 		return
 	}
-	outboxtest.Eventually(t, 10*time.Second, "sessions ended", func() bool {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		var n int
-		_ = admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
-		return n == 0
-	})
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n); err != nil {
+			t.Error(err)
+			return
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%d of the %d sessions of %s ended are still there after 10s", n, len(pids), app)
+			return
+		}
+	}
 }
 
 // afterAck runs hook once, after the destination acknowledged the first

@@ -111,5 +111,8 @@ func TestTakeoverDecodesAgainFromAPinnedRestartLSN(t *testing.T) {
 	if err := pin.Rollback(ctx); err != nil && err != pgx.ErrTxClosed {
 		t.Fatal(err)
 	}
-	checkInvariants(t, e.brokerMessages(t), 4*50*3+3+1)
+	// Every event written: the settle of "xid-only-again" runs as many
+	// times as its Eventually needs (once on a quiet machine).
+	outboxtest.Eventually(t, 60*time.Second, "all published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	checkInvariants(t, e.brokerMessages(t), e.count(t, "true"))
 }
