@@ -158,6 +158,10 @@ type RelayConfig struct {
 	// backing off after a failure is claimed once its backoff ends, as
 	// always), leaving younger events to the CDC path. Leases and fencing
 	// are the same, so the two never publish an aggregate out of order.
+	// Such a relay does not LISTEN (a wake-up is for an event just written,
+	// which it leaves): it looks every PollInterval, and never locks a row
+	// younger than ReconcileAfter, even for the claim's statement, so that
+	// it does not get in the stream's way.
 	// Zero (the default) claims every due event: ordinary polling.
 	ReconcileAfter time.Duration
 	// RescanInterval is how often the relay claims with a full scan of the
@@ -404,7 +408,9 @@ func (r *Relay) Stats() RelayStats {
 // releases the rest and returns nil. It returns an error only for a problem
 // that retrying cannot fix.
 func (r *Relay) Run(ctx context.Context) error {
-	if !r.cfg.DisableNotify {
+	if !r.cfg.DisableNotify && r.cfg.ReconcileAfter <= 0 {
+		// A safety net (ReconcileAfter) does not listen: every wake-up is
+		// for an event just written, which it leaves to the CDC stream.
 		listenCtx, stopListen := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); r.listen(listenCtx) }()

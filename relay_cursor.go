@@ -364,9 +364,15 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 		left = `NOT (f.claimed_by IS NOT DISTINCT FROM $2 AND f.claim_until >= now())`
 	}
 	headCond := isHead(events, "f")
+	young := ""
 	if heads != "" { // a further condition on the heads, alias f (see reconcileHeadSQL)
 		headCond += `
 	  AND ` + heads
+		// Rows that cannot be heads here are not locked: a safety net beside
+		// a CDC stream reads the young events (its cursor must see them) but
+		// locking them, even for the statement, made the stream's claim skip
+		// them and its marks wait (issue 27).
+		young = ` WHERE ` + heads
 	}
 	return `WITH fresh AS (
 	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at FROM ` + events + ` e
@@ -383,7 +389,7 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	ORDER BY e.dispatch_xid
 	LIMIT ` + window + `
 ), due AS (
-	SELECT e.event_id FROM ` + events + ` e
+	SELECT e.event_id, e.occurred_at FROM ` + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
 	  AND e.available_at <> e.occurred_at AND e.available_at < ` + parkedAvailableAt + `
 	  AND e.available_at <= now()
@@ -401,8 +407,8 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	WHERE e.published_at IS NULL
 ), scan AS (
 	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at
-	FROM (SELECT event_id FROM fresh UNION SELECT event_id FROM points
-		UNION SELECT event_id FROM due UNION SELECT event_id FROM cont) i
+	FROM (SELECT f.event_id FROM fresh f` + young + ` UNION SELECT f.event_id FROM points f` + young + `
+		UNION SELECT f.event_id FROM due f` + young + ` UNION SELECT event_id FROM cont) i
 	CROSS JOIN LATERAL (
 		SELECT * FROM ` + events + ` e WHERE e.event_id = i.event_id OFFSET 0 FOR UPDATE SKIP LOCKED) e
 	WHERE ` + claimableNow("e") + `
