@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgoutbox/outbox/internal/failpoint"
+	"github.com/pgoutbox/outbox/internal/pgretry"
 )
 
 // PublishIDsResult is what one PublishIDs call did with its ids.
@@ -193,28 +194,41 @@ func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResu
 // either, a later snapshot: an event that became visible in between is
 // claimed or not like any other). Both statements go in one round trip.
 func (r *Relay) claimIDs(ctx context.Context, ids, acked []uuid.UUID) (batch, []uuid.UUID, error) {
-	b := batch{token: uuid.New()}
+	token := uuid.New()
 	start := time.Now()
 	args := uuidArgs(ids)
-	var q pgx.Batch
-	q.Queue(r.sql.missingIDs, args)
-	q.Queue(r.sql.claimIDs, args, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds(), uuidArgs(acked))
-	res := r.pool.SendBatch(ctx, &q)
-	defer res.Close()
+	var b batch
 	var absent [][16]byte
-	if err := res.QueryRow().Scan(&absent); err != nil {
-		return b, nil, fmt.Errorf("claim events by id: %w", err)
-	}
-	rows, err := res.Query()
+	var takenOver int64
+	// A claim whose connection was lost (killed, or dead in the pool) is
+	// tried again on another, with the same token: when the lost attempt
+	// committed unseen, its rows are leased under that token and the
+	// statement takes them again (claimIDsSQL), instead of leaving them to
+	// wait for their lease (issue 24).
+	err := pgretry.Do(ctx, start.Add(min(claimRetryFor, r.cfg.LeaseDuration/4)), func(ctx context.Context, _ pgretry.Attempt) error {
+		b = batch{token: token}
+		var q pgx.Batch
+		q.Queue(r.sql.missingIDs, args)
+		q.Queue(r.sql.claimIDs, args, r.cfg.ID, token, r.cfg.LeaseDuration.Milliseconds(), uuidArgs(acked))
+		res := r.pool.SendBatch(ctx, &q)
+		defer res.Close()
+		if err := res.QueryRow().Scan(&absent); err != nil {
+			return fmt.Errorf("claim events by id: %w", err)
+		}
+		rows, err := res.Query()
+		if err != nil {
+			return fmt.Errorf("claim events by id: %w", err)
+		}
+		if takenOver, err = scanClaimed(rows, &b); err != nil {
+			return err
+		}
+		if err := res.Close(); err != nil {
+			return fmt.Errorf("claim events by id: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return b, nil, fmt.Errorf("claim events by id: %w", err)
-	}
-	takenOver, err := scanClaimed(rows, &b)
-	if err != nil {
-		return b, nil, err
-	}
-	if err := res.Close(); err != nil {
-		return b, nil, fmt.Errorf("claim events by id: %w", err)
+		return batch{token: token}, nil, err
 	}
 	var missing []uuid.UUID
 	for _, id := range absent {
@@ -290,11 +304,12 @@ WHERE NOT EXISTS (SELECT 1 FROM ` + events + ` e WHERE e.event_id = i.id OFFSET 
 // lookups walk the whole array: 130 ms instead of 20 ms for 1,000 ids.
 func claimIDsSQL(events string) string {
 	return `WITH locked AS (
-	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence
+	SELECT e.event_id, CASE WHEN e.claim_token = $3 THEN NULL ELSE e.claimed_by END AS claimed_by,
+		e.aggregate_type, e.aggregate_id, e.aggregate_sequence
 	FROM unnest($1::uuid[]) AS i(id)
 	CROSS JOIN LATERAL (
 		SELECT * FROM ` + events + ` e WHERE e.event_id = i.id OFFSET 0 FOR UPDATE SKIP LOCKED) e
-	WHERE ` + claimableNow("e") + `
+	WHERE ` + claimableNowOrOwn("e") + `
 ), lowest AS (
 	SELECT DISTINCT ON (l.aggregate_type, l.aggregate_id) l.aggregate_type, l.aggregate_id, l.aggregate_sequence
 	FROM locked l
@@ -314,6 +329,19 @@ SET claimed_by = $2, claim_token = $3, claim_until = now() + $4 * interval '1 mi
 FROM candidates c
 WHERE e.event_id = c.event_id
 RETURNING ` + messageColumnsSkipped(events, "e", `CASE WHEN c.head THEN `+skippedFromSQL(events, "e")+` ELSE 0 END`) + `, e.attempt_count, c.claimed_by`
+}
+
+// claimRetryFor bounds how long a claim by id is tried again after a lost
+// connection (at most a quarter of the lease).
+const claimRetryFor = 2 * time.Second
+
+// claimableNowOrOwn is claimableNow, or leased under this claim's own token
+// ($3): the rows of an attempt whose connection was lost after it committed.
+func claimableNowOrOwn(e string) string {
+	return e + `.published_at IS NULL
+	  AND ` + e + `.quarantined_at IS NULL
+	  AND (` + e + `.available_at <= now() OR ` + e + `.available_at = ` + e + `.occurred_at)
+	  AND (` + e + `.claim_until IS NULL OR ` + e + `.claim_until < now() OR ` + e + `.claim_token = $3)`
 }
 
 // uniqueIDs returns ids without repeats, keeping the first of each.

@@ -428,3 +428,54 @@ func TestClaimIDsLooksUpEachIDByKey(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimIDsRetriedWithItsTokenTakesItsRowsAgain: a claim by id whose
+// connection is lost after it committed (a kill during the claim) is tried
+// again with the same token, and must take its own rows again rather than
+// find them leased and leave them to wait for the lease (issue 24: a killed
+// statement must not delay events by a lease). Another token finds them
+// leased.
+func TestClaimIDsRetriedWithItsTokenTakesItsRowsAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	writeEventsFor(t, pool, w, "a", "a", "b")
+	claim, _, err := outbox.ClaimIDsStatements(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, "SELECT event_id FROM "+schema+".outbox_events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(token uuid.UUID) int {
+		t.Helper()
+		rows, err := pool.Query(ctx, claim, ids, "cdc-1", token, 30000, []uuid.UUID{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	token := uuid.New()
+	if n := run(token); n != 3 {
+		t.Fatalf("first claim took %d events, want 3", n)
+	}
+	if n := run(uuid.New()); n != 0 {
+		t.Fatalf("a claim with another token took %d leased events, want 0", n)
+	}
+	if n := run(token); n != 3 {
+		t.Fatalf("the claim tried again with its token took %d events, want its 3 again", n)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgretry"
 )
 
 // ErrWALLevel is returned (wrapped) when the server's wal_level is not
@@ -119,14 +121,23 @@ type slot struct {
 	restart                      pglogrepl.LSN // restart_lsn
 }
 
+// slotInfoRetryFor is how long slotInfo tries again after a lost connection.
+const slotInfoRetryFor = 2 * time.Second
+
 func slotInfo(ctx context.Context, pool *pgxpool.Pool, name string) (slot, error) {
 	var s slot
 	var plugin, walStatus *string
 	var pid *int32
 	var confirmed, restart *string
-	err := pool.QueryRow(ctx, `SELECT plugin, coalesce(database = current_database(), false), active, active_pid, wal_status,
+	// A read: tried again on another connection when the pool's was lost
+	// (a standby looks every StandbyInterval; a pooled connection killed
+	// while idle, as idle_session_timeout or a pooler does, must not end
+	// its standing by and make it unready).
+	err := pgretry.Do(ctx, time.Now().Add(slotInfoRetryFor), func(ctx context.Context, _ pgretry.Attempt) error {
+		return pool.QueryRow(ctx, `SELECT plugin, coalesce(database = current_database(), false), active, active_pid, wal_status,
 		confirmed_flush_lsn::text, restart_lsn::text
 		FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&plugin, &s.sameDatabase, &s.active, &pid, &walStatus, &confirmed, &restart)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
