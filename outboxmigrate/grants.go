@@ -152,12 +152,16 @@ var operatorGrants = []grant{
 // consumerGrants: inbox.Inbox's statements (inbox/inbox.go): the
 // processed_events insert (ON CONFLICT DO NOTHING RETURNING a constant:
 // INSERT alone), the per-aggregate mark (an upsert that locks the row,
-// then updates it), and the consumer's start point (insert once, read).
-// Nothing on the outbox's own tables.
+// then updates it), and the consumer's start point (insert once, read);
+// and the SQL inbox's functions (migration 012), which run with these same
+// rights (SECURITY INVOKER). Nothing on the outbox's own tables.
 var consumerGrants = []grant{
 	{"INSERT", "processed_events", "the applied event (Handle)"},
 	{"SELECT, INSERT, UPDATE", "inbox_aggregates", "the consumer's per-aggregate mark (Handle, Seed)"},
 	{"SELECT, INSERT", "inbox_consumers", "the start point (Config.StartAtFirstSeen, StartPoint)"},
+	{"EXECUTE", "FUNCTION inbox_claim(text, uuid, text, text, bigint, bigint, timestamptz, boolean, interval, text)", "the SQL inbox (any language): apply, duplicate or early"},
+	{"EXECUTE", "FUNCTION inbox_seed(text, text, text, bigint, text)", "the SQL inbox's seed"},
+	{"EXECUTE", "FUNCTION inbox_start_point(text)", "the start point, for inbox_claim's start_at_first_seen"},
 }
 
 // Grants returns SQL that grants the roles the rights they need on the
@@ -241,7 +245,7 @@ BEGIN;
 	fmt.Fprintf(&b, "-- VACUUM needs the owner before PostgreSQL 17 (the relay vacuums only while autovacuum is off); on 17+:\n--   GRANT MAINTAIN ON %s, %s TO %s;\n",
 		s.Table("outbox_events"), s.Table("outbox_aggregates"), q(roles.Relay))
 	write("operator: outbox status, quarantine, replay, cleanup, inbox status|resolve", roles.Operator, operatorGrants)
-	write("consumer: inbox.Inbox (grant its business tables yourself)", roles.Consumer, consumerGrants)
+	write("consumer: inbox.Inbox and the SQL inbox (grant its business tables yourself)", roles.Consumer, consumerGrants)
 	b.WriteString("COMMIT;\n")
 	return b.String(), nil
 }

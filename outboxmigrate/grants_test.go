@@ -346,6 +346,22 @@ func TestGrantsLeastPrivilege(t *testing.T) {
 	if err := in.Seed(ctx, "order", "seeded", 5, "test"); err != nil {
 		t.Errorf("consumer Seed: %v", err)
 	}
+	// The SQL inbox, as a consumer in another language calls it.
+	for i, c := range []struct {
+		seq  int64
+		want string
+	}{{1, "apply"}, {3, "early"}, {2, "apply"}, {2, "duplicate"}} {
+		var answer string
+		err := consumerDB.QueryRow(ctx, "SELECT "+schema+".inbox_claim('ledger', gen_random_uuid(), 'order', 'sql', $1, start_at_first_seen => true)", c.seq).Scan(&answer)
+		if err != nil || answer != c.want {
+			t.Errorf("consumer inbox_claim %d (sequence %d): %q, %v; want %s", i, c.seq, answer, err, c.want)
+		}
+	}
+	if _, err := consumerDB.Exec(ctx, "SELECT "+schema+".inbox_seed('ledger', 'order', 'sql-seeded', 5, 'test')"); err != nil {
+		t.Errorf("consumer inbox_seed: %v", err)
+	}
+	_, err = writerDB.Exec(ctx, "SELECT "+schema+".inbox_claim('ledger', gen_random_uuid(), 'order', 'w', 1)")
+	refused(t, err, "writer calls inbox_claim")
 	for what, stmt := range map[string]string{
 		"consumer reads events":        "SELECT * FROM " + events,
 		"consumer inserts an event":    "INSERT INTO " + events + " (event_id) VALUES (gen_random_uuid())",
