@@ -336,6 +336,7 @@ type Relay struct {
 	// DisablePipelining is not set): a batch goes out in one call.
 	pipelined bool
 	ahead     *ahead         // the next batch, claimed while this one is published
+	full      fullScan       // the full scan in the background (relay_fullscan.go)
 	cursor    claimCursor    // where the next incremental claim starts
 	tracer    *publishTracer // nil: tracing off (a no-op provider)
 	running   atomic.Bool
@@ -419,7 +420,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.startMaintenance(ctx)()
 	// Registered after startMaintenance: it stops before the heartbeat row goes.
 	defer r.startAckDurabilityCheck(ctx)()
-	defer r.dropAhead(ctx) // a batch claimed ahead and never published
+	defer r.dropAhead(ctx)    // a batch claimed ahead and never published
+	defer r.dropFullScan(ctx) // a full scan's batch never taken
 	r.log.Info("relay started", slog.String("schema", r.schema.Name()), slog.Int("batch_size", r.cfg.BatchSize),
 		slog.Duration("lease", r.cfg.LeaseDuration))
 	dbBackoff := 0

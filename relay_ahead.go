@@ -49,6 +49,9 @@ func (r *Relay) nextClaim(ctx context.Context) (batch, time.Duration, error) {
 		<-a.done
 		return a.b, a.dur, a.err
 	}
+	if a, ok := r.takeFullScan(); ok && (a.err != nil || a.b.total > 0) {
+		return a.b, a.dur, a.err
+	}
 	start := time.Now()
 	b, err := r.claim(ctx)
 	return b, time.Since(start), err

@@ -36,7 +36,22 @@ type batch struct {
 	takenOver int
 }
 
+// claim claims the next batch: the incremental claim, or the full scan when
+// it is due. A full scan after the relay's first runs in the background
+// (relay_fullscan.go), so that however long it takes (it walks the entries
+// that vacuum cannot remove while a transaction is held open) the relay
+// goes on claiming what is new meanwhile.
 func (r *Relay) claim(ctx context.Context) (batch, error) {
+	kind := r.claimKind(time.Now())
+	if kind == claimFull && r.backgroundFullScan() {
+		r.startFullScan(ctx)
+		kind = claimFresh
+	}
+	return r.claimKind1(ctx, kind)
+}
+
+// claimKind1 runs one claim of the given kind.
+func (r *Relay) claimKind1(ctx context.Context, kind claimKind) (batch, error) {
 	b := batch{token: uuid.New()}
 	start := time.Now()
 	// The claim is one autocommit statement (one round trip). Only when
@@ -52,7 +67,6 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 		q = tx
 	}
-	kind := r.claimKind(start)
 	var takenOver int64
 	var err error
 	if kind == claimFresh {
@@ -78,7 +92,7 @@ func (r *Relay) claim(ctx context.Context) (batch, error) {
 		}
 	}
 	if kind == claimFull {
-		r.cursor.fullDone(start, b.total, r.cfg.BatchSize)
+		r.cursor.fullDone(start, time.Since(start), b.total, r.cfg.BatchSize)
 	}
 	r.takenOver.Add(takenOver)
 	b.takenOver = int(takenOver)

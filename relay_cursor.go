@@ -54,11 +54,25 @@ type claimCursor struct {
 	from         uint64   // dispatch_xid lower bound of the range scan
 	points       []uint64 // transactions below from that were running at the last snapshot
 	cont         []laneNext
-	// lastFull is when the last full scan ran; fullAgain asks for another
-	// one at once (the last full scan returned a full batch).
-	lastFull  time.Time
-	fullAgain bool
+	// lastFull is when the last full scan ran and lastFullCost how long it
+	// took; fullAgain asks for another one at once (the last full scan
+	// returned a full batch).
+	lastFull     time.Time
+	lastFullCost time.Duration
+	fullAgain    bool
 }
+
+// fullScanDuty bounds the share of a relay's time spent in full scans: after
+// a full scan that took d, the next one waits at least (1/fullScanDuty - 1)
+// × d, whatever RescanInterval or a full batch asks. The full scan walks
+// the index entries of every event published since vacuum last could clean
+// them: under a transaction held open for minutes, seconds of them. Without
+// the bound a backlog made every claim a full scan (a full batch asks for
+// another at once), each slower than the last, and the relays fell further
+// behind the longer the transaction stayed open (issue 24: a backlog of
+// 58,000 after ten minutes at 800 events/s). Cheap full scans (milliseconds)
+// are not delayed in practice.
+const fullScanDuty = 0.05
 
 // claimKind is how the next claim looks for events.
 type claimKind int
@@ -77,17 +91,29 @@ func (c *claimCursor) nextKind(now time.Time, rescan time.Duration) claimKind {
 	if rescan < 0 {
 		return claimFull
 	}
+	rest := time.Duration(float64(c.lastFullCost) * (1/fullScanDuty - 1))
+	if since := now.Sub(c.lastFull) - c.lastFullCost; since < rest {
+		return claimFresh // see fullScanDuty
+	}
 	if c.fullAgain || now.Sub(c.lastFull) >= rescan {
 		return claimFull
 	}
 	return claimFresh
 }
 
-// fullDone records a full scan that returned n events of a batch of size.
-func (c *claimCursor) fullDone(now time.Time, n, size int) {
+// lastFullAt is when the last full scan started (zero: none yet).
+func (c *claimCursor) lastFullAt() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.lastFull = now
+	return c.lastFull
+}
+
+// fullDone records a full scan that started at start, took cost and
+// returned n events of a batch of size.
+func (c *claimCursor) fullDone(start time.Time, cost time.Duration, n, size int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lastFull, c.lastFullCost = start, cost
 	c.fullAgain = n >= size
 }
 
@@ -361,7 +387,10 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	// cursor at or before it.
 	left := `f.event_id IN (SELECT event_id FROM all_heads)`
 	if conservative {
-		left = `NOT (f.claimed_by IS NOT DISTINCT FROM $2 AND f.claim_until >= now())`
+		// Not a head when read: whoever publishes its predecessor looks
+		// for it (cont; the CDC stream's waiting set), as for any cursor.
+		left = `NOT (f.claimed_by IS NOT DISTINCT FROM $2 AND f.claim_until >= now())
+	   AND ` + isHead(events, "f")
 	}
 	headCond := isHead(events, "f")
 	young := ""
@@ -375,7 +404,8 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 		young = ` WHERE ` + heads
 	}
 	return `WITH fresh AS (
-	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at FROM ` + events + ` e
+	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at,
+		e.aggregate_type, e.aggregate_id, e.aggregate_sequence FROM ` + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
 	  AND e.available_at = e.occurred_at
 	  AND e.dispatch_xid >= $5::text::xid8
@@ -386,6 +416,7 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
 	  AND e.available_at = e.occurred_at
 	  AND e.dispatch_xid = ANY ($6::text[]::xid8[])
+	  AND ` + isHead(events, "e") + `
 	ORDER BY e.dispatch_xid
 	LIMIT ` + window + `
 ), due AS (

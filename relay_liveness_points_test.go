@@ -17,7 +17,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
-// TestBreakPointsWindowHeldByBlockedNonHeads: transactions running at the
+// TestLivenessPointsNotHeldByBlockedNonHeads: transactions running at the
 // cursor's snapshot become its points. When more than a window of their
 // events are not heads (each the second event of a lane whose head backs
 // off for an hour), the points lookup reads the same window of them on
@@ -26,7 +26,7 @@ import (
 // later in dispatch_xid order, is never read: a due head waits for the
 // full scan. The documented exception is "more than a window of events of
 // one transaction"; here they are six transactions, one event each.
-func TestBreakPointsWindowHeldByBlockedNonHeads(t *testing.T) {
+func TestLivenessPointsNotHeldByBlockedNonHeads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
@@ -95,13 +95,13 @@ func TestBreakPointsWindowHeldByBlockedNonHeads(t *testing.T) {
 	publishedSoon(t, pool, schema, "a head of a point transaction behind a window of blocked point events", "victim", "poke")
 }
 
-// TestBreakReconcilerHeldByBlockedLane is TestLivenessBlockedLaneDoesNotHoldTheCursor
+// TestLivenessReconcilerNotHeldByBlockedLane is TestLivenessBlockedLaneDoesNotHoldTheCursor
 // for a relay with ReconcileAfter (CDC's safety net, here with no CDC
 // beside it, as when the stream is down): its conservative cursor never
 // passes an event it read and did not claim, so more than a window of a
 // busy aggregate's events behind a head backing off for an hour holds it,
 // and nothing written after them is reconciled before the full scan.
-func TestBreakReconcilerHeldByBlockedLane(t *testing.T) {
+func TestLivenessReconcilerNotHeldByBlockedLane(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)

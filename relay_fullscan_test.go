@@ -1,0 +1,71 @@
+package outbox_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox/internal/outboxtest"
+)
+
+// fullScanHolder holds every full-scan claim after the first until
+// released: what a full scan that walks minutes of entries vacuum cannot
+// remove looks like to the relay.
+type fullScanHolder struct {
+	seen    atomic.Int64
+	held    chan struct{} // one value when a full scan is held
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *fullScanHolder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(strings.TrimSpace(d.SQL), "WITH scan AS") && h.seen.Add(1) > 1 {
+		h.once.Do(func() { h.held <- struct{}{} })
+		<-h.release
+	}
+	return ctx
+}
+
+func (h *fullScanHolder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestFullScanDoesNotStopTheRelay: while a full scan takes long (held here;
+// under a transaction open for minutes it took 14 s), the relay goes on
+// claiming and publishing what is new. The full scan used to run in the
+// relay's loop, which waited for it.
+func TestFullScanDoesNotStopTheRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	setup, schema := outboxtest.Schema(t)
+	holder := &fullScanHolder{held: make(chan struct{}, 1), release: make(chan struct{})}
+	pc, err := pgxpool.ParseConfig(outboxtest.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.Tracer = holder
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	cfg := quietConfig(schema, b.pub)
+	cfg.RescanInterval = 20 * time.Millisecond
+	defer close(holder.release) // before the relay's stop (t.Cleanup) waits for the held scan
+	startRelay(t, pool, cfg)
+	writeEventsFor(t, setup, w, "first")
+	publishedSoon(t, setup, schema, "an event written before any full scan is held", "first")
+	select {
+	case <-holder.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no second full scan within 30 s (RescanInterval 20 ms)")
+	}
+	writeEventsFor(t, setup, w, "during-1", "during-2")
+	publishedSoon(t, setup, schema, "events written while a full scan is held", "during-1", "during-2")
+}
