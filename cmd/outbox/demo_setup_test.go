@@ -111,9 +111,10 @@ func (s *setupSystem) run(t *testing.T, args ...string) (string, int) {
 	return string(out), code
 }
 
-// setupEnv is this process's environment without what .ci/setup reads.
+// setupEnv is this process's environment without what .ci/setup reads, and
+// with the npm step off (it looks at the checkout, not at the fake system).
 func setupEnv() []string {
-	var env []string
+	env := []string{"OUTBOX_SETUP_NPM=0"}
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
@@ -167,7 +168,7 @@ func TestSetupPlanFreshMachine(t *testing.T) {
 		if code != 0 {
 			t.Errorf("exit %d, want 0", code)
 		}
-		wantLines(t, out, "setup: would install", "setup: would install: apt-get update && apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium")
+		wantLines(t, out, "setup: would install", "setup: would install: apt-get update && apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg")
 		wantLines(t, out, "setup: would start NATS", "setup: would start NATS: "+ssd+" --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p "+strconv.Itoa(s.nats)+" -js -sd /var/lib/nats-server -l /var/log/nats-server.log")
 		wantLines(t, out, "setup: would start RabbitMQ", "setup: would start RabbitMQ: /usr/sbin/rabbitmq-server -detached")
 		if len(lines(out, "setup: would start PostgreSQL: after the install, the cluster its package creates on port "+strconv.Itoa(s.pg))) != 1 {
@@ -195,7 +196,7 @@ func TestSetupPlanFreshMachine(t *testing.T) {
 				t.Error("the plan does not say a real run stops")
 			}
 			missing := lines(out, "  - ")
-			for i, want := range []string{"Go 1.26 or newer", "PostgreSQL server binaries", "NATS with JetStream", "RabbitMQ server binaries", "Chromium"} {
+			for i, want := range []string{"Go 1.26 or newer", "PostgreSQL server binaries", "NATS with JetStream", "RabbitMQ server binaries", "Chromium", "Python's psycopg 3"} {
 				if i >= len(missing) || !strings.HasPrefix(missing[i], "  - "+want) {
 					t.Errorf("missing item %d is not %q: %q", i, want, missing)
 				}
@@ -207,7 +208,7 @@ func TestSetupPlanFreshMachine(t *testing.T) {
 				}
 			}
 			if tc.release == ubuntuRelease {
-				wantLines(t, out, "setup: may not install", "setup: may not install packages (neither root nor passwordless sudo): sudo apt-get update && sudo apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium")
+				wantLines(t, out, "setup: may not install", "setup: may not install packages (neither root nor passwordless sudo): sudo apt-get update && sudo apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg")
 			}
 		})
 	}
@@ -220,6 +221,7 @@ func installedDown(t *testing.T, privilege string) *setupSystem {
 	s.prog(t, "apt-get", "")
 	s.prog(t, "go", "")
 	s.prog(t, "chromium", "")
+	s.file(t, "usr/lib/python3/dist-packages/psycopg/__init__.py", "")
 	s.prog(t, "pg_lsclusters", "echo '16  main    "+strconv.Itoa(s.pg)+" down   postgres /var/lib/postgresql/16/main /var/log/postgresql/postgresql-16-main.log'")
 	s.prog(t, "pg_ctlcluster", "")
 	s.prog(t, "start-stop-daemon", "")
@@ -288,6 +290,8 @@ func TestSetupPlanInstalledButDown(t *testing.T) {
 		s.nats, s.amqp = answer(t), answer(t)
 		s.prog(t, "go", "")
 		s.prog(t, "chromium", "")
+		s.file(t, "usr/lib/python3/dist-packages/psycopg/__init__.py", "")
+		s.file(t, "usr/lib/python3/dist-packages/psycopg/__init__.py", "")
 		initdb := s.prog(t, "initdb", "")
 		s.file(t, "usr/lib/rabbitmq/bin/rabbitmq-server", "")
 		out, code := s.run(t, "--dry-run")
@@ -397,6 +401,7 @@ func TestSetupRealRunOnFakeSystem(t *testing.T) {
 r='`+s.root+`'
 mkdir -p "$r/usr/lib/postgresql/16/bin" "$r/etc/postgresql/16/main" "$r/usr/sbin" "$r/usr/lib/rabbitmq/bin" '`+state+`'
 touch "$r/usr/lib/postgresql/16/bin/initdb" "$r/usr/lib/rabbitmq/bin/rabbitmq-server"
+mkdir -p "$r/usr/lib/python3/dist-packages/psycopg" && touch "$r/usr/lib/python3/dist-packages/psycopg/__init__.py"
 chmod +x "$r/usr/lib/postgresql/16/bin/initdb" "$r/usr/lib/rabbitmq/bin/rabbitmq-server"
 printf 'local all postgres peer\nhost all all 127.0.0.1/32 scram-sha-256\n' > "$r/etc/postgresql/16/main/pg_hba.conf"
 echo '16 main `+strconv.Itoa(s.pg)+` down postgres /var/lib/postgresql/16/main /var/log/postgresql/postgresql-16-main.log' > '`+state+`/clusters'
@@ -458,7 +463,7 @@ chmod +x "$r/usr/sbin/nats-server" "$r/usr/sbin/rabbitmq-server" '`+s.bin+`/chro
 	t.Logf("calls:\n%s", calls)
 	want := []string{
 		"apt-get update",
-		"apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium",
+		"apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg",
 		"pg_ctlcluster --skip-systemctl-redirect 16 main start",
 		"start-stop-daemon --start",
 		"rabbitmq-server -detached",
@@ -505,12 +510,12 @@ func TestSetupRealRunInstallFails(t *testing.T) {
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
 		t.Fatalf("setup: %v, want exit status 1", err)
 	}
-	wantLines(t, out, "  - ", "  - the packages postgresql nats-server rabbitmq-server chromium: apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium failed (its output is above)")
+	wantLines(t, out, "  - ", "  - the packages postgresql nats-server rabbitmq-server chromium python3-psycopg: apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg failed (its output is above)")
 	if !strings.Contains(out, "setup: missing, so no test runs") {
 		t.Error("setup does not say no test runs")
 	}
 	calls, _ := os.ReadFile(s.calls)
-	if got := strings.TrimSpace(string(calls)); got != "apt-get update\napt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium" {
+	if got := strings.TrimSpace(string(calls)); got != "apt-get update\napt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg" {
 		t.Errorf("calls:\n%s\nwant one update, then one install", got)
 	}
 }
