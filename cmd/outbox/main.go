@@ -19,6 +19,7 @@ func main() {
 		{Name: "console", Summary: "serve the operator console in the browser (status, quarantine, replay, inbox)", Run: runConsole},
 		{Name: "cleanup", Summary: "delete settled events (and inbox rows) past their horizon", Run: runCleanup},
 		{Name: "demo", Summary: "run the order system end to end and check the invariants", Run: runDemo},
+		{Name: "asyncapi", Summary: "print the AsyncAPI 3 document of what a relay publishes (channels, CloudEvents headers, ordering key)", Run: runAsyncAPI},
 		{Name: "chaos", Summary: "run the order system as processes under injected faults and check I1-I5", Run: runChaos},
 	})
 }
