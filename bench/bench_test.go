@@ -31,7 +31,8 @@ func TestQuickRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"write/order-only/1c", "write/order+event-sql/4c", "write/order+event-lib/16c",
+		"write/order-only/1c", "write/order+event-sql/4c", "write/order+event-fn/4c", "write/order+event-lib/16c",
+		"inbox/go/1c", "inbox/sql/16c",
 		"relay/ours", "relay/naive-unordered", "relay/watermill-defaults", "relay/watermill-batch1000",
 		"relay/ours-vs-watermill-batch1000", "relay/ours-10-hot-aggregates",
 		"latency/commit-to-ack/polling", "latency/commit-to-ack/wakeup",

@@ -113,7 +113,7 @@ func quickSizes() sizes {
 }
 
 // groups in the order they run by default.
-var allGroups = []string{"write", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
+var allGroups = []string{"write", "inbox", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
 
 // extraGroups run only when named with --only: they take long.
 var extraGroups = []string{"soak", "cdc", "cdc-outage", "outage", "pressure"}
@@ -316,6 +316,8 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchOutage(ctx, e)
 		case "pressure":
 			rs, err = benchPressure(ctx, e)
+		case "inbox":
+			rs, err = benchInbox(ctx, e)
 		}
 		all = append(all, rs...)
 		if err != nil {
