@@ -420,7 +420,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.startMaintenance(ctx)()
 	// Registered after startMaintenance: it stops before the heartbeat row goes.
 	defer r.startAckDurabilityCheck(ctx)()
-	defer r.dropAhead(ctx)    // a batch claimed ahead and never published
+	defer r.dropAhead(ctx) // a batch claimed ahead and never published
+	r.runFullScans(ctx)
 	defer r.dropFullScan(ctx) // a full scan's batch never taken
 	r.log.Info("relay started", slog.String("schema", r.schema.Name()), slog.Int("batch_size", r.cfg.BatchSize),
 		slog.Duration("lease", r.cfg.LeaseDuration))

@@ -30,6 +30,12 @@ func (r *Relay) claimAhead(ctx context.Context, b batch) {
 	if r.cfg.DisableClaimAhead || b.total < r.cfg.BatchSize || len(b.lanes) < b.total/2 {
 		return
 	}
+	if r.fullScanReady() {
+		// The full scan's batch is next: a batch claimed ahead would come
+		// first again, and in a backlog (every batch full) the full scan's
+		// would wait past its lease (TestFullScanBatchTakenDuringBacklog).
+		return
+	}
 	a := &ahead{done: make(chan struct{})}
 	r.ahead = a
 	go func() {

@@ -44,7 +44,7 @@ type batch struct {
 func (r *Relay) claim(ctx context.Context) (batch, error) {
 	kind := r.claimKind(time.Now())
 	if kind == claimFull && r.backgroundFullScan() {
-		r.startFullScan(ctx)
+		r.startFullScan()
 		kind = claimFresh
 	}
 	return r.claimKind1(ctx, kind)

@@ -25,6 +25,7 @@ import (
 // fullScan is the background full scan's state.
 type fullScan struct {
 	mu      sync.Mutex
+	runCtx  context.Context // Run's; nil outside Run
 	running bool
 	ready   *ahead // a finished full scan's batch, not yet taken
 	wg      sync.WaitGroup
@@ -40,11 +41,15 @@ func (r *Relay) backgroundFullScan() bool {
 
 // startFullScan starts a full scan on its own goroutine, unless one is
 // running or its batch has not been taken yet.
-func (r *Relay) startFullScan(ctx context.Context) {
+func (r *Relay) startFullScan() {
 	f := &r.full
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.running || f.ready != nil || ctx.Err() != nil {
+	// The scan runs under Run's context, not its caller's (a claim ahead
+	// runs uncancelled): once Run's ends, none starts, and a running one is
+	// cancelled, so that the relay's stop never waits for a long scan.
+	ctx := f.runCtx
+	if f.running || f.ready != nil || ctx == nil || ctx.Err() != nil {
 		return
 	}
 	f.running = true
@@ -52,8 +57,9 @@ func (r *Relay) startFullScan(ctx context.Context) {
 	go func() {
 		defer f.wg.Done()
 		start := time.Now()
-		// Not cancelled with ctx: a claim that completes can be released.
-		b, err := r.claimKind1(context.WithoutCancel(ctx), claimFull)
+		// Cancelled with ctx: the relay does not wait, when it stops, for a
+		// scan that may take long; a cancelled claim claims nothing.
+		b, err := r.claimKind1(ctx, claimFull)
 		a := &ahead{b: b, dur: time.Since(start), err: err}
 		f.mu.Lock()
 		f.running = false
@@ -63,6 +69,15 @@ func (r *Relay) startFullScan(ctx context.Context) {
 			r.Wake() // an idle main loop takes it now
 		}
 	}()
+}
+
+// fullScanReady reports whether a finished full scan's batch waits to be
+// taken.
+func (r *Relay) fullScanReady() bool {
+	f := &r.full
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ready != nil
 }
 
 // takeFullScan returns the batch of a finished background full scan, if
@@ -76,9 +91,20 @@ func (r *Relay) takeFullScan() (*ahead, bool) {
 	return a, a != nil
 }
 
-// dropFullScan waits for a background full scan and releases its batch
-// when it was not taken (the relay stops).
+// runFullScans lets full scans run in the background under ctx, Run's.
+func (r *Relay) runFullScans(ctx context.Context) {
+	r.full.mu.Lock()
+	r.full.runCtx = ctx
+	r.full.mu.Unlock()
+}
+
+// dropFullScan waits for a background full scan (cancelled with Run's
+// context, so it ends at once) and releases its batch when it was not
+// taken (the relay stops).
 func (r *Relay) dropFullScan(ctx context.Context) {
+	r.full.mu.Lock()
+	r.full.runCtx = nil
+	r.full.mu.Unlock()
 	r.full.wg.Wait()
 	a, ok := r.takeFullScan()
 	if !ok || a.err != nil || a.b.total == 0 {

@@ -34,7 +34,7 @@ func TestAsyncAPIValidates(t *testing.T) {
 	for _, tc := range []struct{ dest, channel string }{
 		{"", "amqp,kafka,nats,webhook"},
 		{"nats://relay:s3cret@127.0.0.1:4222?stream=SHOP&subject_prefix=shop.events&source=/shop", "nats"},
-		{"kafka://b1:9092,b2:9092?topic=shop.{aggregate_type}&user=relay&password=s3cret", "kafka"},
+		{"kafka://relay:s3cret@b1:9092,b2:9092?topic=shop.{aggregate_type}&sasl=scram-sha-512", "kafka"},
 		{"amqps://relay:s3cret@mq.example:5671/shop?exchange=shop&routing_key=ev.{aggregate_type}", "amqp"},
 		{"https://hooks.example/in/s3cret?outbox_mode=binary", "webhook"},
 		{"http://hooks.example/in/s3cret", "webhook"},
@@ -99,8 +99,8 @@ func TestAsyncAPINamesEveryHeaderNATSSends(t *testing.T) {
 	msg := outbox.Message{ID: uuid.Must(uuid.NewV7()), AggregateType: "order", AggregateID: "o-1", Sequence: 3, SkippedFrom: 2,
 		Type: "OrderPlaced", SchemaVersion: 1, Payload: []byte(`{}`), OccurredAt: time.Now(), ReplayID: uuid.New(),
 		Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
-	if res := pub.Publish(ctx, []outbox.Message{msg}); res[0] != nil {
-		t.Fatal(res[0])
+	if errs := pub.Publish(ctx, []outbox.Message{msg}); len(errs) > 0 && errs[0] != nil {
+		t.Fatal(errs[0])
 	}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -115,8 +115,12 @@ func TestAsyncAPINamesEveryHeaderNATSSends(t *testing.T) {
 		t.Fatal(err)
 	}
 	props := doc["components"].(obj)["messages"].(obj)["natsEvent"].(obj)["headers"].(obj)["properties"].(obj)
+	named := map[string]bool{"content-type": true} // the message's contentType
+	for k := range props {
+		named[strings.ToLower(k)] = true
+	}
 	for name := range raw.Header {
-		if _, ok := props[strings.ToLower(name)]; !ok && strings.ToLower(name) != "content-type" {
+		if !named[strings.ToLower(name)] {
 			t.Errorf("the NATS message carries header %q, which the AsyncAPI document does not name", name)
 		}
 	}
