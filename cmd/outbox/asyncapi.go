@@ -11,13 +11,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"strings"
 
 	"github.com/pgoutbox/outbox/internal/cli"
-	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/outboxamqp"
 	"github.com/pgoutbox/outbox/outboxkafka"
 	"github.com/pgoutbox/outbox/outboxnats"
@@ -56,7 +56,7 @@ var ceAttributes = []ceAttribute{
 	{"id", "the event id (UUIDv7 unless the writer gave one): the dedup key", true},
 	{"source", "the relay's --source", true},
 	{"type", "the event type", true},
-	{"subject", "the aggregate id: with aggregatetype, the ordering key", true},
+	{"subject", "the aggregate id: with aggregatetype, the ordering key (in headers, percent-encoded where needed: decode before use)", true},
 	{"time", "when the event occurred (the writer's transaction start), RFC 3339, UTC", true},
 	{"aggregatetype", "the aggregate type", true},
 	{"sequence", "the event's sequence within its aggregate, 1, 2, 3, ... as 20 zero-padded digits; apply in this order (the SQL inbox: inbox_claim)", true},
@@ -100,7 +100,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 	if dest != "" {
 		u, err := url.Parse(dest)
 		if err != nil {
-			return nil, fmt.Errorf("--destination %s: not a URL", redact.URL(dest))
+			return nil, errors.New("--destination (not shown: it may hold credentials): not a URL")
 		}
 		kind = u.Scheme
 	}
@@ -137,7 +137,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		if kind != "" {
 			s, c, err := outboxnats.ParseURL(dest)
 			if err != nil {
-				return nil, err
+				return nil, badDestination(dest, kind)
 			}
 			cfg = c
 			cfg.Stream, cfg.SubjectPrefix, cfg.Source = or(cfg.Stream, outboxnats.StreamDefault), or(cfg.SubjectPrefix, outboxnats.SubjectPrefixDefault), or(cfg.Source, outboxnats.SourceDefault)
@@ -166,7 +166,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		if kind != "" {
 			c, err := outboxkafka.ParseURL(dest)
 			if err != nil {
-				return nil, err
+				return nil, badDestination(dest, kind)
 			}
 			cfg = c
 			cfg.Topic, cfg.Source = or(cfg.Topic, outboxkafka.TopicDefault), or(cfg.Source, outboxkafka.SourceDefault)
@@ -196,7 +196,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		if kind != "" {
 			c, err := outboxamqp.ParseURL(dest)
 			if err != nil {
-				return nil, err
+				return nil, badDestination(dest, kind)
 			}
 			cfg = c
 			cfg.Exchange, cfg.RoutingKey, cfg.Source = or(cfg.Exchange, outboxamqp.ExchangeDefault), or(cfg.RoutingKey, outboxamqp.RoutingKeyDefault), or(cfg.Source, outboxamqp.SourceDefault)
@@ -229,7 +229,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		if kind != "" {
 			c, err := outboxwebhook.ParseURL(dest)
 			if err != nil {
-				return nil, err
+				return nil, badDestination(dest, kind)
 			}
 			cfg = c
 			cfg.Source = or(cfg.Source, outboxwebhook.SourceDefault)
@@ -240,7 +240,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 			server = obj{"host": u.Host, "protocol": u.Scheme}
 		}
 		signing := obj{
-			outboxwebhook.HeaderWebhookID:        obj{"type": "string", "description": "the event id (Standard Webhooks)"},
+			outboxwebhook.HeaderWebhookID:        obj{"type": "string", "description": "the event id; a replayed copy: <id>:<replay id> (Standard Webhooks)"},
 			outboxwebhook.HeaderWebhookTimestamp: obj{"type": "string", "description": "seconds since the epoch (Standard Webhooks)"},
 			outboxwebhook.HeaderWebhookSignature: obj{"type": "string", "description": "v1,<base64 HMAC-SHA256> per secret (Standard Webhooks); verify before use"},
 			outboxwebhook.HeaderIdempotencyKey:   obj{"type": "string", "description": "the event id (a replayed copy: <id>:<replay id>)"},
@@ -276,7 +276,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		matched = true
 	}
 	if !matched {
-		return nil, fmt.Errorf("--destination %s: scheme %q: want nats, tls, kafka, kafkas, amqp, amqps, http or https", redact.URL(dest), kind)
+		return nil, fmt.Errorf("--destination (not shown: it may hold credentials): scheme %q: want nats, tls, kafka, kafkas, amqp, amqps, http or https", kind)
 	}
 	doc := obj{
 		"asyncapi": "3.0.0",
@@ -292,6 +292,14 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		doc["servers"] = servers
 	}
 	return doc, nil
+}
+
+// badDestination is the error for a --destination its package refused.
+// Neither the package's message nor the URL is repeated: a URL whose token
+// or password holds an unencoded '?', '/' or '#', or a monitor_url with
+// credentials, is not masked reliably by either (the adversarial review).
+func badDestination(dest, kind string) error {
+	return fmt.Errorf("--destination (not shown: it may hold credentials): not a valid %s destination URL (see docs/destinations.md)", kind)
 }
 
 // hostsOf is a NATS server URL's hosts, without credentials.

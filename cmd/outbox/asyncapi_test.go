@@ -128,3 +128,30 @@ func TestAsyncAPINamesEveryHeaderNATSSends(t *testing.T) {
 		t.Errorf("only %d headers on the message (%v): the test publishes every optional attribute", len(raw.Header), raw.Header)
 	}
 }
+
+// TestAsyncAPIErrorsPrintNoSecret: a --destination its package refuses is
+// named in the error without any of its secret, also when the password or
+// token holds an unencoded '?' or '/' (the adversarial review: the NATS and
+// AMQP parsers' messages quoted pieces of it, and so did the redacted URL).
+func TestAsyncAPIErrorsPrintNoSecret(t *testing.T) {
+	t.Parallel()
+	for _, dest := range []string{
+		"nats://s3cr?et@127.0.0.1:4222",
+		"nats://tok3n/s3cret+x@127.0.0.1:4222",
+		"nats://127.0.0.1:4222?monitor_url=http://admin:s3cret@127.0.0.1:8222",
+		"amqp://g:s3c?ret@127.0.0.1:5672/",
+		"ftp://u:s3cret@h/",
+		"kafka://u:s3c?ret@b1:9092",
+	} {
+		_, err := asyncAPIDocument(dest, "t", "1")
+		if err == nil {
+			t.Errorf("%q: accepted", "…")
+			continue
+		}
+		for _, piece := range []string{"s3cr", "tok3n", "ret@", "et@"} {
+			if strings.Contains(err.Error(), piece) {
+				t.Errorf("the error for a refused destination prints %q of its secret: %v", piece, err)
+			}
+		}
+	}
+}

@@ -92,6 +92,10 @@ BEGIN
                 WHEN coalesce(aggregate_id, '') = '' THEN 'aggregate_id' ELSE 'sequence' END;
     ELSIF start_grace IS NULL OR start_grace < interval '0' THEN
         RAISE EXCEPTION 'inbox_claim: start_grace must not be negative' USING ERRCODE = '22023', COLUMN = 'start_grace';
+    ELSIF start_at_first_seen IS NULL THEN
+        -- NULL (a driver's undefined or None) must not read as "not
+        -- strict": NOT NULL is NULL, and an IF on it would apply.
+        RAISE EXCEPTION 'inbox_claim: start_at_first_seen is NULL (pass true or false)' USING ERRCODE = '22023', COLUMN = 'start_at_first_seen';
     END IF;
     IF start_at_first_seen THEN
         start_point := inbox_start_point(consumer);
@@ -101,11 +105,13 @@ BEGIN
     INSERT INTO inbox_aggregates AS m (consumer_name, aggregate_type, aggregate_id, last_sequence)
     VALUES (inbox_claim.consumer, inbox_claim.aggregate_type, inbox_claim.aggregate_id, 0)
     ON CONFLICT ON CONSTRAINT inbox_aggregates_pkey DO UPDATE SET last_sequence = m.last_sequence
-    RETURNING m.last_sequence, m.waiting_seen, now() - m.waiting_since, m.start_kind IS NOT NULL
+    RETURNING m.last_sequence, m.waiting_seen, clock_timestamp() - m.waiting_since, m.start_kind IS NOT NULL
     INTO last, seen, waited, started;
 
     -- Every event in between was skipped by an operator and will never come.
-    skipped := coalesce(skipped_from, 0) >= 1 AND skipped_from <= last + 1;
+    -- Compared as skipped_from - 1 <= last, sequence - 1 > last: last + 1
+    -- overflows at the highest bigint mark (a seed may set it).
+    skipped := coalesce(skipped_from, 0) >= 1 AND skipped_from - 1 <= last;
     first_seen := start_at_first_seen AND last = 0 AND NOT started AND sequence > 1 AND NOT skipped;
     IF first_seen THEN
         at := occurred_at;
@@ -127,10 +133,12 @@ BEGIN
     IF sequence <= last THEN
         RETURN 'duplicate';
     END IF;
-    IF sequence > last + 1 AND NOT skipped AND NOT first_seen THEN
+    IF sequence - 1 > last AND NOT skipped AND NOT first_seen THEN
         IF seen IS NULL OR seen > sequence THEN
             UPDATE inbox_aggregates m
-            SET waiting_since = coalesce(m.waiting_since, now()), waiting_for = last + 1, waiting_seen = inbox_claim.sequence
+            -- The delivery's moment, not the caller's transaction start:
+            -- start_grace counts from the first early delivery.
+            SET waiting_since = coalesce(m.waiting_since, clock_timestamp()), waiting_for = last + 1, waiting_seen = inbox_claim.sequence
             WHERE m.consumer_name = inbox_claim.consumer AND m.aggregate_type = inbox_claim.aggregate_type
               AND m.aggregate_id = inbox_claim.aggregate_id;
         END IF;
