@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
@@ -61,19 +59,8 @@ func TestFullScanBatchTakenDuringBacklog(t *testing.T) {
 // by ShutdownTimeout, and a supervisor's grace period runs out first.
 func TestStopDoesNotWaitForABackgroundFullScan(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	setup, schema := outboxtest.Schema(t)
-	holder := &fullScanHolder{held: make(chan struct{}, 1), release: make(chan struct{})}
-	pc, err := pgxpool.ParseConfig(outboxtest.DatabaseURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.ConnConfig.Tracer = holder
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, holder := heldScanPool(t)
 	w := newWriter(t, schema)
 	b := newNATS(t, outboxtest.NATSURL(), 0)
 	cfg := quietConfig(schema, b.pub)

@@ -37,25 +37,34 @@ func (h *fullScanHolder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx
 
 func (h *fullScanHolder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// TestFullScanDoesNotStopTheRelay: while a full scan takes long (held here;
-// under a transaction open for minutes it took 14 s), the relay goes on
-// claiming and publishing what is new. The full scan used to run in the
-// relay's loop, which waited for it.
-func TestFullScanDoesNotStopTheRelay(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	setup, schema := outboxtest.Schema(t)
+// heldScanPool returns a pool on the test database whose full-scan claims
+// after the first are held by the returned holder until released (or their
+// context ends). The pool closes after the test's other cleanups that were
+// registered later (the relay's stop).
+func heldScanPool(t *testing.T) (*pgxpool.Pool, *fullScanHolder) {
+	t.Helper()
 	holder := &fullScanHolder{held: make(chan struct{}, 1), release: make(chan struct{})}
 	pc, err := pgxpool.ParseConfig(outboxtest.DatabaseURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	pc.ConnConfig.Tracer = holder
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close) // after the relay's stop (cleanups run last first)
+	t.Cleanup(pool.Close)
+	return pool, holder
+}
+
+// TestFullScanDoesNotStopTheRelay: while a full scan takes long (held here;
+// under a transaction open for minutes it took 14 s), the relay goes on
+// claiming and publishing what is new. The full scan used to run in the
+// relay's loop, which waited for it.
+func TestFullScanDoesNotStopTheRelay(t *testing.T) {
+	t.Parallel()
+	setup, schema := outboxtest.Schema(t)
+	pool, holder := heldScanPool(t)
 	w := newWriter(t, schema)
 	b := newNATS(t, outboxtest.NATSURL(), 0)
 	cfg := quietConfig(schema, b.pub)
