@@ -159,9 +159,11 @@ type RelayConfig struct {
 	// always), leaving younger events to the CDC path. Leases and fencing
 	// are the same, so the two never publish an aggregate out of order.
 	// Such a relay does not LISTEN (a wake-up is for an event just written,
-	// which it leaves): it looks every PollInterval, and never locks a row
-	// younger than ReconcileAfter, even for the claim's statement, so that
-	// it does not get in the stream's way.
+	// which it leaves): when idle it looks every PollInterval or every
+	// ReconcileAfter/4, whichever is longer, runs its full scans at most
+	// every 6 × ReconcileAfter (or RescanInterval, if longer), and never
+	// locks a row younger than ReconcileAfter, even for the claim's
+	// statement, so that it does not get in the stream's way.
 	// Zero (the default) claims every due event: ordinary polling.
 	ReconcileAfter time.Duration
 	// RescanInterval is how often the relay claims with a full scan of the
@@ -171,8 +173,9 @@ type RelayConfig struct {
 	// relay that died, once their lease expires, and rows without a
 	// dispatch_xid (written before migration 009). A full scan that fills its
 	// batch is followed by another one at once. A negative value makes every
-	// claim a full scan, as before the incremental claim existed. Defaults to
-	// RescanIntervalDefault (5s).
+	// claim a full scan, as before the incremental claim existed. A safety
+	// net (ReconcileAfter) scans at most every 6 × ReconcileAfter. Defaults
+	// to RescanIntervalDefault (5s).
 	RescanInterval time.Duration
 
 	// TracerProvider receives a PRODUCER span per event published (see
@@ -454,7 +457,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.waitOutage(ctx)
 		case n == 0:
 			dbBackoff = 0
-			r.waitIdle(ctx, r.routesUntilProbe(r.cfg.PollInterval))
+			r.waitIdle(ctx, r.routesUntilProbe(r.idleInterval()))
 		case n < r.cfg.BatchSize:
 			dbBackoff = 0
 			sleep(ctx, r.cfg.CatchUpInterval-time.Since(claimStart)) // caught up: let a few events gather

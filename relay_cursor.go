@@ -488,7 +488,7 @@ SELECT true, '00000000-0000-0000-0000-000000000000'::uuid, '', '', 0::bigint, ''
 // claimKind decides how the claim starting at now looks for events (see
 // claimCursor.nextKind).
 func (r *Relay) claimKind(now time.Time) claimKind {
-	return r.cursor.nextKind(now, r.cfg.RescanInterval)
+	return r.cursor.nextKind(now, r.rescanInterval())
 }
 
 // claimFresh runs the incremental claim into b and moves the cursor.

@@ -424,11 +424,13 @@ func TestSafetyNetDoesNotLockYoungEvents(t *testing.T) {
 	claims := &claimCounter{}
 	cfg.Observer = claims
 	writeEventsFor(t, pool, w, "young")
-	_, stop := startRelay(t, pool, cfg)
+	r, stop := startRelay(t, pool, cfg)
 	defer stop()
 	// Each claim after the first reads the event again: the conservative
-	// cursor stays before it.
+	// cursor stays before it. An idle safety net looks every
+	// ReconcileAfter/4 (15 minutes here): wake it.
 	outboxtest.Eventually(t, 30*time.Second, "the safety net claims five times", func() bool {
+		r.Wake()
 		return claims.n.Load() >= 5
 	})
 	var locked int

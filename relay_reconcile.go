@@ -30,3 +30,43 @@ import (
 func reconcileHeadSQL(e string, threshold time.Duration) string {
 	return e + `.occurred_at <= now() - ` + strconv.FormatInt(threshold.Milliseconds(), 10) + ` * interval '1 millisecond'`
 }
+
+// A safety net's pace. Beside a healthy stream it finds nothing to claim,
+// and every look still costs: the incremental claim reads the young events
+// it leaves (a window of them while the stream is behind, each row checked
+// for its head), and the full scan walks the pending index from its start,
+// every entry vacuum could not remove included. Under a transaction held
+// open for minutes (the pressure bench's pinned xmin), the two safety nets
+// of a CDC group took a quarter of a core in young-window reads at one look
+// a second, and their full scans up to 7 s each, on the database that the
+// stream and the writers share (issue 27).
+//
+// What a safety net is for bounds how often it must look: an event the
+// stream left becomes the net's only when it is ReconcileAfter old, so
+// looking every ReconcileAfter/4 adds at most a quarter of that to the
+// wait of such an event; and the full scan's own finds (leases of relays
+// that died, rows written before migration 009) wait a lease anyway.
+const (
+	safetyNetLooksPerThreshold = 4 // looks per ReconcileAfter when idle
+	safetyNetRescanThresholds  = 6 // ReconcileAfters between full scans, at least
+)
+
+// idleInterval is how long the relay waits for a wake-up or a poll when
+// its last claim found nothing: PollInterval, or for a safety net at least
+// ReconcileAfter/4.
+func (r *Relay) idleInterval() time.Duration {
+	if r.cfg.ReconcileAfter <= 0 {
+		return r.cfg.PollInterval
+	}
+	return max(r.cfg.PollInterval, r.cfg.ReconcileAfter/safetyNetLooksPerThreshold)
+}
+
+// rescanInterval is the time between full scans: RescanInterval, or for a
+// safety net at least 6 × ReconcileAfter. A negative RescanInterval (every
+// claim a full scan) is kept.
+func (r *Relay) rescanInterval() time.Duration {
+	if r.cfg.ReconcileAfter <= 0 || r.cfg.RescanInterval < 0 {
+		return r.cfg.RescanInterval
+	}
+	return max(r.cfg.RescanInterval, safetyNetRescanThresholds*r.cfg.ReconcileAfter)
+}

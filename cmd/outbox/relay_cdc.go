@@ -70,7 +70,7 @@ func (m *relayModeFlags) register(fs *flag.FlagSet) {
 		}
 	}
 	fs.Var(&m.reconcileAfter, "reconcile-after",
-		"in cdc and reconcile modes, the polling path claims only events written at least this long ago (env OUTBOX_RECONCILE_AFTER)")
+		"in cdc and reconcile modes, the polling path claims only events written at least this long ago; when idle it looks every quarter of it (at least --poll-interval) and scans every pending event at most every 6 times it (env OUTBOX_RECONCILE_AFTER)")
 	fs.StringVar(&m.group, "cdc-group", cli.Env("OUTBOX_CDC_GROUP", outboxcdc.GroupDefault),
 		"cdc mode: relay group; the relays of a group share one replication slot, one streams and the others stand by (env OUTBOX_CDC_GROUP)")
 	fs.StringVar(&m.slot, "cdc-slot", cli.Env("OUTBOX_CDC_SLOT", ""),
