@@ -15,6 +15,9 @@ demo-webhook: ## the same on webhooks (the relay POSTs to the consumer's HTTP se
 demo-amqp: ## the same on the machine's RabbitMQ (127.0.0.1:5672, guest/guest)
 	go run ./cmd/outbox demo --destination amqp
 
+demo-sql: ## the same with the order API writing its events by plain SQL calls of outbox.enqueue, as from any language
+	go run ./cmd/outbox demo --writer sql
+
 demo-cdc: ## the same with the relay reading the WAL (needs wal_level=logical: a private cluster unless DATABASE_URL is set)
 	go run ./cmd/outbox demo --mode cdc
 
@@ -47,4 +50,4 @@ bench: ## run the benchmark against the local PostgreSQL and NATS (BENCHMARKS.md
 bench-quick: ## the benchmark at smoke sizes (under a minute)
 	cd bench && go run . --quick
 
-.PHONY: help demo demo-kafka demo-webhook demo-amqp demo-cdc setup setup-dry-run services test ci lint build bench bench-quick
+.PHONY: help demo demo-kafka demo-webhook demo-amqp demo-sql demo-cdc setup setup-dry-run services test ci lint build bench bench-quick

@@ -46,6 +46,7 @@ type demoFlags struct {
 	seed        uint64
 	verbose     bool
 	mode        string // polling or cdc
+	writer      string // go or sql: how the order API records its events
 	postgres    string // auto, url or private (demo_postgres.go)
 	urlSource   string // where databaseURL came from: --database-url, DATABASE_URL, or "" (the default address)
 	// The saga (demo_saga.go).
@@ -106,6 +107,10 @@ replication slot feeds committed events to the relay, with a polling safety net)
 It needs wal_level=logical: with --postgres auto and no DATABASE_URL it runs on a
 private cluster with it; on the server DATABASE_URL names it removes its slot and
 publication at the end (unless --keep).
+--writer sql makes the order API record its events as a service in any other
+language would: a plain SQL call of the outbox schema's enqueue function
+(docs/sql-api.md) in the order's transaction, instead of the Go outbox.Writer;
+the relay, the consumers, the saga and the checks are the same.
 Exits non-zero if a check fails.`)
 	var f demoFlags
 	cli.DatabaseURLFlag(fs, &f.databaseURL)
@@ -120,6 +125,7 @@ Exits non-zero if a check fails.`)
 	fs.Uint64Var(&f.seed, "seed", 0, "seed of the command mix (0: random)")
 	fs.BoolVar(&f.verbose, "verbose", false, "log the components' info messages too")
 	fs.StringVar(&f.mode, "mode", "polling", "relay mode: polling, or cdc (needs wal_level=logical: a private cluster unless DATABASE_URL is set)")
+	fs.StringVar(&f.writer, "writer", ordersapi.WriterGo, "how the order API records its events: go (outbox.Writer) or sql (a plain SQL call of the enqueue function in the order's transaction, as from any language: docs/sql-api.md)")
 	fs.StringVar(&f.postgres, "postgres", postgresAuto, "which PostgreSQL: auto (DATABASE_URL when set; else the default address when PostgreSQL 13+ lets the demo in there; else a private cluster), url (DATABASE_URL, --database-url or the default address, never a private cluster), or private (a private cluster from the machine's server binaries, removed at the end unless --keep)")
 	fs.BoolVar(&f.noSaga, "no-saga", false, "run without the order saga (payment provider, payments and saga consumers); a non-NATS destination runs without it anyway")
 	fs.StringVar(&f.providerMode, "provider-mode", "idempotent", "the payment provider's mode: idempotent, queryable (I6 checked in both) or neither (duplicate charges reported as a figure)")
@@ -138,6 +144,8 @@ Exits non-zero if a check fails.`)
 		return fmt.Errorf("--lost-acks %g must be in [0,1)", f.lostAcks)
 	case f.mode != modePolling && f.mode != modeCDC:
 		return cli.Usagef(fs, "--mode %q: want polling or cdc", f.mode)
+	case f.writer != ordersapi.WriterGo && f.writer != ordersapi.WriterSQL:
+		return cli.Usagef(fs, "--writer %q: want go or sql", f.writer)
 	case f.postgres != postgresAuto && f.postgres != postgresURL && f.postgres != postgresPrivate:
 		return cli.Usagef(fs, "--postgres %q: want auto, url or private", f.postgres)
 	}
@@ -158,6 +166,13 @@ Exits non-zero if a check fails.`)
 	}
 	d := &demoRun{flags: f, out: out, log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level}))}
 	return d.run(ctx)
+}
+
+// writerDescription says in the run's header how the order API records
+// its events (--writer).
+var writerDescription = map[string]string{
+	ordersapi.WriterGo:  "the Go outbox.Writer (--writer go)",
+	ordersapi.WriterSQL: "plain SQL, SELECT ... FROM <schema>.enqueue(...) in the order's transaction (--writer sql)",
 }
 
 // demoRun is one run of the demo.
@@ -214,8 +229,8 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, d.dest.Close(d.flags.keep)) }()
-	d.printf("outbox demo: %d commands, seed %d\n  postgres schema %s\n  destination: %s\n",
-		d.flags.orders, d.flags.seed, d.where.Schema, d.dest.Describe())
+	d.printf("outbox demo: %d commands, seed %d\n  postgres schema %s\n  destination: %s\n  order API writes events with: %s\n",
+		d.flags.orders, d.flags.seed, d.where.Schema, d.dest.Describe(), writerDescription[d.flags.writer])
 
 	pcfg, err := pgxpool.ParseConfig(d.flags.databaseURL)
 	if err != nil {
@@ -376,7 +391,7 @@ func componentDone(name string, ctx context.Context, err error) error {
 // setUp migrates the schema and builds the components.
 func (d *demoRun) setUp(ctx context.Context) error {
 	var err error
-	d.api, err = ordersapi.New(d.pool, ordersapi.Config{Schema: d.where.Schema, Logger: d.log})
+	d.api, err = ordersapi.New(d.pool, ordersapi.Config{Schema: d.where.Schema, Logger: d.log, Writer: d.flags.writer})
 	if err != nil {
 		return err
 	}

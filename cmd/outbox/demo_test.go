@@ -263,6 +263,7 @@ func TestDemoFlags(t *testing.T) {
 		{"--timeout", "-1s"},
 		{"--destination", "rabbit"},
 		{"--destination", "gopher://h"},
+		{"--writer", "python"},
 	} {
 		var out bytes.Buffer
 		if err := demo(context.Background(), args, &out, &out); err == nil {

@@ -131,7 +131,7 @@ func (s *Service) cancelTx(ctx context.Context, tx pgx.Tx, orderID, reason strin
 	if err != nil {
 		return false, err
 	}
-	if _, err = s.writer.InsertTx(ctx, tx, outbox.Event{
+	if err = s.events.record(ctx, tx, outbox.Event{
 		AggregateType: orderevents.AggregateType, AggregateID: orderID,
 		Type: orderevents.OrderCancelled, Payload: payload,
 	}); err != nil {

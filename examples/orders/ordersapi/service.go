@@ -1,6 +1,8 @@
 // Package ordersapi is the example order service: it places, cancels and
 // reads orders, and records an OrderCreated or OrderCancelled event with
-// outbox.Writer in the same PostgreSQL transaction as the order rows. Handler
+// outbox.Writer (or, with Config.Writer WriterSQL, a plain SQL call of the
+// outbox's enqueue function) in the same PostgreSQL transaction as the order
+// rows. Handler
 // serves it over HTTP.
 //
 // A command either commits its rows and its event together or leaves nothing
@@ -138,6 +140,10 @@ type Config struct {
 	// TracerProvider receives the SERVER span of each request. Nil means
 	// otel.GetTracerProvider(), a no-op unless the application set one.
 	TracerProvider trace.TracerProvider
+	// Writer says how events are recorded: WriterGo ("go", the default:
+	// outbox.Writer) or WriterSQL ("sql": plain SQL calls of the outbox
+	// schema's enqueue function, docs/sql-api.md; see events.go).
+	Writer string
 }
 
 // Stats are the service's running totals.
@@ -160,7 +166,8 @@ type Stats struct {
 type Service struct {
 	pool   *pgxpool.Pool
 	cfg    Config
-	writer *outbox.Writer
+	writer *outbox.Writer // nil with WriterSQL
+	events eventWriter
 	log    *slog.Logger
 	q      queries
 
@@ -194,7 +201,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := outbox.NewWriter(outbox.WriterConfig{Schema: cfg.Schema})
+	events, w, err := newEventWriter(cfg.Writer, cfg.Schema)
 	if err != nil {
 		return nil, err
 	}
@@ -204,7 +211,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	}
 	orders, items, keys, products := app.Table("orders"), app.Table("order_items"), app.Table("order_idempotency_keys"), app.Table("products")
 	return &Service{
-		pool: pool, cfg: cfg, writer: w, log: cfg.Logger, notifier: notifier,
+		pool: pool, cfg: cfg, writer: w, events: events, log: cfg.Logger, notifier: notifier,
 		q: queries{
 			insertKey: `INSERT INTO ` + keys + ` (idempotency_key, request_hash, order_id) VALUES ($1, $2, $3)
 ON CONFLICT (idempotency_key) DO NOTHING RETURNING true`,
@@ -234,7 +241,8 @@ func (s *Service) Migrate(ctx context.Context) error {
 	return err
 }
 
-// Writer is the outbox writer the service records events with.
+// Writer is the outbox writer the service records events with; nil with
+// WriterSQL.
 func (s *Service) Writer() *outbox.Writer { return s.writer }
 
 // Stats returns the service's running totals.
@@ -375,7 +383,7 @@ func (s *Service) Create(ctx context.Context, idempotencyKey string, req CreateR
 	// The event is recorded before the items on purpose: an unknown SKU then
 	// fails after the order row and its event were written, and rolling back
 	// must take both away (invariant I2).
-	if _, err = s.writer.InsertTx(ctx, tx, outbox.Event{
+	if err = s.events.record(ctx, tx, outbox.Event{
 		AggregateType: orderevents.AggregateType, AggregateID: order.ID,
 		Type: orderevents.OrderCreated, Payload: payload,
 	}); err != nil {
