@@ -46,14 +46,21 @@ func lastLine(out []byte) []byte {
 // relays; what a relay publishes to JetStream holds I1-I5.
 func TestPsqlWriter(t *testing.T) {
 	t.Parallel()
-	if _, err := os.Stat(psql); err != nil {
-		t.Fatalf("%s missing (%v): apt-get install postgresql-client", psql, err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	pool, schema := outboxtest.Schema(t)
+	wrote := writeSQL(t, ctx, schema, 20)
+	checkWriter(t, ctx, pool, schema, wrote, 20, 1)
+}
+
+// writeSQL runs writer.sql with psql on schema for orders orders.
+func writeSQL(t *testing.T, ctx context.Context, schema string, orders int) wroteReport {
+	t.Helper()
+	if _, err := os.Stat(psql); err != nil {
+		t.Fatalf("%s missing (%v): apt-get install postgresql-client", psql, err)
+	}
 	// Not run(): its failure message names the arguments, and the URL may hold a password.
-	cmd := exec.CommandContext(ctx, psql, "-X", "-q", "-At", "-v", "schema="+schema, "-v", "orders=20", "-f", "writer.sql", "-d", outboxtest.DatabaseURL())
+	cmd := exec.CommandContext(ctx, psql, "-X", "-q", "-At", "-v", "schema="+schema, "-v", fmt.Sprint("orders=", orders), "-f", "writer.sql", "-d", outboxtest.DatabaseURL())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -64,7 +71,7 @@ func TestPsqlWriter(t *testing.T) {
 	if err := json.Unmarshal(lastLine(out), &wrote); err != nil {
 		t.Fatalf("writer.sql's report: %v\n%s", err, out)
 	}
-	checkWriter(t, ctx, pool, schema, wrote, 20, 1)
+	return wrote
 }
 
 // TestNodeWriter: writer.js (npm pg) writes 20 orders, each with its
