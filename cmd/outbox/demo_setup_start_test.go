@@ -30,7 +30,7 @@ func readyButNATS(t *testing.T) (s *setupSystem, pidFile string) {
 	s.pg, s.amqp = answer(t), answer(t)
 	s.prog(t, "go", "")
 	s.prog(t, "chromium", "")
-	s.file(t, "usr/lib/python3/dist-packages/psycopg/__init__.py", "")
+	s.pythonPackages(t)
 	s.file(t, "usr/lib/postgresql/16/bin/initdb", "")
 	s.file(t, "usr/lib/rabbitmq/bin/rabbitmq-server", "")
 	pidFile = filepath.Join(t.TempDir(), "nats.pid")

@@ -59,6 +59,19 @@ func (s *setupSystem) file(t *testing.T, rel, content string) string {
 	return p
 }
 
+// pythonDebs are Debian's Python packages of the polyglot tests and the
+// module each installs for /usr/bin/python3 (.ci/setup's py_debs).
+var pythonDebs = [][2]string{{"python3-psycopg", "psycopg"}, {"python3-pika", "pika"}, {"python3-confluent-kafka", "confluent_kafka"}}
+
+// pythonPackages lays out Debian's Python packages of the polyglot tests
+// as .ci/setup looks for them.
+func (s *setupSystem) pythonPackages(t *testing.T) {
+	t.Helper()
+	for _, d := range pythonDebs {
+		s.file(t, "usr/lib/python3/dist-packages/"+d[1]+"/__init__.py", "")
+	}
+}
+
 // prog makes a fake program on the search path that records its call and
 // then runs body.
 func (s *setupSystem) prog(t *testing.T, name, body string) string {
@@ -168,7 +181,7 @@ func TestSetupPlanFreshMachine(t *testing.T) {
 		if code != 0 {
 			t.Errorf("exit %d, want 0", code)
 		}
-		wantLines(t, out, "setup: would install", "setup: would install: apt-get update && apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg")
+		wantLines(t, out, "setup: would install", "setup: would install: apt-get update && apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg python3-pika python3-confluent-kafka")
 		wantLines(t, out, "setup: would start NATS", "setup: would start NATS: "+ssd+" --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p "+strconv.Itoa(s.nats)+" -js -sd /var/lib/nats-server -l /var/log/nats-server.log")
 		wantLines(t, out, "setup: would start RabbitMQ", "setup: would start RabbitMQ: /usr/sbin/rabbitmq-server -detached")
 		if len(lines(out, "setup: would start PostgreSQL: after the install, the cluster its package creates on port "+strconv.Itoa(s.pg))) != 1 {
@@ -196,7 +209,7 @@ func TestSetupPlanFreshMachine(t *testing.T) {
 				t.Error("the plan does not say a real run stops")
 			}
 			missing := lines(out, "  - ")
-			for i, want := range []string{"Go 1.26 or newer", "PostgreSQL server binaries", "NATS with JetStream", "RabbitMQ server binaries", "Chromium", "Python's psycopg 3"} {
+			for i, want := range []string{"Go 1.26 or newer", "PostgreSQL server binaries", "NATS with JetStream", "RabbitMQ server binaries", "Chromium", "Python's psycopg", "Python's pika", "Python's confluent_kafka"} {
 				if i >= len(missing) || !strings.HasPrefix(missing[i], "  - "+want) {
 					t.Errorf("missing item %d is not %q: %q", i, want, missing)
 				}
@@ -208,7 +221,7 @@ func TestSetupPlanFreshMachine(t *testing.T) {
 				}
 			}
 			if tc.release == ubuntuRelease {
-				wantLines(t, out, "setup: may not install", "setup: may not install packages (neither root nor passwordless sudo): sudo apt-get update && sudo apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg")
+				wantLines(t, out, "setup: may not install", "setup: may not install packages (neither root nor passwordless sudo): sudo apt-get update && sudo apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg python3-pika python3-confluent-kafka")
 			}
 		})
 	}
@@ -221,7 +234,7 @@ func installedDown(t *testing.T, privilege string) *setupSystem {
 	s.prog(t, "apt-get", "")
 	s.prog(t, "go", "")
 	s.prog(t, "chromium", "")
-	s.file(t, "usr/lib/python3/dist-packages/psycopg/__init__.py", "")
+	s.pythonPackages(t)
 	s.prog(t, "pg_lsclusters", "echo '16  main    "+strconv.Itoa(s.pg)+" down   postgres /var/lib/postgresql/16/main /var/log/postgresql/postgresql-16-main.log'")
 	s.prog(t, "pg_ctlcluster", "")
 	s.prog(t, "start-stop-daemon", "")
@@ -230,6 +243,38 @@ func installedDown(t *testing.T, privilege string) *setupSystem {
 	s.file(t, "usr/sbin/rabbitmq-server", "")
 	s.file(t, "usr/lib/rabbitmq/bin/rabbitmq-server", "")
 	return s
+}
+
+// TestSetupPlanPythonPackage: each of the polyglot tests' Debian Python
+// packages is looked for on its own: with one of them missing, the plan
+// installs that one alone and the report says which is not found.
+func TestSetupPlanPythonPackage(t *testing.T) {
+	t.Parallel()
+	for _, d := range pythonDebs {
+		t.Run(d[0], func(t *testing.T) {
+			t.Parallel()
+			s := installedDown(t, "root")
+			if err := os.RemoveAll(filepath.Join(s.root, "usr/lib/python3/dist-packages", d[1])); err != nil {
+				t.Fatal(err)
+			}
+			out, code := s.run(t, "--dry-run")
+			if code != 0 {
+				t.Errorf("exit %d, want 0", code)
+			}
+			wantLines(t, out, "setup: would install", "setup: would install: apt-get update && apt-get install -y --no-install-recommends "+d[0])
+			wantLines(t, out, "setup: python3-", func() []string {
+				var want []string
+				for _, o := range pythonDebs {
+					where := filepath.Join(s.root, "usr/lib/python3/dist-packages", o[1], "__init__.py")
+					if o == d {
+						where = "not found"
+					}
+					want = append(want, "setup: "+o[0]+": "+where)
+				}
+				return want
+			}()...)
+		})
+	}
 }
 
 // TestSetupPlanInstalledButDown: everything is installed, nothing runs.
@@ -290,8 +335,7 @@ func TestSetupPlanInstalledButDown(t *testing.T) {
 		s.nats, s.amqp = answer(t), answer(t)
 		s.prog(t, "go", "")
 		s.prog(t, "chromium", "")
-		s.file(t, "usr/lib/python3/dist-packages/psycopg/__init__.py", "")
-		s.file(t, "usr/lib/python3/dist-packages/psycopg/__init__.py", "")
+		s.pythonPackages(t)
 		initdb := s.prog(t, "initdb", "")
 		s.file(t, "usr/lib/rabbitmq/bin/rabbitmq-server", "")
 		out, code := s.run(t, "--dry-run")
@@ -401,7 +445,7 @@ func TestSetupRealRunOnFakeSystem(t *testing.T) {
 r='`+s.root+`'
 mkdir -p "$r/usr/lib/postgresql/16/bin" "$r/etc/postgresql/16/main" "$r/usr/sbin" "$r/usr/lib/rabbitmq/bin" '`+state+`'
 touch "$r/usr/lib/postgresql/16/bin/initdb" "$r/usr/lib/rabbitmq/bin/rabbitmq-server"
-mkdir -p "$r/usr/lib/python3/dist-packages/psycopg" && touch "$r/usr/lib/python3/dist-packages/psycopg/__init__.py"
+for m in psycopg pika confluent_kafka; do mkdir -p "$r/usr/lib/python3/dist-packages/$m" && touch "$r/usr/lib/python3/dist-packages/$m/__init__.py"; done
 chmod +x "$r/usr/lib/postgresql/16/bin/initdb" "$r/usr/lib/rabbitmq/bin/rabbitmq-server"
 printf 'local all postgres peer\nhost all all 127.0.0.1/32 scram-sha-256\n' > "$r/etc/postgresql/16/main/pg_hba.conf"
 echo '16 main `+strconv.Itoa(s.pg)+` down postgres /var/lib/postgresql/16/main /var/log/postgresql/postgresql-16-main.log' > '`+state+`/clusters'
@@ -463,7 +507,7 @@ chmod +x "$r/usr/sbin/nats-server" "$r/usr/sbin/rabbitmq-server" '`+s.bin+`/chro
 	t.Logf("calls:\n%s", calls)
 	want := []string{
 		"apt-get update",
-		"apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg",
+		"apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg python3-pika python3-confluent-kafka",
 		"pg_ctlcluster --skip-systemctl-redirect 16 main start",
 		"start-stop-daemon --start",
 		"rabbitmq-server -detached",
@@ -510,12 +554,12 @@ func TestSetupRealRunInstallFails(t *testing.T) {
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
 		t.Fatalf("setup: %v, want exit status 1", err)
 	}
-	wantLines(t, out, "  - ", "  - the packages postgresql nats-server rabbitmq-server chromium python3-psycopg: apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg failed (its output is above)")
+	wantLines(t, out, "  - ", "  - the packages postgresql nats-server rabbitmq-server chromium python3-psycopg python3-pika python3-confluent-kafka: apt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg python3-pika python3-confluent-kafka failed (its output is above)")
 	if !strings.Contains(out, "setup: missing, so no test runs") {
 		t.Error("setup does not say no test runs")
 	}
 	calls, _ := os.ReadFile(s.calls)
-	if got := strings.TrimSpace(string(calls)); got != "apt-get update\napt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg" {
+	if got := strings.TrimSpace(string(calls)); got != "apt-get update\napt-get install -y --no-install-recommends postgresql nats-server rabbitmq-server chromium python3-psycopg python3-pika python3-confluent-kafka" {
 		t.Errorf("calls:\n%s\nwant one update, then one install", got)
 	}
 }
