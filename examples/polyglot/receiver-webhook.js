@@ -39,7 +39,8 @@ async function handle(box, req, body) {
   try { ce.validate(); } catch (err) { box.seen.bad.push(`${ce.id}: cloudevents validate: ${err.message}`); }
   // The event's own headers, signed: a JSON object in the outboxheaders extension.
   const own = ce.outboxheaders ? JSON.parse(ce.outboxheaders) : {};
-  const ev = { ...ce, data: JSON.stringify(ce.data), traceparent: own.traceparent };
+  // time from the signed body itself: toEvent keeps only its milliseconds.
+  const ev = { ...ce, data: JSON.stringify(ce.data), traceparent: own.traceparent, time: JSON.parse(body).time };
   try {
     return (await box.claim(ev)) === 'early' ? 500 : 204;
   } catch (err) {
