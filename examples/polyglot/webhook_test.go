@@ -76,6 +76,7 @@ func TestNodeWebhookReceiver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(pub.Close)
 	runRelay(t, ctx, pool, schema, pub)
 
 	var report nodeReport
