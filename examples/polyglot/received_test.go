@@ -24,8 +24,6 @@ import (
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
-// source is the CloudEvents source the tests' publishers are given.
-const source = "/polyglot-test"
 
 // aggregates are the orders the consumer tests write: one id with a space, a
 // slash and a non-ASCII letter, which every binding must carry unchanged,
