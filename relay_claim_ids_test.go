@@ -353,11 +353,15 @@ func TestReconcileAfterLeavesYoungEvents(t *testing.T) {
 	cfg.ReconcileAfter = time.Hour
 	claims := &claimCounter{}
 	cfg.Observer = claims
-	_, stop := startRelay(t, pool, cfg)
+	r, stop := startRelay(t, pool, cfg)
 	outboxtest.Eventually(t, 30*time.Second, "the old lane published", func() bool { return unpublished(t, pool, schema) <= 2 })
-	// Let the relay claim a few more times: agg-1 must stay.
+	// Let the relay claim a few more times: agg-1 must stay. An idle safety
+	// net looks every ReconcileAfter/4 (15 minutes here): wake it.
 	after := claims.n.Load()
-	outboxtest.Eventually(t, 30*time.Second, "relay claimed again", func() bool { return claims.n.Load() >= after+3 })
+	outboxtest.Eventually(t, 30*time.Second, "relay claimed again", func() bool {
+		r.Wake()
+		return claims.n.Load() >= after+3
+	})
 	stop()
 	if n := unpublished(t, pool, schema); n != 2 {
 		t.Fatalf("%d unpublished; want agg-1's 2 events left alone", n)
