@@ -3,6 +3,7 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -51,7 +52,8 @@ type Event struct {
 	// Type is the event type ("OrderCreated"). Required, at most
 	// MaxNameBytes.
 	Type string
-	// SchemaVersion is the version of the payload's schema. Defaults to 1.
+	// SchemaVersion is the version of the payload's schema, 0 to
+	// math.MaxInt32 (the column is an integer). Zero means 1.
 	SchemaVersion int
 	// ContentType is the payload's media type, carried to consumers as the
 	// CloudEvents datacontenttype. Empty means ContentTypeJSON. For a JSON
@@ -115,6 +117,9 @@ func (ev *Event) validate(i int, maxPayload int) error {
 	}
 	if ev.SchemaVersion < 0 {
 		return invalid(i, "schema version %d is negative", ev.SchemaVersion)
+	}
+	if ev.SchemaVersion > math.MaxInt32 { // the column is an integer
+		return invalid(i, "schema version %d is over %d", ev.SchemaVersion, math.MaxInt32)
 	}
 	if len(ev.Payload) > maxPayload {
 		return invalid(i, "payload is %d bytes, over the %d-byte limit", len(ev.Payload), maxPayload)

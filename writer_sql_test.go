@@ -29,18 +29,20 @@ func sqlEnqueueCases() map[string]outbox.Event {
 		many[fmt.Sprintf("x-h%d", i)] = "v"
 	}
 	return map[string]outbox.Event{
-		"good":                          ev(func(*outbox.Event) {}),
-		"empty aggregate type":          ev(func(e *outbox.Event) { e.AggregateType = "" }),
-		"empty aggregate id":            ev(func(e *outbox.Event) { e.AggregateID = "" }),
-		"empty event type":              ev(func(e *outbox.Event) { e.Type = "" }),
-		"aggregate id over the limit":   ev(func(e *outbox.Event) { e.AggregateID = strings.Repeat("x", outbox.MaxAggregateIDBytes+1) }),
-		"aggregate id at the limit":     ev(func(e *outbox.Event) { e.AggregateID = strings.Repeat("é", outbox.MaxAggregateIDBytes/2) }),
-		"aggregate type over the limit": ev(func(e *outbox.Event) { e.AggregateType = strings.Repeat("x", outbox.MaxNameBytes+1) }),
-		"event type with a tab":         ev(func(e *outbox.Event) { e.Type = "Pla\tced" }),
-		"aggregate id with DEL":         ev(func(e *outbox.Event) { e.AggregateID = "o\x7f" }),
-		"aggregate id with U+001F":      ev(func(e *outbox.Event) { e.AggregateID = "o\x1fx" }),
-		"negative schema version":       ev(func(e *outbox.Event) { e.SchemaVersion = -1 }),
-		"schema version 7":              ev(func(e *outbox.Event) { e.SchemaVersion = 7 }),
+		"good":                           ev(func(*outbox.Event) {}),
+		"empty aggregate type":           ev(func(e *outbox.Event) { e.AggregateType = "" }),
+		"empty aggregate id":             ev(func(e *outbox.Event) { e.AggregateID = "" }),
+		"empty event type":               ev(func(e *outbox.Event) { e.Type = "" }),
+		"aggregate id over the limit":    ev(func(e *outbox.Event) { e.AggregateID = strings.Repeat("x", outbox.MaxAggregateIDBytes+1) }),
+		"aggregate id at the limit":      ev(func(e *outbox.Event) { e.AggregateID = strings.Repeat("é", outbox.MaxAggregateIDBytes/2) }),
+		"aggregate type over the limit":  ev(func(e *outbox.Event) { e.AggregateType = strings.Repeat("x", outbox.MaxNameBytes+1) }),
+		"event type with a tab":          ev(func(e *outbox.Event) { e.Type = "Pla\tced" }),
+		"aggregate id with DEL":          ev(func(e *outbox.Event) { e.AggregateID = "o\x7f" }),
+		"aggregate id with U+001F":       ev(func(e *outbox.Event) { e.AggregateID = "o\x1fx" }),
+		"negative schema version":        ev(func(e *outbox.Event) { e.SchemaVersion = -1 }),
+		"schema version 7":               ev(func(e *outbox.Event) { e.SchemaVersion = 7 }),
+		"content type token with braces": ev(func(e *outbox.Event) { e.ContentType = "application/x{v1}"; e.Payload = []byte("x") }),
+		"content type value with braces": ev(func(e *outbox.Event) { e.ContentType = "text/plain; v={1}"; e.Payload = []byte("x") }),
 		"payload over 1 MiB": ev(func(e *outbox.Event) {
 			e.Payload = []byte(`"` + strings.Repeat("x", outbox.MaxPayloadBytesDefault) + `"`)
 		}),

@@ -1,0 +1,284 @@
+-- outbox 013: the SQL write API (migration 011) refuses and assigns as the
+-- Go Writer does, in the cases an adversarial review found apart
+-- (docs/sql-api.md):
+--
+--   - a content type with "{" or "}" in a token is accepted (Go's mime
+--     package counts them as token characters; Writer.InsertTx passed such
+--     an event to enqueue, whose refusal aborted the caller's transaction);
+--   - a nil UUID given as the id (enqueue's id, enqueue_many's event_id) is
+--     "no id", as a zero Event.ID is: a UUIDv7 is assigned (every such event
+--     used to share the nil id);
+--   - headers that are not a JSON object are refused with a traceparent
+--     too (with_traceparent replaced them by {"traceparent": ...});
+--   - a traceparent W3C Trace Context calls invalid (version ff, an
+--     all-zero trace id or parent id) is refused, as one of another shape
+--     always was;
+--   - enqueue_many refuses a schema_version that is not an integer from 0
+--     to 2147483647 and an event_id that is not a UUID with SQLSTATE 22023
+--     and COLUMN, as documented, instead of PostgreSQL's cast errors.
+--
+-- Upgrading: functions only (CREATE OR REPLACE keeps their owner and
+-- grants); no table is touched.
+
+SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
+
+CREATE OR REPLACE FUNCTION content_type_problem(ct text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $fn$
+DECLARE
+    tok CONSTANT text := '[!#$%&''*+.^_`{|}~0-9A-Za-z-]+';
+    rest text;
+    m text[];
+    name text;
+    val text;
+    seen jsonb := '{}';
+BEGIN
+    IF octet_length(ct) > 255 THEN
+        RETURN format('content type is %s bytes, over the 255-byte limit', octet_length(ct));
+    END IF;
+    IF ct ~ '[^\x20-\x7e]' THEN
+        RETURN format('content type %s is not printable ASCII', to_json(ct));
+    END IF;
+    IF btrim(split_part(ct, ';', 1), ' ') !~ ('^' || tok || '(/' || tok || ')?$') THEN
+        RETURN format('content type %s: not a media type', to_json(ct));
+    END IF;
+    rest := substr(ct, length(split_part(ct, ';', 1)) + 1);
+    LOOP
+        rest := ltrim(rest, ' ');
+        EXIT WHEN rest = '' OR rest ~ '^; *$';
+        m := regexp_match(rest, '^; *(' || tok || ') *= *(' || tok || '|"(?:[^"\\]|\\.)*")(.*)$');
+        IF m IS NULL THEN
+            RETURN format('content type %s: mime: invalid media parameter', to_json(ct));
+        END IF;
+        name := lower(m[1]);
+        val := m[2];
+        IF left(val, 1) = '"' THEN
+            val := regexp_replace(substr(val, 2, length(val) - 2), '\\([()<>@,;:\\"/\[\]?=])', '\1', 'g');
+        END IF;
+        IF seen ? name AND seen ->> name <> val THEN
+            RETURN format('content type %s: mime: duplicate parameter name', to_json(ct));
+        END IF;
+        seen := seen || jsonb_build_object(name, val);
+        rest := m[3];
+    END LOOP;
+    RETURN NULL;
+END
+$fn$;
+
+-- with_traceparent adds the traceparent header unless headers has one (in
+-- any spelling) or it would take the event over 64 headers. Headers that
+-- are not an object are returned as they are, for enqueue_check to refuse.
+-- A traceparent that is not W3C's format, or that W3C calls invalid
+-- (version ff, an all-zero trace id or parent id), is refused (22023).
+CREATE OR REPLACE FUNCTION with_traceparent(i integer, headers jsonb, traceparent text) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+AS $fn$
+BEGIN
+    IF traceparent IS NULL OR traceparent = '' THEN
+        RETURN headers;
+    END IF;
+    IF traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+       OR left(traceparent, 2) = 'ff'
+       OR substr(traceparent, 4, 32) = repeat('0', 32)
+       OR substr(traceparent, 37, 16) = repeat('0', 16) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'traceparent',
+            MESSAGE = format('invalid event %s: traceparent %s is not a valid W3C traceparent', i, to_json(traceparent));
+    END IF;
+    IF headers IS NULL THEN
+        RETURN jsonb_build_object('traceparent', traceparent);
+    END IF;
+    IF jsonb_typeof(headers) <> 'object'
+       OR EXISTS (SELECT 1 FROM jsonb_object_keys(headers) k WHERE lower(k) = 'traceparent')
+       OR (SELECT count(*) FROM jsonb_object_keys(headers)) >= 64 THEN
+        RETURN headers;
+    END IF;
+    RETURN headers || jsonb_build_object('traceparent', traceparent);
+END
+$fn$;
+
+-- event_id_or_new: the id given, or a new UUIDv7 when none is (NULL or the
+-- nil UUID, as a zero Event.ID is for Writer).
+CREATE OR REPLACE FUNCTION event_id_or_new(id uuid) RETURNS uuid
+LANGUAGE sql VOLATILE
+AS $fn$
+SELECT coalesce(nullif(id, '00000000-0000-0000-0000-000000000000'::uuid), new_event_id())
+$fn$;
+
+-- many_schema_version: enqueue_many's schema_version of event i (absent or
+-- null: 1), refused with 22023 unless an integer from 0 to 2147483647 (a
+-- negative one is enqueue_check's to refuse, as for enqueue).
+CREATE OR REPLACE FUNCTION many_schema_version(i integer, v jsonb) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE
+AS $fn$
+BEGIN
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
+        RETURN 1;
+    END IF;
+    IF jsonb_typeof(v) <> 'number' OR v::text !~ '^-?[0-9]+$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'schema_version',
+            MESSAGE = format('invalid event %s: schema version %s is not an integer', i, v::text);
+    END IF;
+    IF v::numeric > 2147483647 OR v::numeric < -2147483648 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'schema_version',
+            MESSAGE = format('invalid event %s: schema version %s is over 2147483647', i, v::text);
+    END IF;
+    RETURN v::text::integer;
+END
+$fn$;
+
+-- many_event_id: enqueue_many's event_id of event i (absent, null or the
+-- nil UUID: a new one), refused with 22023 unless a JSON string holding a
+-- UUID.
+CREATE OR REPLACE FUNCTION many_event_id(i integer, v jsonb) RETURNS uuid
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+BEGIN
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
+        RETURN new_event_id();
+    END IF;
+    IF jsonb_typeof(v) <> 'string'
+       OR v #>> '{}' !~* '^\{?[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}\}?$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'event_id',
+            MESSAGE = format('invalid event %s: event id %s is not a UUID', i, v::text);
+    END IF;
+    RETURN event_id_or_new((v #>> '{}')::uuid);
+END
+$fn$;
+
+-- enqueue and enqueue_many as in migration 011, with the id and the
+-- enqueue_many arguments above.
+CREATE OR REPLACE FUNCTION enqueue(
+    aggregate_type text, aggregate_id text, event_type text, payload bytea,
+    content_type text DEFAULT NULL, headers jsonb DEFAULT NULL, traceparent text DEFAULT NULL,
+    schema_version integer DEFAULT 1, id uuid DEFAULT NULL)
+RETURNS TABLE (event_id uuid, sequence bigint, occurred_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path FROM CURRENT
+SET outbox.max_payload_bytes = '1048576'
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    h jsonb;
+    eid uuid := event_id_or_new(enqueue.id);
+    seq bigint;
+    parked timestamptz;
+BEGIN
+    h := with_traceparent(0, enqueue.headers, enqueue.traceparent);
+    PERFORM enqueue_check(0, enqueue.aggregate_type, enqueue.aggregate_id, enqueue.event_type,
+        coalesce(enqueue.schema_version, 1), enqueue.content_type, enqueue.payload, h,
+        current_setting('outbox.max_payload_bytes')::integer);
+    PERFORM enqueue_hold(jsonb_build_array(current_schema() || chr(31) || enqueue.aggregate_type || chr(31) || enqueue.aggregate_id));
+    INSERT INTO outbox_aggregates AS a (aggregate_type, aggregate_id, last_sequence)
+    VALUES (enqueue.aggregate_type, enqueue.aggregate_id, 1)
+    ON CONFLICT (aggregate_type, aggregate_id)
+    DO UPDATE SET last_sequence = a.last_sequence + 1,
+        parked_through = CASE WHEN a.parked_through = a.last_sequence THEN a.last_sequence + 1 ELSE a.parked_through END
+    RETURNING a.last_sequence, a.parked_at INTO seq, parked;
+    RETURN QUERY
+    INSERT INTO outbox_events AS e (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type,
+        schema_version, payload_bytes, headers, content_type, available_at)
+    VALUES (eid, enqueue.aggregate_type, enqueue.aggregate_id, seq, enqueue.event_type,
+        CASE WHEN coalesce(enqueue.schema_version, 0) = 0 THEN 1 ELSE enqueue.schema_version END,
+        coalesce(enqueue.payload, ''::bytea), coalesce(h, '{}'::jsonb),
+        CASE WHEN enqueue.content_type = '' OR enqueue.content_type = 'application/json' THEN NULL ELSE enqueue.content_type END,
+        CASE WHEN parked IS NULL THEN now() ELSE 'infinity'::timestamptz END)
+    RETURNING e.event_id, e.aggregate_sequence, e.occurred_at;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION enqueue_many(events jsonb)
+RETURNS TABLE (event_id uuid, sequence bigint, occurred_at timestamptz)
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER
+SET search_path FROM CURRENT
+SET outbox.max_payload_bytes = '1048576'
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    ev jsonb;
+    i integer := 0;
+    max_payload integer := current_setting('outbox.max_payload_bytes')::integer;
+    input_rows jsonb := '[]';
+    keys jsonb := '[]';
+    held text;
+    eid uuid;
+    ids jsonb := '{}';
+    h jsonb;
+    p bytea;
+    sv integer;
+BEGIN
+    IF jsonb_typeof(events) <> 'array' OR jsonb_array_length(events) = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'events',
+            MESSAGE = 'invalid event: no events given (events must be a non-empty JSON array)';
+    END IF;
+    FOR ev IN SELECT value FROM jsonb_array_elements(events) LOOP
+        IF jsonb_typeof(ev) <> 'object' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'events',
+                MESSAGE = format('invalid event %s: not a JSON object', i);
+        END IF;
+        IF ev ? 'payload_base64' THEN
+            p := decode(ev ->> 'payload_base64', 'base64');
+        ELSIF ev ? 'payload' AND jsonb_typeof(ev -> 'payload') IS NOT NULL THEN
+            p := convert_to((ev -> 'payload')::text, 'UTF8');
+        ELSE
+            p := NULL;
+        END IF;
+        h := with_traceparent(i, nullif(ev -> 'headers', 'null'::jsonb), ev ->> 'traceparent');
+        sv := many_schema_version(i, ev -> 'schema_version');
+        PERFORM enqueue_check(i, ev ->> 'aggregate_type', ev ->> 'aggregate_id', ev ->> 'event_type',
+            sv, ev ->> 'content_type', p, h, max_payload);
+        eid := many_event_id(i, ev -> 'event_id');
+        IF ids ? eid::text THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'event_id',
+                MESSAGE = format('invalid event %s: event id %s given twice', i, eid);
+        END IF;
+        ids := ids || jsonb_build_object(eid::text, true);
+        held := current_schema() || chr(31) || (ev ->> 'aggregate_type') || chr(31) || (ev ->> 'aggregate_id');
+        IF NOT keys ? held THEN
+            keys := keys || to_jsonb(held);
+        END IF;
+        input_rows := input_rows || jsonb_build_object('ord', i, 'event_id', eid,
+            'aggregate_type', ev ->> 'aggregate_type', 'aggregate_id', ev ->> 'aggregate_id',
+            'event_type', ev ->> 'event_type',
+            'schema_version', CASE WHEN sv = 0 THEN 1 ELSE sv END,
+            'content_type', CASE WHEN ev ->> 'content_type' IN ('', 'application/json') THEN NULL ELSE ev ->> 'content_type' END,
+            'payload', encode(p, 'base64'), 'headers', coalesce(h, '{}'::jsonb));
+        i := i + 1;
+    END LOOP;
+    PERFORM enqueue_hold(keys);
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM jsonb_to_recordset(input_rows) AS r(
+            ord int, event_id uuid, aggregate_type text, aggregate_id text,
+            event_type text, schema_version int, content_type text, payload text, headers jsonb)
+    ), counts AS (
+        SELECT aggregate_type, aggregate_id, count(*) AS n
+        FROM input GROUP BY aggregate_type, aggregate_id
+    ), seq AS (
+        INSERT INTO outbox_aggregates AS a (aggregate_type, aggregate_id, last_sequence)
+        SELECT aggregate_type, aggregate_id, n FROM counts
+        ORDER BY aggregate_type, aggregate_id
+        ON CONFLICT (aggregate_type, aggregate_id)
+        DO UPDATE SET last_sequence = a.last_sequence + EXCLUDED.last_sequence,
+            parked_through = CASE WHEN a.parked_through = a.last_sequence THEN a.last_sequence + EXCLUDED.last_sequence ELSE a.parked_through END
+        RETURNING a.aggregate_type, a.aggregate_id, a.last_sequence, a.parked_at
+    ), ins AS (
+        INSERT INTO outbox_events AS e (event_id, aggregate_type, aggregate_id,
+            aggregate_sequence, event_type, schema_version, content_type, payload_bytes, headers, available_at)
+        SELECT i.event_id, i.aggregate_type, i.aggregate_id,
+            s.last_sequence - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
+            i.event_type, i.schema_version, i.content_type, decode(coalesce(i.payload, ''), 'base64'), i.headers,
+            CASE WHEN s.parked_at IS NULL THEN now() ELSE 'infinity'::timestamptz END
+        FROM input i
+        JOIN counts c USING (aggregate_type, aggregate_id)
+        JOIN seq s USING (aggregate_type, aggregate_id)
+        ORDER BY i.ord -- rows stored in the events' order, as ids (UUIDv7) grow: the planner's correlation
+        RETURNING e.event_id, e.aggregate_sequence, e.occurred_at
+    )
+    SELECT ins.event_id, ins.aggregate_sequence, ins.occurred_at
+    FROM ins JOIN input USING (event_id) ORDER BY input.ord;
+END
+$fn$;
+
+REVOKE ALL ON FUNCTION event_id_or_new(uuid), many_schema_version(integer, jsonb), many_event_id(integer, jsonb) FROM PUBLIC;
+
+SELECT set_config('search_path', format('%I', current_schema()), true);
