@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 
+	iredact "github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/internal/urlopt"
 )
 
@@ -31,19 +31,32 @@ const PasswordEnv = "OUTBOX_AMQP_PASSWORD"
 // name (declare=false sets NoDeclare; check_queues=q1,q2 sets CheckQueues,
 // the queues the relay's start-up check inspects); unknown parameters are
 // refused.
-// Errors never repeat the password.
+//
+// Errors never repeat the password: they show the URL without it and name
+// the parameter and what is wrong, never its value (a TLS file's name
+// excepted); a URL that does not parse, or in which the password may have
+// spilled past the host (an unencoded '/', '?' or '#' in it: a parser would
+// take its head for a port, its tail for the path or query), is not shown
+// at all.
 func ParseURL(raw string) (Config, error) {
+	cfg, err := parseURL(raw)
+	if err != nil && iredact.Suspect(raw) {
+		return Config{}, errors.New("outboxamqp: destination URL: not valid, and not shown as it may hold a password (percent-encode / ? # @ : % & = in a password, or use " + PasswordEnv + ")")
+	}
+	return cfg, err
+}
+
+func parseURL(raw string) (Config, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // url.Error repeats the URL, password included
-		}
-		return Config{}, fmt.Errorf("outboxamqp: destination URL: %w", err)
+		// url.Error repeats the URL, and its inner error may quote a
+		// piece of the password (as an "invalid port").
+		return Config{}, errors.New("outboxamqp: destination URL: not valid, and not shown as it may hold a password (percent-encode / ? # @ : % in a password, or use " + PasswordEnv + ")")
 	}
-	shown := redact(raw)
+	// The query is left out: the error names the parameter it is about.
+	shown := redact((&url.URL{Scheme: u.Scheme, User: u.User, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String())
 	if u.Scheme != "amqp" && u.Scheme != "amqps" {
-		return Config{}, fmt.Errorf("outboxamqp: destination %s: scheme %q, want amqp:// or amqps://", shown, u.Scheme)
+		return Config{}, fmt.Errorf("outboxamqp: destination %s: scheme %s, want amqp:// or amqps://", shown, iredact.Scheme(raw))
 	}
 	if u.Host == "" {
 		return Config{}, fmt.Errorf("outboxamqp: destination %s: no host", shown)
@@ -53,7 +66,7 @@ func ParseURL(raw string) (Config, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return Config{}, fmt.Errorf("outboxamqp: destination %s: query: %w", shown, err)
+		return Config{}, fmt.Errorf("outboxamqp: destination %s: query: bad percent-encoding or a ';'", shown)
 	}
 	var cfg Config
 	for k, vs := range q {
@@ -63,7 +76,12 @@ func ParseURL(raw string) (Config, error) {
 		case "exchange":
 			cfg.Exchange = v
 		case "routing_key":
+			// Checked here too, so that the error names the parameter
+			// without quoting it (NewPublisher's quotes the template).
 			cfg.RoutingKey = v
+			if _, err = RoutingKey(v, "t", "i"); err != nil {
+				err = fmt.Errorf("not a routing key template: over %d bytes, or not UTF-8", maxShortString)
+			}
 		case "source":
 			cfg.Source = v
 		case "confirm_timeout":
@@ -82,13 +100,13 @@ func ParseURL(raw string) (Config, error) {
 			cfg.CheckQueues, err = parseQueueList(v)
 		case "declare":
 			var declare bool
-			declare, err = strconv.ParseBool(v)
+			declare, err = urlopt.Bool(v)
 			cfg.NoDeclare = !declare
 		default:
 			err = errors.New("unknown parameter (known: exchange, routing_key, source, confirm_timeout, dial_timeout, max_message_bytes, declare, check_queues, ca_file, cert_file, key_file)")
 		}
 		if err != nil {
-			return Config{}, fmt.Errorf("outboxamqp: destination %s: %s=%q: %w", shown, k, v, err)
+			return Config{}, fmt.Errorf("outboxamqp: destination %s: %w", shown, iredact.Param(k, v, err))
 		}
 	}
 	if u.User != nil {

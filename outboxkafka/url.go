@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/internal/urlopt"
 )
 
@@ -34,11 +35,15 @@ const PasswordEnv = "OUTBOX_KAFKA_PASSWORD"
 // verified against the system's roots or ca_file (PEM); cert_file and
 // key_file (PEM, both or neither) are the client's certificate; the files
 // are read and checked here, so that a bad one is an error at once (naming
-// the option and the file). Unknown parameters are refused. Errors never
-// repeat the password.
+// the option and the file). Unknown parameters are refused.
+//
+// Errors never repeat the password: they show the URL without it and name
+// the parameter and what is wrong, never its value (a TLS file's name
+// excepted); a URL in which the password may have spilled past the broker
+// list (an unencoded '/', '?' or '#' in it) is not shown at all.
 func ParseURL(raw string) (Config, error) {
 	cfg, err := parseURL(raw)
-	if err != nil && suspect(raw) {
+	if err != nil && redact.Suspect(raw) {
 		// An unencoded / ? or # in a password ends the broker list early,
 		// and the error would quote what follows.
 		return Config{}, errors.New("outboxkafka: destination URL: not valid, and not shown as it may hold a password (percent-encode / ? # : @ in a password, or use " + PasswordEnv + ")")
@@ -46,19 +51,11 @@ func ParseURL(raw string) (Config, error) {
 	return cfg, err
 }
 
-// suspect reports whether an '@' comes after the end of raw's broker list,
-// as when a password has an unencoded / ? or #.
-func suspect(raw string) bool {
-	_, rest, _ := strings.Cut(raw, "://")
-	i := strings.IndexAny(rest, "/?#")
-	return i >= 0 && !strings.Contains(rest[:i], "@") && strings.Contains(rest[i:], "@")
-}
-
 func parseURL(raw string) (Config, error) {
 	var cfg Config
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok || scheme != "kafka" {
-		return cfg, fmt.Errorf("outboxkafka: destination URL: scheme %q, want kafka://host:port", scheme)
+		return cfg, fmt.Errorf("outboxkafka: destination URL: scheme %s, want kafka://host:port", redact.Scheme(raw))
 	}
 	// url.Parse takes one host only: the broker list is split here.
 	hosts, tail := rest, ""
@@ -87,10 +84,10 @@ func parseURL(raw string) (Config, error) {
 	}
 	u, err := url.Parse("kafka://h" + tail)
 	if err != nil {
-		return cfg, fmt.Errorf("outboxkafka: destination %s: %w", shown, err)
+		return cfg, fmt.Errorf("outboxkafka: destination %s: the part after the brokers is not valid (bad percent-encoding?)", shown)
 	}
 	if u.Path != "" && u.Path != "/" {
-		return cfg, fmt.Errorf("outboxkafka: destination %s: unexpected path %q (the topic is the topic parameter)", shown, u.Path)
+		return cfg, fmt.Errorf("outboxkafka: destination %s: unexpected path (the topic is the topic parameter)", shown)
 	}
 	if u.Fragment != "" {
 		return cfg, fmt.Errorf("outboxkafka: destination %s: unexpected fragment", shown)
@@ -110,7 +107,7 @@ func parseURL(raw string) (Config, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return cfg, fmt.Errorf("outboxkafka: destination %s: query: %w", shown, err)
+		return cfg, fmt.Errorf("outboxkafka: destination %s: query: bad percent-encoding or a ';'", shown)
 	}
 	tlsOff := false
 	for k, vs := range q {
@@ -130,7 +127,7 @@ func parseURL(raw string) (Config, error) {
 		case "sasl":
 			cfg.SASLMechanism, err = saslMechanism(v)
 		case "tls":
-			cfg.TLS, err = strconv.ParseBool(v)
+			cfg.TLS, err = urlopt.Bool(v)
 			tlsOff = err == nil && !cfg.TLS
 		case "ca_file":
 			cfg.CAFile = v
@@ -142,12 +139,12 @@ func parseURL(raw string) (Config, error) {
 			err = errors.New("unknown parameter (known: topic, source, delivery_timeout, dial_timeout, max_record_bytes, sasl, tls, ca_file, cert_file, key_file)")
 		}
 		if err != nil {
-			return Config{}, fmt.Errorf("outboxkafka: destination %s: %s=%q: %w", shown, k, v, err)
+			return Config{}, fmt.Errorf("outboxkafka: destination %s: %w", shown, redact.Param(k, v, err))
 		}
 	}
 	if cfg.Topic != "" {
 		if _, err := Topic(cfg.Topic, "t"); err != nil {
-			return Config{}, fmt.Errorf("outboxkafka: destination %s: topic template %q: %w", shown, cfg.Topic, err)
+			return Config{}, fmt.Errorf("outboxkafka: destination %s: %w", shown, redact.Param("topic", cfg.Topic, err))
 		}
 	}
 	if tlsOff && (cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "") {

@@ -86,7 +86,7 @@ func TestParseURLCredentials(t *testing.T) {
 		"kafka://relay:" + pw + "@k1":                                                                      "sasl=plain, sasl=scram-sha-256 or sasl=scram-sha-512",
 		"kafka://k1?sasl=plain":                                                                            "needs a user",
 		"kafka://relay:" + pw + "@k1?sasl=gssapi":                                                          "known: plain, scram-sha-256, scram-sha-512",
-		"kafka://relay:" + pw + "@k1?sasl=plain&tls=maybe":                                                 "tls=",
+		"kafka://relay:" + pw + "@k1?sasl=plain&tls=maybe":                                                 "tls: not true or false",
 		"kafka://relay:" + pw + "@k1?tls=false&ca_file=/x":                                                 "tls=false",
 		"kafka://relay:" + pw + "@k1?sasl=plain&cert_file=/x":                                              "cert_file and key_file go together",
 		"kafka://relay:" + pw + "@k1?sasl=plain&ca_file=/no":                                               "ca_file /no: no such file or directory",

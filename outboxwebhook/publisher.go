@@ -110,9 +110,14 @@ func redactURL(raw string) string { return redact.Webhook(raw) }
 
 // urlSecrets returns what of u may be a secret, for redact.Secrets: its
 // path (as sent and decoded), each path segment of 16 bytes or more (a
-// token), and the values of its query.
+// token), and the values of its query; and its host and port when an '@'
+// follows them (redact.Suspect): then they may be the head of credentials
+// holding an unencoded '/', '?' or '#', which a dial error would quote.
 func urlSecrets(u *url.URL) []string {
 	var out []string
+	if redact.Suspect(u.String()) {
+		out = append(out, u.Host, u.Hostname(), u.Port())
+	}
 	if u.Path != "" && u.Path != "/" {
 		out = append(out, u.EscapedPath(), u.Path)
 		for _, seg := range strings.Split(u.Path, "/") {
@@ -335,7 +340,7 @@ func (p *Publisher) transportError(what string, err error, connected bool) error
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	err = fmt.Errorf("outboxwebhook: %s to %s: %w", what, p.shown, err)
+	err = redact.Error(fmt.Errorf("outboxwebhook: %s to %s: %w", what, p.shown, err), p.urlSecrets...)
 	if !connected {
 		return outbox.Unavailable(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/internal/urlopt"
 )
 
@@ -26,9 +27,22 @@ const OptionPrefix = "outbox_"
 // parameter is refused. Every other parameter is the endpoint's own and is
 // kept exactly as written. The TLS files are read and checked here (an
 // unreadable one is an error naming its option). Credentials in the URL and fragments are
-// refused; the signing secrets never go in the URL (see EnvSecret). Errors
-// show the URL without its query, which may hold an endpoint's token.
+// refused; the signing secrets never go in the URL (see EnvSecret).
+//
+// Errors show the URL as scheme://host/xxxxx (its path and query may hold
+// the endpoint's token) and name the option and what is wrong, never its
+// value (a TLS file's name excepted); a URL that does not parse, or with an
+// '@' past its host (credentials holding an unencoded '/', '?' or '#',
+// refused anyway), is not shown at all.
 func ParseURL(raw string) (Config, error) {
+	cfg, err := parseURL(raw)
+	if err != nil && redact.Suspect(raw) {
+		return Config{}, errors.New("outboxwebhook: destination URL: not valid, and not shown as it may hold credentials (credentials in the URL are refused: the signature authenticates the sender)")
+	}
+	return cfg, err
+}
+
+func parseURL(raw string) (Config, error) {
 	var cfg Config
 	shown := redactURL(raw)
 	u, err := url.Parse(raw)
@@ -36,7 +50,7 @@ func ParseURL(raw string) (Config, error) {
 		return cfg, fmt.Errorf("outboxwebhook: destination URL %s: not a URL", shown)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return cfg, fmt.Errorf("outboxwebhook: destination URL: scheme %q, want http:// or https://", u.Scheme)
+		return cfg, fmt.Errorf("outboxwebhook: destination URL: scheme %s, want http:// or https://", redact.Scheme(raw))
 	}
 	if u.User != nil {
 		return cfg, fmt.Errorf("outboxwebhook: destination %s: credentials in the URL are refused (the signature authenticates the sender)", shown)
@@ -59,11 +73,13 @@ func ParseURL(raw string) (Config, error) {
 			continue
 		}
 		v, err := url.QueryUnescape(rv)
-		if err == nil {
+		if err != nil {
+			err = errors.New("bad percent-encoding")
+		} else {
 			err = setOption(&cfg, strings.TrimPrefix(k, OptionPrefix), v)
 		}
 		if err != nil {
-			return Config{}, fmt.Errorf("outboxwebhook: destination %s: %s: %w", shown, k, err)
+			return Config{}, fmt.Errorf("outboxwebhook: destination %s: %w", shown, redact.Param(k, v, err))
 		}
 	}
 	if err := cfg.tlsFiles().Check(); err != nil {
@@ -98,8 +114,5 @@ func setOption(cfg *Config, name, v string) error {
 	default:
 		return errors.New("unknown option (known: outbox_source, outbox_mode, outbox_timeout, outbox_concurrency, outbox_max_response_bytes, outbox_ca_file, outbox_cert_file, outbox_key_file)")
 	}
-	if err != nil {
-		return fmt.Errorf("%q: %w", v, err)
-	}
-	return nil
+	return err
 }

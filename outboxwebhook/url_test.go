@@ -42,7 +42,7 @@ func TestParseURL(t *testing.T) {
 		"https://h/x?outbox_concurrency=0":                            "not a positive number",
 		"https://h/x?outbox_secret=whsec_abc":                         "unknown option",
 		"https://h/x?outbox_mode=batch":                               "not a content mode",
-		"https://h/x?outbox_max_response_bytes=z":                     "invalid syntax",
+		"https://h/x?outbox_max_response_bytes=z":                     "not a positive number",
 		"https://h/x?key=hunter2&outbox_ca_file=/no":                  "outbox_ca_file /no: no such file or directory",
 		"https://h/x?key=hunter2&outbox_cert_file=" + client.CertFile: "outbox_cert_file and outbox_key_file go together",
 		"https://h/x?key=hunter2&outbox_cert_file=" + client.CertFile + "&outbox_key_file=" + ca.CertFile: "outbox_key_file",

@@ -137,7 +137,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		if kind != "" {
 			s, c, err := outboxnats.ParseURL(dest)
 			if err != nil {
-				return nil, badDestination(dest, kind)
+				return nil, badDestination(err)
 			}
 			cfg = c
 			cfg.Stream, cfg.SubjectPrefix, cfg.Source = or(cfg.Stream, outboxnats.StreamDefault), or(cfg.SubjectPrefix, outboxnats.SubjectPrefixDefault), or(cfg.Source, outboxnats.SourceDefault)
@@ -166,7 +166,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		if kind != "" {
 			c, err := outboxkafka.ParseURL(dest)
 			if err != nil {
-				return nil, badDestination(dest, kind)
+				return nil, badDestination(err)
 			}
 			cfg = c
 			cfg.Topic, cfg.Source = or(cfg.Topic, outboxkafka.TopicDefault), or(cfg.Source, outboxkafka.SourceDefault)
@@ -196,7 +196,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		if kind != "" {
 			c, err := outboxamqp.ParseURL(dest)
 			if err != nil {
-				return nil, badDestination(dest, kind)
+				return nil, badDestination(err)
 			}
 			cfg = c
 			cfg.Exchange, cfg.RoutingKey, cfg.Source = or(cfg.Exchange, outboxamqp.ExchangeDefault), or(cfg.RoutingKey, outboxamqp.RoutingKeyDefault), or(cfg.Source, outboxamqp.SourceDefault)
@@ -229,7 +229,7 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 		if kind != "" {
 			c, err := outboxwebhook.ParseURL(dest)
 			if err != nil {
-				return nil, badDestination(dest, kind)
+				return nil, badDestination(err)
 			}
 			cfg = c
 			cfg.Source = or(cfg.Source, outboxwebhook.SourceDefault)
@@ -294,21 +294,30 @@ func asyncAPIDocument(dest, title, version string) (obj, error) {
 	return doc, nil
 }
 
-// badDestination is the error for a --destination its package refused.
-// Neither the package's message nor the URL is repeated: a URL whose token
-// or password holds an unencoded '?', '/' or '#', or a monitor_url with
-// credentials, is not masked reliably by either (the adversarial review).
-func badDestination(dest, kind string) error {
-	return fmt.Errorf("--destination (not shown: it may hold credentials): not a valid %s destination URL (see docs/destinations.md)", kind)
+// badDestination is the error for a --destination its package refused: the
+// package's own, which names what is wrong without any secret of the URL
+// (a URL in which a password or token may have spilled past the host part
+// is not shown at all).
+func badDestination(err error) error {
+	return fmt.Errorf("--destination: %w", err)
 }
 
-// hostsOf is a NATS server URL's hosts, without credentials.
+// hostsOf is a NATS server URL's hosts, each without its credentials or
+// scheme.
 func hostsOf(server string) string {
 	_, rest, _ := strings.Cut(server, "://")
-	if i := strings.LastIndex(rest, "@"); i >= 0 {
-		rest = rest[i+1:]
+	hosts := strings.Split(rest, ",")
+	for i, h := range hosts {
+		h = strings.TrimSpace(h)
+		if _, after, ok := strings.Cut(h, "://"); ok {
+			h = after
+		}
+		if j := strings.LastIndex(h, "@"); j >= 0 {
+			h = h[j+1:]
+		}
+		hosts[i] = h
 	}
-	return rest
+	return strings.Join(hosts, ",")
 }
 
 func or(s, def string) string {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
+	"github.com/pgoutbox/outbox/internal/secrettest"
 	"github.com/pgoutbox/outbox/outboxnats"
 )
 
@@ -151,6 +153,36 @@ func TestAsyncAPIErrorsPrintNoSecret(t *testing.T) {
 		for _, piece := range []string{"s3cr", "tok3n", "ret@", "et@"} {
 			if strings.Contains(err.Error(), piece) {
 				t.Errorf("the error for a refused destination prints %q of its secret: %v", piece, err)
+			}
+		}
+	}
+	// The error is the destination package's, which says what is wrong:
+	// the parameter, never its value.
+	for dest, want := range map[string]string{
+		"nats://tok@127.0.0.1:4222?stream=a.b":    "stream: invalid stream name",
+		"kafka://k1:9092?tls=maybe":               "tls: not true or false",
+		"amqp://g:s3cret@127.0.0.1:5672/?bogus=1": "bogus: unknown parameter",
+		"https://h/s3cret?outbox_timeout=-1s":     "outbox_timeout: not a positive duration",
+	} {
+		_, err := asyncAPIDocument(dest, "t", "1")
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%.12s…: %v, want an error saying %q without the secret", dest, err, want)
+		}
+	}
+	// Every hostile secret, unencoded, where each kind of URL holds one.
+	for _, secret := range secrettest.Hostile {
+		for _, tmpl := range []string{"nats://%s@127.0.0.1:4222?stream=a.b", "kafka://u:%s@k1:9092?tls=maybe", "amqp://g:%s@127.0.0.1:5672/?bogus=1", "https://h/%s?outbox_timeout=-1s"} {
+			dest := fmt.Sprintf(tmpl, secret)
+			// Some are accepted (a webhook's path holding '?' leaves the
+			// rest to the endpoint's query): then the document is checked.
+			doc, err := asyncAPIDocument(dest, "t", "1")
+			shown := fmt.Sprint(err)
+			if err == nil {
+				b, _ := json.Marshal(doc)
+				shown = string(b)
+			}
+			if run := secrettest.Leak(shown, secret); run != "" {
+				t.Errorf("%.12s…: shows %q of the secret: %s", dest, run, shown)
 			}
 		}
 	}

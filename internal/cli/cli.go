@@ -78,6 +78,12 @@ func (c *Common) NewPool() (*pgxpool.Pool, error) {
 		// log, /readyz, status --json).
 		return nil, errors.New("database url: the user name or password holds an unencoded '@': write it as %40")
 	}
+	if redact.UnencodedSlash(c.DatabaseURL) {
+		// pgx would take the user name for the host, the password's head
+		// for the port and its tail for the database name or a parameter,
+		// and quote them in its errors (parse and connection alike).
+		return nil, errors.New("database url: an '@' after a '/' with no user part before it: a password holding an unencoded '/' (write it as %2F), or an '@' in the database name or a parameter (write it as %40)")
+	}
 	cfg, err := pgxpool.ParseConfig(c.DatabaseURL)
 	if err != nil {
 		// pgx shows the URL with its password masked; the rest of the

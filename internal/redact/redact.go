@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -45,8 +46,10 @@ func IsSecretKey(k string) bool { return secretKeys[strings.ToLower(k)] }
 // tls:// URL, where it is a token, and in a user part with more than one
 // '@' (an unencoded '@' in a password: where it ends is ambiguous) or with
 // an '@' after a '/', '?' or '#' (an unencoded one of those in a password),
-// which is hidden whole, up to the last '@'. A NATS server list ("nats://a@h1,b@h2") has each
-// server's user part hidden. An http:// or https:// URL is shown as
+// which is hidden whole, up to the last '@' (nats:// and tls:// URLs
+// included). A NATS server list ("nats://a@h1,b@h2") has each server's
+// user part hidden, and a server that is not host[:port] either (the head
+// of a password holding an unencoded ',') hidden whole. An http:// or https:// URL is shown as
 // Webhook shows it. Leading and trailing spaces and the case of the scheme
 // do not matter. A URL that does not parse is not shown: the result is its
 // scheme and a note. A bare name ("nats", "webhook": letters, digits, '.',
@@ -161,17 +164,15 @@ func natsList(t string) string {
 		return unparsable(t)
 	}
 	rest := t[start:]
-	hosts, tail := rest, ""
-	for i := 0; i < len(rest); i++ {
-		if strings.HasPrefix(rest[i:], "://") {
-			i += 2 // a server's own scheme
-			continue
-		}
-		if strings.IndexByte("/?#", rest[i]) >= 0 {
-			hosts, tail = rest[:i], rest[i:]
-			break
-		}
+	if Suspect(t) {
+		// An '@' past the end of the server list: a token or password
+		// with an unencoded '/', '?' or '#' ended the list early, and what
+		// follows would show its tail. Hide all up to the last '@', as
+		// genericURL does.
+		rest = Mask + rest[strings.LastIndexByte(rest, '@'):]
 	}
+	end := hostsEnd(rest, true)
+	hosts, tail := rest[:end], rest[end:]
 	servers := strings.Split(hosts, ",")
 	for i, srv := range servers {
 		srv = strings.TrimSpace(srv)
@@ -186,6 +187,11 @@ func natsList(t string) string {
 			} else {
 				srv = Mask + srv[at:]
 			}
+		} else if !hostPort(srv) {
+			// No user part, and no host[:port] either: the head of a
+			// password holding an unencoded ',' ("u:pa,ss@h" is the
+			// servers "u:pa" and "ss@h").
+			srv = Mask
 		}
 		servers[i] = prefix + srv
 	}
@@ -204,17 +210,39 @@ func natsList(t string) string {
 // webhook endpoint: scheme://host, and /xxxxx for a path, since a path can
 // be the endpoint's secret (Slack's /services/T…/B…/<token>, Discord's
 // /api/webhooks/<id>/<token>); no user, query or fragment. A URL that does
-// not parse, or has no host, is "(invalid URL)".
+// not parse, or has no host, is "(invalid URL)". A URL with an '@' past
+// its host (Suspect) is shown without its host either: "https://1234?x@h"
+// and "https://u:1234/x@h" are read as host 1234 and port 1234, the head of
+// credentials holding an unencoded '?' or '/'.
 func Webhook(raw string) string {
 	u, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil || u.Host == "" || u.Opaque != "" {
 		return "(invalid URL)"
 	}
-	shown := u.Scheme + "://" + u.Host
+	host := u.Host
+	if Suspect(raw) {
+		host = Mask
+	}
+	shown := u.Scheme + "://" + host
 	if u.Path != "" && u.Path != "/" {
 		shown += "/" + Mask
 	}
 	return shown
+}
+
+// hostPort reports whether s reads as a server address, host or
+// host:port with a decimal port, as NATS reads one ("" included: "nats://"
+// alone is refused by the parser, not hidden).
+func hostPort(s string) bool {
+	if s == "" {
+		return true
+	}
+	u, err := url.Parse("nats://" + s)
+	if err != nil || u.Host != s || u.User != nil {
+		return false
+	}
+	_, err = strconv.ParseUint(u.Port(), 10, 16)
+	return u.Port() == "" || err == nil
 }
 
 // bareName reports whether s is a name, not a URL: letters, digits, '.',
@@ -260,6 +288,27 @@ func UnencodedAt(s string) bool {
 	}
 	auth, _, ok := authority(strings.TrimSpace(s))
 	return ok && strings.Count(auth, "@") > 1
+}
+
+// UnencodedSlash reports whether a PostgreSQL URL's password may hold an
+// unencoded '/': pgx, like libpq, looks for the user part's '@' only up to
+// the first '/', so it then sees no user part, takes the user name for the
+// host, the password's head for the port and its tail for the database
+// name or the query, and quotes them in its errors. It is told by an '@'
+// after a '/' that comes before any '@'; a URL without a user part that
+// holds an '@' in its path or query must then write it as %40.
+func UnencodedSlash(s string) bool {
+	if !isURL(s) {
+		return false
+	}
+	t := strings.TrimSpace(s)
+	_, start, ok := authority(t)
+	if !ok {
+		return false
+	}
+	rest := t[start:]
+	i := strings.IndexAny(rest, "@/")
+	return i >= 0 && rest[i] == '/' && strings.Contains(rest[i:], "@")
 }
 
 // Database returns a PostgreSQL connection string, in URL form

@@ -1,6 +1,9 @@
 package urlopt
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestValues(t *testing.T) {
 	if d, err := Duration("1500ms"); err != nil || d.Milliseconds() != 1500 {
@@ -24,5 +27,23 @@ func TestValues(t *testing.T) {
 		if _, err := Int64(v); err == nil {
 			t.Errorf("Int64(%q) accepted", v)
 		}
+	}
+}
+
+// TestErrorsDoNotQuoteTheValue: a refused value may be anything, a
+// misplaced password included; the error says what is wrong without it.
+func TestErrorsDoNotQuoteTheValue(t *testing.T) {
+	const v = "pw-S3CRET"
+	_, e1 := Duration(v)
+	_, e2 := Int(v)
+	_, e3 := Int64(v)
+	_, e4 := Bool(v)
+	for _, err := range []error{e1, e2, e3, e4} {
+		if err == nil || strings.Contains(err.Error(), "S3CRET") {
+			t.Errorf("error %v: want one that does not quote the value", err)
+		}
+	}
+	if b, err := Bool("false"); err != nil || b {
+		t.Errorf("Bool(false) = %v, %v", b, err)
 	}
 }
