@@ -149,4 +149,12 @@ func TestAdv2UpgradeTo013KeepsThePayloadLimit(t *testing.T) {
 	if err := write("at-013"); err != nil {
 		t.Errorf("the owner raised the payload limit to 4 MiB at 012; after migration 013 a 2 MiB event is refused: %v", err)
 	}
+	// The text form called the bytea form at 012, whose limit applied; at
+	// 013 it has its own, which the migration sets to the bytea form's.
+	if err := pgx.BeginFunc(ctx, writerDB, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT * FROM `+schema+`.enqueue('order', 'big-text', 'Placed', $1::text)`, string(big))
+		return err
+	}); err != nil {
+		t.Errorf("after 013, a 2 MiB text payload under the limit raised at 012: %v", err)
+	}
 }

@@ -26,6 +26,20 @@
 
 SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
 
+-- A payload limit the owner raised on the bytea form of enqueue or on
+-- enqueue_many (docs/sql-api.md: ALTER FUNCTION ... SET
+-- outbox.max_payload_bytes) is a SET clause, which CREATE OR REPLACE
+-- replaces: keep each one here and set it again at the end (the bytea
+-- form's on the text form too, which now has a limit of its own).
+SELECT set_config('outbox.migrate_limit_one', coalesce((SELECT split_part(c, '=', 2)
+        FROM pg_proc p, unnest(p.proconfig) c
+        WHERE p.oid = 'enqueue(text, text, text, bytea, text, jsonb, text, integer, uuid)'::regprocedure
+          AND c LIKE 'outbox.max\_payload\_bytes=%'), '1048576'), true),
+    set_config('outbox.migrate_limit_many', coalesce((SELECT split_part(c, '=', 2)
+        FROM pg_proc p, unnest(p.proconfig) c
+        WHERE p.oid = 'enqueue_many(jsonb)'::regprocedure
+          AND c LIKE 'outbox.max\_payload\_bytes=%'), '1048576'), true);
+
 CREATE OR REPLACE FUNCTION content_type_problem(ct text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 AS $fn$
@@ -72,8 +86,10 @@ $fn$;
 -- with_traceparent adds the traceparent header unless headers has one (in
 -- any spelling) or it would take the event over 64 headers. Headers that
 -- are not an object are returned as they are, for enqueue_check to refuse.
--- A traceparent that is not W3C's format, or that W3C calls invalid
--- (version ff, an all-zero trace id or parent id), is refused (22023).
+-- A traceparent is refused (22023) unless consumers' propagators read it
+-- (W3C Trace Context, as OpenTelemetry's reads it): version 00 with flags
+-- 00 to 02 and nothing after, or a later version (01 to fe) with any flags
+-- and, after a "-", more fields; a trace id and a parent id not all zeros.
 CREATE OR REPLACE FUNCTION with_traceparent(i integer, headers jsonb, traceparent text) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE
 AS $fn$
@@ -81,8 +97,9 @@ BEGIN
     IF traceparent IS NULL OR traceparent = '' THEN
         RETURN headers;
     END IF;
-    IF traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
-       OR left(traceparent, 2) = 'ff'
+    IF NOT (traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-0[0-2]$'
+            OR (traceparent ~ '^([0-9a-e][0-9a-f]|f[0-9a-e])-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$'
+                AND left(traceparent, 2) <> '00'))
        OR substr(traceparent, 4, 32) = repeat('0', 32)
        OR substr(traceparent, 37, 16) = repeat('0', 16) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'traceparent',
@@ -130,8 +147,8 @@ END
 $fn$;
 
 -- many_schema_version: enqueue_many's schema_version of event i (absent or
--- null: 1), refused with 22023 unless an integer from 0 to 2147483647 (a
--- negative one is enqueue_check's to refuse, as for enqueue).
+-- null: 1), refused with 22023 unless a whole number (1, 1.0, 1e3) up to
+-- 2147483647 (a negative one is enqueue_check's to refuse, as for enqueue).
 CREATE OR REPLACE FUNCTION many_schema_version(i integer, v jsonb) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE
 AS $fn$
@@ -139,21 +156,25 @@ BEGIN
     IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
         RETURN 1;
     END IF;
-    IF jsonb_typeof(v) <> 'number' OR v::text !~ '^-?[0-9]+$' THEN
+    IF jsonb_typeof(v) <> 'number' OR v::numeric <> trunc(v::numeric) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'schema_version',
             MESSAGE = format('invalid event %s: schema version %s is not an integer', i, v::text);
     END IF;
-    IF v::numeric > 2147483647 OR v::numeric < -2147483648 THEN
+    IF v::numeric > 2147483647 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'schema_version',
             MESSAGE = format('invalid event %s: schema version %s is over 2147483647', i, v::text);
     END IF;
-    RETURN v::text::integer;
+    IF v::numeric < 0 THEN
+        RETURN -1; -- enqueue_check refuses it as negative, as for enqueue
+    END IF;
+    RETURN v::numeric::integer;
 END
 $fn$;
 
 -- many_event_id: enqueue_many's event_id of event i (absent, null or the
 -- nil UUID: a new one), refused with 22023 unless a JSON string holding a
--- UUID.
+-- UUID as PostgreSQL reads one (32 hex digits, a "-" allowed after any
+-- group of four, braces around all of it or none).
 CREATE OR REPLACE FUNCTION many_event_id(i integer, v jsonb) RETURNS uuid
 LANGUAGE plpgsql VOLATILE
 AS $fn$
@@ -162,7 +183,7 @@ BEGIN
         RETURN new_event_id();
     END IF;
     IF jsonb_typeof(v) <> 'string'
-       OR v #>> '{}' !~* '^\{?[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}\}?$' THEN
+       OR v #>> '{}' !~* '^([0-9a-f]{4}(-?[0-9a-f]{4}){7}|\{[0-9a-f]{4}(-?[0-9a-f]{4}){7}\})$' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'event_id',
             MESSAGE = format('invalid event %s: event id %s is not a UUID', i, v::text);
     END IF;
@@ -178,6 +199,23 @@ $fn$;
 -- service calling enqueue with a text payload, as most drivers send a
 -- string, wrote 0.72x to 0.81x the transactions per second of the Go
 -- Writer, which calls the bytea form).
+-- many_payload: enqueue_many's payload_base64 of event i, refused with
+-- 22023 unless a JSON string of base64 as PostgreSQL decodes it (padded;
+-- white space ignored).
+CREATE OR REPLACE FUNCTION many_payload(i integer, v jsonb) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE
+AS $fn$
+BEGIN
+    IF jsonb_typeof(v) <> 'string'
+       OR regexp_replace(v #>> '{}', '[ \t\r\n]', '', 'g')
+          !~ '^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'payload_base64',
+            MESSAGE = format('invalid event %s: payload_base64 is not base64', i);
+    END IF;
+    RETURN decode(v #>> '{}', 'base64');
+END
+$fn$;
+
 -- enqueue_one is enqueue's body, for both forms: it runs with their
 -- search_path and payload limit. Not SECURITY DEFINER itself, and revoked
 -- from PUBLIC: only they call it.
@@ -277,7 +315,7 @@ BEGIN
                 MESSAGE = format('invalid event %s: not a JSON object', i);
         END IF;
         IF ev ? 'payload_base64' THEN
-            p := decode(ev ->> 'payload_base64', 'base64');
+            p := many_payload(i, ev -> 'payload_base64');
         ELSIF ev ? 'payload' AND jsonb_typeof(ev -> 'payload') IS NOT NULL THEN
             p := convert_to((ev -> 'payload')::text, 'UTF8');
         ELSE
@@ -340,6 +378,24 @@ BEGIN
 END
 $fn$;
 
-REVOKE ALL ON FUNCTION enqueue_one(text, text, text, bytea, text, jsonb, text, integer, uuid), event_id_or_new(uuid), many_schema_version(integer, jsonb), many_event_id(integer, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION many_payload(integer, jsonb), enqueue_one(text, text, text, bytea, text, jsonb, text, integer, uuid), event_id_or_new(uuid), many_schema_version(integer, jsonb), many_event_id(integer, jsonb) FROM PUBLIC;
+
+-- The payload limits the owner had raised (kept at the start).
+DO $do$
+BEGIN
+    IF current_setting('outbox.migrate_limit_one') <> '1048576' THEN
+        -- The text form has a limit of its own now (it called the bytea
+        -- form before, whose limit applied): the same.
+        EXECUTE format('ALTER FUNCTION enqueue(text, text, text, bytea, text, jsonb, text, integer, uuid) SET outbox.max_payload_bytes = %L',
+            current_setting('outbox.migrate_limit_one'));
+        EXECUTE format('ALTER FUNCTION enqueue(text, text, text, text, text, jsonb, text, integer, uuid) SET outbox.max_payload_bytes = %L',
+            current_setting('outbox.migrate_limit_one'));
+    END IF;
+    IF current_setting('outbox.migrate_limit_many') <> '1048576' THEN
+        EXECUTE format('ALTER FUNCTION enqueue_many(jsonb) SET outbox.max_payload_bytes = %L',
+            current_setting('outbox.migrate_limit_many'));
+    END IF;
+END
+$do$;
 
 SELECT set_config('search_path', format('%I', current_schema()), true);
