@@ -105,8 +105,13 @@ func kafkaTarget(t *testing.T, restartable bool) destinationtest.Target {
 }
 
 func kafkaPublisher(t *testing.T, brokers []string) *outboxkafka.Publisher {
+	// DeliveryTimeout bounds how long a record may wait for an answer; an
+	// unrouted record's answer (the topic is unknown) takes a metadata
+	// request and a retry, which took over 2 s under CI's load (the race
+	// detector, two cores): the record then timed out and was reported
+	// unavailable as a whole, not as its route.
 	p, err := outboxkafka.NewPublisher(outboxkafka.Config{Brokers: brokers, MaxRecordBytes: kafkaMaxRecord,
-		DeliveryTimeout: 2 * time.Second, DialTimeout: time.Second})
+		DeliveryTimeout: 15 * time.Second, DialTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
