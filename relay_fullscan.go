@@ -100,14 +100,26 @@ func (r *Relay) runFullScans(ctx context.Context) {
 
 // dropFullScan waits for a background full scan (cancelled with Run's
 // context, so it ends at once) and releases its batch when it was not
-// taken (the relay stops).
+// taken (the relay stops). A scan cancelled after its statement committed
+// returns an error, not its rows, and leaves them leased: those are
+// released by the claim's token (TestClaimAheadReleasedOnShutdown saw 20
+// events leased for the lease's length after a stop).
 func (r *Relay) dropFullScan(ctx context.Context) {
 	r.full.mu.Lock()
 	r.full.runCtx = nil
 	r.full.mu.Unlock()
 	r.full.wg.Wait()
 	a, ok := r.takeFullScan()
-	if !ok || a.err != nil || a.b.total == 0 {
+	if !ok {
+		return
+	}
+	if a.err != nil {
+		if _, err := r.pool.Exec(context.WithoutCancel(ctx), r.sql.releaseToken, a.b.token); err != nil {
+			r.log.Warn("release a cancelled full scan's claim (its lease will expire)", slog.Any("error", err))
+		}
+		return
+	}
+	if a.b.total == 0 {
 		return
 	}
 	if err := r.release(context.WithoutCancel(ctx), a.b, allIDs(a.b)); err != nil {

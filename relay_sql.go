@@ -24,6 +24,9 @@ type relaySQL struct {
 	// handOff makes the next events of lanes due again (see
 	// Relay.handOffLanes).
 	handOff string
+	// releaseToken releases every event leased under a claim token ($1):
+	// the rows of a claim whose answer was lost (see Relay.dropFullScan).
+	releaseToken string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -66,6 +69,10 @@ WHERE e.event_id = f.event_id AND e.claim_token = $6`,
 SET claimed_by = NULL, claim_token = NULL, claim_until = NULL,
 	available_at = ` + dueAgainSQL() + `
 WHERE event_id = ANY($1) AND claim_token = $2`,
+		releaseToken: `UPDATE ` + events + `
+SET claimed_by = NULL, claim_token = NULL, claim_until = NULL,
+	available_at = ` + dueAgainSQL() + `
+WHERE published_at IS NULL AND claim_token = $1`,
 	}
 }
 
