@@ -2,6 +2,7 @@ package outboxamqp_test
 
 import (
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -74,10 +75,15 @@ func TestTLSClientCertificate(t *testing.T) {
 	other := testcert.NewCA(t, "other")
 	for name, c := range map[string]struct {
 		cfg  outboxamqp.Config
-		want string
+		want []string // one of
 	}{
-		"no client certificate": {outboxamqp.Config{CAFile: ca.CertFile}, "certificate required"},
-		"another CA":            {outboxamqp.Config{CAFile: other.CertFile, CertFile: client.CertFile, KeyFile: client.KeyFile}, "unknown authority"},
+		// With TLS 1.3 the server refuses a missing client certificate
+		// after the client has finished its side of the handshake: the
+		// client reads the server's alert ("certificate required") or, when
+		// the server has closed first, a closed connection (seen once in
+		// CI). Either way the broker is unavailable.
+		"no client certificate": {outboxamqp.Config{CAFile: ca.CertFile}, []string{"certificate required", "connection is not open"}},
+		"another CA":            {outboxamqp.Config{CAFile: other.CertFile, CertFile: client.CertFile, KeyFile: client.KeyFile}, []string{"unknown authority"}},
 	} {
 		c.cfg.URL, c.cfg.Exchange = secure.String(), b.exchange
 		p, err := outboxamqp.NewPublisher(c.cfg)
@@ -86,8 +92,8 @@ func TestTLSClientCertificate(t *testing.T) {
 		}
 		defer p.Close()
 		err = p.Probe(testCtx(t))
-		if !outbox.IsUnavailable(err) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: Probe = %v, want unavailable saying %q", name, err, c.want)
+		if !outbox.IsUnavailable(err) || !slices.ContainsFunc(c.want, func(w string) bool { return strings.Contains(err.Error(), w) }) {
+			t.Errorf("%s: Probe = %v, want unavailable saying one of %q", name, err, c.want)
 		}
 		errs := p.Publish(testCtx(t), []outbox.Message{event("o-tls", 2)})
 		if len(errs) != 1 || !outbox.IsUnavailable(errs[0]) {

@@ -24,7 +24,6 @@ import (
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
-
 // aggregates are the orders the consumer tests write: one id with a space, a
 // slash and a non-ASCII letter, which every binding must carry unchanged,
 // and one with a JSON content type of its own.
