@@ -71,7 +71,7 @@ func TestPythonAMQPConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pub.Close)
-	startRelay(t, ctx, pool, schema, pub)
+	runRelay(t, ctx, pool, schema, pub)
 
 	env := []string{"DATABASE_URL=" + outboxtest.DatabaseURL(), "OUTBOX_SCHEMA=" + schema, "AMQP_URL=" + url}
 	checkConsumer(t, ctx, pool, schema, wrote, run(t, ctx, env, python, "consumer_amqp.py", queue, "billing", "40"))
@@ -105,7 +105,7 @@ func TestPythonKafkaConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pub.Close)
-	startRelay(t, ctx, pool, schema, pub)
+	runRelay(t, ctx, pool, schema, pub)
 
 	env := []string{"DATABASE_URL=" + outboxtest.DatabaseURL(), "OUTBOX_SCHEMA=" + schema, "KAFKA_BROKERS=" + cluster.ListenAddrs()[0]}
 	checkConsumer(t, ctx, pool, schema, wrote, run(t, ctx, env, python, "consumer_kafka.py", topic, "billing", "40"))

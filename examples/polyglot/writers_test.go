@@ -243,21 +243,8 @@ func relayToStream(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
-	startRelay(t, ctx, pool, schema, pub)
+	runRelay(t, ctx, pool, schema, pub)
 	return js, stream
-}
-
-// startRelay runs a relay from schema to pub until the test ends.
-func startRelay(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string, pub outbox.Publisher) {
-	t.Helper()
-	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: pub, PollInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	relayCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(relayCtx) }()
-	t.Cleanup(func() { stop(); <-done })
 }
 
 // streamMessages reads every message of the stream, in the stream's order,
