@@ -13,9 +13,11 @@ import (
 	backoffpkg "github.com/pgoutbox/outbox/internal/backoff"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgoutbox/outbox/internal/failpoint"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgretry"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -428,7 +430,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.dropFullScan(ctx) // a full scan's batch never taken
 	r.log.Info("relay started", slog.String("schema", r.schema.Name()), slog.Int("batch_size", r.cfg.BatchSize),
 		slog.Duration("lease", r.cfg.LeaseDuration))
-	dbBackoff := 0
+	lostConnRetries := int(r.pool.Config().MaxConns) + 1
+	dbBackoff, quickLeft := 0, lostConnRetries
 	for ctx.Err() == nil {
 		claimStart := time.Now()
 		r.probeRoutes(ctx)
@@ -448,21 +451,35 @@ func (r *Relay) Run(ctx context.Context) error {
 		switch {
 		case ctx.Err() != nil:
 		case err != nil:
-			dbBackoff++
-			d := backoff(dbBackoff, 100*time.Millisecond, 10*time.Second)
+			var d time.Duration
+			if quickLeft > 0 && connDied(err) {
+				// A connection the pool held died while idle (a pooler's
+				// restart, idle_session_timeout, pg_terminate_backend):
+				// the pool dropped it, and the next is likely fine, or
+				// dead too (they died together; pgxpool pings only those
+				// idle for over a second). Try again almost at once, once
+				// per connection the pool may hold, before backing off as
+				// for any other failure; a server that refuses new
+				// connections backs off at once.
+				quickLeft--
+				d = lostConnRetry
+			} else {
+				dbBackoff++
+				d = backoff(dbBackoff, 100*time.Millisecond, 10*time.Second)
+			}
 			r.log.Warn("relay batch failed", slog.Any("error", err), slog.Duration("retry_in", d))
 			sleep(ctx, d)
 		case r.outages > 0:
-			dbBackoff = 0
+			dbBackoff, quickLeft = 0, lostConnRetries
 			r.waitOutage(ctx)
 		case n == 0:
-			dbBackoff = 0
+			dbBackoff, quickLeft = 0, lostConnRetries
 			r.waitIdle(ctx, r.routesUntilProbe(r.idleInterval()))
 		case n < r.cfg.BatchSize:
-			dbBackoff = 0
+			dbBackoff, quickLeft = 0, lostConnRetries
 			sleep(ctx, r.cfg.CatchUpInterval-time.Since(claimStart)) // caught up: let a few events gather
 		default:
-			dbBackoff = 0
+			dbBackoff, quickLeft = 0, lostConnRetries
 		}
 	}
 	r.handOffLanes(ctx)
@@ -509,4 +526,17 @@ func sleep(ctx context.Context, d time.Duration) {
 
 // backoff returns an exponential delay for the n-th consecutive failure
 // (n >= 1), capped at max, with "equal jitter": between half and all of it.
+// lostConnRetry is how long the relay waits after a round that lost an
+// established connection, up to once per connection of its pool in a row
+// (a pool of dead idle connections), before it backs off.
+const lostConnRetry = 10 * time.Millisecond
+
+// connDied reports whether err is an established connection's death (the
+// server ended the session, the socket closed), not a refused connection
+// attempt: another connection of the pool may well work.
+func connDied(err error) bool {
+	var connErr *pgconn.ConnectError
+	return pgretry.ConnectionLost(err) && !errors.As(err, &connErr)
+}
+
 func backoff(n int, min, max time.Duration) time.Duration { return backoffpkg.Jittered(n, min, max) }

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/url"
 	"sync/atomic"
 	"testing"
@@ -166,6 +167,46 @@ func TestLostConnectionDoesNotLoseTheMark(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLostIdleConnectionsRetriedAtOnce ends every session of the relay's
+// pool while it is idle (a pooler's restart, idle_session_timeout): its
+// next rounds meet the dead connections one by one, and each is tried
+// again after lostConnRetry, not after the 100 ms-and-more backoff of a
+// failing database (issue 24: a killed idle connection made every event
+// of the moment wait for that backoff, and pgxpool pings only connections
+// idle for over a second).
+func TestLostIdleConnectionsRetriedAtOnce(t *testing.T) {
+	t.Parallel()
+	admin, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	app := outboxtest.UniqueName(t, "relay")
+	pool := relayPoolThrough(t, nil, app)
+	logs := newLogRecorder()
+	cfg := quietConfig(schema, b.pub)
+	cfg.PollInterval, cfg.DisableNotify = time.Hour, true // only Wake starts a round
+	cfg.HeartbeatInterval, cfg.LaneSweepInterval, cfg.VacuumInterval = time.Hour, time.Hour, -1
+	cfg.Logger = slog.New(logs)
+	r, stop := startRelay(t, pool, cfg)
+	defer stop()
+	published := func(n int64) func() bool { return func() bool { return r.Stats().Published == n } }
+	writeEventsFor(t, admin, w, "a", "b", "c")
+	r.Wake()
+	outboxtest.Eventually(t, 10*time.Second, "a, b, c published", published(3))
+	endSessions(t, admin, app)
+	writeEventsFor(t, admin, w, "d")
+	r.Wake()
+	outboxtest.Eventually(t, 10*time.Second, "d published on a fresh connection", published(4))
+	waits := logs.durations("relay batch failed", "retry_in")
+	if len(waits) == 0 {
+		t.Fatalf("no round met a dead connection: %s", logs)
+	}
+	for _, d := range waits {
+		if d > 10*time.Millisecond {
+			t.Fatalf("a round that lost its connection waited %s before the next, want 10ms (all: %v)", d, waits)
+		}
 	}
 }
 

@@ -229,16 +229,39 @@ func (b natsBundle) streamRaw(t *testing.T) []storedMsg {
 type logRecorder struct {
 	mu   *sync.Mutex
 	msgs *[]string
+	recs *[]slog.Record
 }
 
-func newLogRecorder() logRecorder { return logRecorder{mu: new(sync.Mutex), msgs: new([]string)} }
+func newLogRecorder() logRecorder {
+	return logRecorder{mu: new(sync.Mutex), msgs: new([]string), recs: new([]slog.Record)}
+}
 
 func (h logRecorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
 func (h logRecorder) Handle(_ context.Context, r slog.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	*h.msgs = append(*h.msgs, r.Message)
+	*h.recs = append(*h.recs, r.Clone())
 	return nil
+}
+
+// durations returns the value of attribute key of every record of msg.
+func (h logRecorder) durations(msg, key string) []time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []time.Duration
+	for _, r := range *h.recs {
+		if r.Message != msg {
+			continue
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == key {
+				out = append(out, a.Value.Duration())
+			}
+			return true
+		})
+	}
+	return out
 }
 func (h logRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h logRecorder) WithGroup(string) slog.Handler      { return h }
