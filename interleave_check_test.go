@@ -239,6 +239,7 @@ func (w *world) heal() error {
 			}
 		}
 	}
+	w.wake()
 	return nil
 }
 
@@ -262,6 +263,7 @@ func (w *world) stopFaults() error {
 		}
 		g.at = gateNone
 	}
+	w.wake()
 	return nil
 }
 
@@ -391,9 +393,11 @@ func (w *world) finish() error {
 	if err := w.heal(); err != nil {
 		return err
 	}
+	t := time.Now()
 	if err := w.awaitLiveness("with the open transactions open"); err != nil {
 		return err
 	}
+	ilvPhases.add("end: liveness", t)
 	names := make([]string, 0, len(w.writers))
 	for n := range w.writers {
 		names = append(names, n)
@@ -411,13 +415,18 @@ func (w *world) finish() error {
 		if err := w.heal(); err != nil {
 			return err
 		}
+		t := time.Now()
 		if err := w.awaitLiveness("once they committed"); err != nil {
 			return err
 		}
+		ilvPhases.add("end: liveness after commit", t)
 	}
+	t = time.Now()
 	if err := w.consumer.drain(w); err != nil {
 		return err
 	}
+	ilvPhases.add("end: drain", t)
+	defer ilvPhases.add("end: check", time.Now())
 	return w.check()
 }
 

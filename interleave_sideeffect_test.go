@@ -33,7 +33,7 @@ import (
 // the database's: a tick past the lease is a caller paused past its claim),
 // its call timeout is real time.
 const (
-	ilvCallTimeout = time.Second
+	ilvCallTimeout = 250 * time.Millisecond
 	ilvCallLease   = 3 * time.Second
 )
 
