@@ -204,7 +204,18 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 			continue
 		}
 		l := cont[n-1]
-		if l.tries++; l.tries < contRetries {
+		if !m.headsCut {
+			// Not left for lack of room: a concurrent claim statement
+			// holds it locked (it will lease it, and continue the lane
+			// itself) or held it and let it go. A few looks, not more.
+			l.tries++
+		}
+		if l.tries < contRetries {
+			// Left for lack of room (more heads than the batch takes) it is
+			// looked for until it is claimed, leased or published: as
+			// written it is not in the rescheduled index, and the range
+			// scan passed it as not its lane's head, so nothing else would
+			// find it before the full scan (found by TestInterleavings).
 			c.cont = append(c.cont, l)
 		}
 	}
