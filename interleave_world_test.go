@@ -174,6 +174,18 @@ DO $$ DECLARE c record; BEGIN
 	LOOP
 		EXECUTE format('ALTER TABLE %I.%I ALTER COLUMN %I SET DEFAULT %I.now()', '`+e.schema+`', c.table_name, c.column_name, '`+e.clock+`');
 	END LOOP;
+	-- The schema's functions that set their own search_path (enqueue,
+	-- the SQL inbox, clean-up) read the clock too: else enqueue's
+	-- available_at is the real now() while its occurred_at (the column's
+	-- default) is the clock's, and every event written looks scheduled,
+	-- never as written (the incremental claim's range scan never read
+	-- one: only sqlrow steps, until 6 December 2026).
+	FOR c IN SELECT p.oid::regprocedure AS f FROM pg_proc p
+		WHERE p.pronamespace = '`+e.schema+`'::regnamespace
+		  AND EXISTS (SELECT 1 FROM unnest(p.proconfig) x WHERE x LIKE 'search_path=%')
+	LOOP
+		EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_catalog, %I, pg_temp', c.f, '`+e.clock+`', '`+e.schema+`');
+	END LOOP;
 END $$;
 CREATE TABLE IF NOT EXISTS `+e.schema+`.ilv_effects (n bigserial PRIMARY KEY, event_id uuid NOT NULL, aggregate_id text NOT NULL, seq bigint NOT NULL);`); err != nil {
 		return nil, fmt.Errorf("create the clock: %w", err)
