@@ -25,6 +25,17 @@ import (
 // RescanIntervalDefault is the default RelayConfig.RescanInterval.
 const RescanIntervalDefault = 5 * time.Second
 
+// claimWindow is how many rows each of the incremental claim's scans reads
+// for a batch of batchSize: a quarter more than the batch, and at least
+// minClaimWindow. A window full of rows of one transaction that cannot be
+// claimed holds the cursor at that transaction (see advance); with a batch
+// of 1 a window of 1 was one such row: the successor of a quarantined head
+// whose lane an application's open transaction kept from being parked held
+// every other event until the lane sweep (found by TestInterleavings).
+func claimWindow(batchSize int) int { return max(batchSize+batchSize/4, minClaimWindow) }
+
+const minClaimWindow = 16
+
 // contRetries is how many claims a lane's next event is looked for while a
 // concurrent claim statement holds it locked (see claimCursor.cont).
 const contRetries = 3
@@ -393,7 +404,7 @@ func (r *Relay) startCursor(ctx context.Context) error {
 // it will settle), and which looked-for lanes to look for again because
 // their event was there but locked by another claim.
 func fastClaimSQL(events string, batchSize int, heads string, conservative bool) string {
-	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
+	limit, window := strconv.Itoa(batchSize), strconv.Itoa(claimWindow(batchSize))
 	// left is the condition on a fresh row f, not claimed, that keeps the
 	// cursor at or before it.
 	left := `f.event_id IN (SELECT event_id FROM all_heads)`
@@ -547,7 +558,7 @@ func (r *Relay) claimFresh(ctx context.Context, q querier, b *batch) (int64, err
 		r.cursor.restore(cont)
 		return l.takenOver, errors.New("claim batch: the incremental claim returned no cursor row")
 	}
-	if err := r.cursor.advance(meta, r.cfg.BatchSize+r.cfg.BatchSize/4, cont); err != nil {
+	if err := r.cursor.advance(meta, claimWindow(r.cfg.BatchSize), cont); err != nil {
 		return l.takenOver, err
 	}
 	return l.takenOver, nil
