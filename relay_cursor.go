@@ -36,6 +36,10 @@ func claimWindow(batchSize int) int { return max(batchSize+batchSize/4, minClaim
 
 const minClaimWindow = 16
 
+// contKeepFactor bounds the lanes an incremental claim looks for again
+// (claimCursor.cont) to this many windows.
+const contKeepFactor = 4
+
 // contRetries is how many claims a lane's next event is looked for while a
 // concurrent claim statement holds it locked (see claimCursor.cont).
 const contRetries = 3
@@ -229,6 +233,11 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 			// find it before the full scan (found by TestInterleavings).
 			c.cont = append(c.cont, l)
 		}
+	}
+	if len(c.cont) > contKeepFactor*window {
+		// Each is a key lookup in every claim: under a long backlog of
+		// heads, the oldest are kept and the rest left to the full scan.
+		c.cont = c.cont[:contKeepFactor*window]
 	}
 	full := m.fresh >= window || m.points >= window || m.headsCut
 	if !full && !c.conservative {
