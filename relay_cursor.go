@@ -69,6 +69,9 @@ type claimCursor struct {
 	from         uint64   // dispatch_xid lower bound of the range scan
 	points       []uint64 // transactions below from that were running at the last snapshot
 	cont         []laneNext
+	// over: lanes beyond contKeepFactor windows of cont, to make due
+	// before the next incremental claim (claimFresh).
+	over []laneNext
 	// lastFull is when the last full scan ran and lastFullCost how long it
 	// took; fullAgain asks for another one at once (the last full scan
 	// returned a full batch).
@@ -169,10 +172,7 @@ func (c *claimCursor) freshArgs() ([]any, []laneNext) {
 	for i, p := range c.points {
 		points[i] = strconv.FormatUint(p, 10)
 	}
-	types, ids, seqs := make([]string, len(cont)), make([]string, len(cont)), make([]int64, len(cont))
-	for i, l := range cont {
-		types[i], ids[i], seqs[i] = l.typ, l.id, l.seq
-	}
+	types, ids, seqs := laneArrays(cont)
 	return []any{strconv.FormatUint(c.from, 10), points, types, ids, seqs}, cont
 }
 
@@ -236,7 +236,10 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 	}
 	if len(c.cont) > contKeepFactor*window {
 		// Each is a key lookup in every claim: under a long backlog of
-		// heads, the oldest are kept and the rest left to the full scan.
+		// heads, the oldest are kept and the rest are handed over to the
+		// scheduled events before the next claim (handOff): made due now,
+		// the due scan finds them, as it finds a stopped relay's lanes.
+		c.over = append(c.over, c.cont[contKeepFactor*window:]...)
 		c.cont = c.cont[:contKeepFactor*window]
 	}
 	full := m.fresh >= window || m.points >= window || m.headsCut
@@ -537,6 +540,9 @@ func (r *Relay) claimFresh(ctx context.Context, q querier, b *batch) (int64, err
 			return 0, err
 		}
 	}
+	if err := r.handOffOverflow(ctx, q); err != nil {
+		return 0, err
+	}
 	args, cont := r.cursor.freshArgs()
 	rows, err := q.Query(ctx, r.sql.fastClaim, append([]any{r.cfg.BatchSize, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds()}, args...)...)
 	if err != nil {
@@ -588,6 +594,42 @@ func (c *claimCursor) restore(cont []laneNext) {
 	c.cont = append(cont, c.cont...)
 }
 
+// handOffOverflow makes due the next events of the lanes the cursor had no
+// room to keep looking for (claimCursor.over), before a claim: its due scan
+// finds them. On error they are kept for the next claim.
+func (r *Relay) handOffOverflow(ctx context.Context, q querier) error {
+	r.cursor.mu.Lock()
+	over := r.cursor.over
+	r.cursor.over = nil
+	r.cursor.mu.Unlock()
+	if len(over) == 0 {
+		return nil
+	}
+	types, ids, seqs := laneArrays(over)
+	rows, err := q.Query(ctx, r.sql.handOff, types, ids, seqs)
+	if err == nil {
+		rows.Close()
+		err = rows.Err()
+	}
+	if err != nil {
+		r.cursor.mu.Lock()
+		r.cursor.over = append(over, r.cursor.over...)
+		r.cursor.mu.Unlock()
+		return fmt.Errorf("claim batch: hand lanes over: %w", err)
+	}
+	return nil
+}
+
+// laneArrays is lanes as the arrays the statements take: aggregate types,
+// ids and sequences.
+func laneArrays(lanes []laneNext) (types, ids []string, seqs []int64) {
+	types, ids, seqs = make([]string, len(lanes)), make([]string, len(lanes)), make([]int64, len(lanes))
+	for i, l := range lanes {
+		types[i], ids[i], seqs[i] = l.typ, l.id, l.seq
+	}
+	return types, ids, seqs
+}
+
 // handOffLanes is a stopping relay's last write: the next events of the
 // lanes it published up to (cont), which only it would have looked for,
 // are made due now, so that any other relay's incremental claim finds them
@@ -597,16 +639,13 @@ func (c *claimCursor) restore(cont []laneNext) {
 // full scans (RescanInterval).
 func (r *Relay) handOffLanes(ctx context.Context) {
 	r.cursor.mu.Lock()
-	cont := r.cursor.cont
-	r.cursor.cont = nil
+	cont := append(r.cursor.cont, r.cursor.over...)
+	r.cursor.cont, r.cursor.over = nil, nil
 	r.cursor.mu.Unlock()
 	if len(cont) == 0 {
 		return
 	}
-	types, ids, seqs := make([]string, len(cont)), make([]string, len(cont)), make([]int64, len(cont))
-	for i, l := range cont {
-		types[i], ids[i], seqs[i] = l.typ, l.id, l.seq
-	}
+	types, ids, seqs := laneArrays(cont)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
 	defer cancel()
 	if _, err := r.pool.Exec(ctx, r.sql.handOff, types, ids, seqs); err != nil {
