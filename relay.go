@@ -526,8 +526,6 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// backoff returns an exponential delay for the n-th consecutive failure
-// (n >= 1), capped at max, with "equal jitter": between half and all of it.
 // lostConnRetry is how long the relay waits after a round that lost an
 // established connection, up to once per connection of its pool in a row
 // (a pool of dead idle connections), before it backs off.
@@ -541,4 +539,6 @@ func connDied(err error) bool {
 	return pgretry.ConnectionLost(err) && !errors.As(err, &connErr)
 }
 
+// backoff returns an exponential delay for the n-th consecutive failure
+// (n >= 1), capped at max, with "equal jitter": between half and all of it.
 func backoff(n int, min, max time.Duration) time.Duration { return backoffpkg.Jittered(n, min, max) }
