@@ -41,17 +41,10 @@ package outbox
 // writer of the lane is then in flight, so every event up to last_sequence
 // is committed and visible, and every later writer reads the new flag. The
 // settle and the sweep take the counter row with SKIP LOCKED and leave the
-// lane's flag (to the sweep's next run) when it is busy, so neither ever
-// waits for a writer's transaction; only an operator's Retry or Skip waits
-// for it, holding nothing the relay needs (the quarantined event's row,
-// which no claim locks). A settle parks the committed waiting events of a
-// busy lane all the same (no flag: the writer in flight may still add an
-// event as written, which the sweep parks once it can flag the lane), so
-// that they leave the incremental claim's range at once: left there, a
-// window of them (one transaction's bulk write) held its cursor for as long
-// as the writer stayed open. The relay keeps those lanes in memory
-// (Relay.unflagged) for its sweep, which tells nothing else from a lane
-// nobody parked once its quarantine is lifted by hand.
+// lane (to the sweep's next run) when it is busy, so neither ever waits for
+// a writer's transaction; only an operator's Retry or Skip waits for it,
+// holding nothing the relay needs (the quarantined event's row, which no
+// claim locks).
 
 import (
 	"context"
@@ -59,7 +52,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -124,9 +116,12 @@ func parkSQL(s pgident.Schema) (flag, park string) {
 SELECT (SELECT count(*) FROM flagged),
 	(SELECT count(*) FROM ` + aggregates + ` a
 	 WHERE (a.aggregate_type, a.aggregate_id) IN (SELECT h.aggregate_type, h.aggregate_id FROM heads h))`
-	park = `WITH ` + heads + `
+	park = `WITH ` + heads + `, lanes AS (
+	SELECT h.* FROM heads h JOIN ` + aggregates + ` a USING (aggregate_type, aggregate_id)
+	WHERE a.xmin = pg_current_xact_id_if_assigned()::xid
+)
 UPDATE ` + events + ` e SET available_at = ` + parkedAvailableAt + `
-FROM heads h
+FROM lanes h
 WHERE e.published_at IS NULL
   AND e.aggregate_type = h.aggregate_type AND e.aggregate_id = h.aggregate_id
   AND e.aggregate_sequence > h.aggregate_sequence
@@ -188,12 +183,7 @@ type laneSweep struct {
 // It finds them through the parked counter rows and the quarantined events,
 // both few, and works one lane and at most laneSweepBatch sequences per
 // transaction, until nothing is left or only busy lanes are.
-//
-// extra are lanes to look at first besides those: lanes a settle parked
-// without their flag (a writer held the counter row), which the find query
-// cannot tell from lanes nobody parked once their head is no longer
-// quarantined. It returns those of extra it found busy.
-func sweepLanes(ctx context.Context, pool *pgxpool.Pool, s pgident.Schema, extra ...[2]string) (laneSweep, error) {
+func sweepLanes(ctx context.Context, pool *pgxpool.Pool, s pgident.Schema) (laneSweep, error) {
 	events, aggregates := s.Table("outbox_events"), s.Table("outbox_aggregates")
 	// The lowest unpublished event of lane l: one probe of
 	// outbox_pending_lane_idx.
@@ -216,7 +206,7 @@ WHERE q.quarantined_at IS NOT NULL AND q.published_at IS NULL AND a.parked_at IS
 LIMIT 1000`
 	var res laneSweep
 	busy := map[[2]string]bool{}
-	for first := true; ; first = false {
+	for {
 		rows, err := pool.Query(ctx, find)
 		if err != nil {
 			return res, fmt.Errorf("sweep lanes: %w", err)
@@ -227,9 +217,6 @@ LIMIT 1000`
 		})
 		if err != nil {
 			return res, fmt.Errorf("sweep lanes: %w", err)
-		}
-		if first {
-			lanes = append(extra, lanes...)
 		}
 		progress := false
 		for _, l := range lanes {
@@ -287,19 +274,15 @@ CROSS JOIN LATERAL (`+head("l")+`) h`, typ, id).Scan(&headSeq, &quarantined)
 			return err
 		}
 		if !quarantined {
-			// A lane the flag says is parked, or one a settle parked
-			// without its flag (a writer held the counter row): its waiting
-			// events are due again.
+			if !isParked {
+				return nil
+			}
 			tag, err := tx.Exec(ctx, `UPDATE `+events+` SET available_at = `+dueAgainSQL()+`
 WHERE published_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2 AND available_at = `+parkedAvailableAt, typ, id)
 			if err != nil {
 				return err
 			}
 			unparked = tag.RowsAffected()
-			if !isParked {
-				changed = unparked > 0
-				return nil
-			}
 			_, err = tx.Exec(ctx, `UPDATE `+aggregates+` SET parked_at = NULL, parked_through = NULL
 WHERE aggregate_type = $1 AND aggregate_id = $2`, typ, id)
 			changed = true
@@ -340,11 +323,7 @@ WHERE aggregate_type = $1 AND aggregate_id = $2`, typ, id, to)
 func (r *Relay) laneSweepLoop(ctx context.Context) {
 	busyRuns := 0
 	for {
-		extra := r.unflagged.take()
-		res, err := sweepLanes(ctx, r.pool, r.schema, extra...)
-		if err != nil || res.Busy > 0 {
-			r.unflagged.add(extra...) // looked at again at the next run
-		}
+		res, err := sweepLanes(ctx, r.pool, r.schema)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -379,35 +358,6 @@ const (
 	laneBusyRetryMin = 100 * time.Millisecond
 	laneBusyRetryMax = 5 * time.Second
 )
-
-// laneSet is the lanes a settle parked without their flag, for the lane
-// sweep to look at (see sweepLanes).
-type laneSet struct {
-	mu    sync.Mutex
-	lanes map[[2]string]struct{}
-}
-
-func (s *laneSet) add(lanes ...[2]string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.lanes == nil {
-		s.lanes = map[[2]string]struct{}{}
-	}
-	for _, l := range lanes {
-		s.lanes[l] = struct{}{}
-	}
-}
-
-func (s *laneSet) take() [][2]string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([][2]string, 0, len(s.lanes))
-	for l := range s.lanes {
-		out = append(out, l)
-	}
-	s.lanes = nil
-	return out
-}
 
 // sweepSoon makes the lane sweep run now (or right after its current run).
 func (r *Relay) sweepSoon() {

@@ -320,8 +320,6 @@ type Relay struct {
 	sql    relaySQL
 	wake   chan struct{}
 	sweep  chan struct{} // runs the lane sweep now (a settle parked part of a long lane)
-	// unflagged: lanes a settle parked without their flag (parked.go).
-	unflagged laneSet
 
 	claimed, published, failed, quarantined, conflicts, takenOver atomic.Int64
 	outageLooks, held                                             atomic.Int64

@@ -107,10 +107,6 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 		r.log.Info("settle written again after a lost connection", slog.Int("events", b.total))
 	}
 	if busy := lanes - flagged; busy > 0 {
-		// Their committed waiting events were parked without the flag: the
-		// sweep flags the lanes once free, or unparks them if their head's
-		// quarantine was lifted meanwhile.
-		r.unflagged.add(quarantinedLanes(b, fs)...)
 		r.log.Info("lane not parked yet: a transaction holds its counter row; the lane sweep parks it",
 			slog.Int64("lanes", busy))
 		r.sweepSoon()
@@ -148,24 +144,6 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 // reported to the SettleObserver (their rows are lanes' waiting events, not
 // the batch's).
 const settleParkLanes SettleOp = "park_lanes"
-
-// quarantinedLanes are the lanes of b whose event fs quarantines.
-func quarantinedLanes(b batch, fs []failure) [][2]string {
-	q := map[[16]byte]bool{}
-	for _, id := range quarantinedIDs(fs) {
-		q[id] = true
-	}
-	var out [][2]string
-	for _, lane := range b.lanes {
-		for _, ev := range lane {
-			if q[ev.ID] {
-				out = append(out, [2]string{ev.AggregateType, ev.AggregateID})
-				break
-			}
-		}
-	}
-	return out
-}
 
 // quarantinedIDs are the ids of the failures that quarantine their event.
 func quarantinedIDs(fs []failure) [][16]byte {
