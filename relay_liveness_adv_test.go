@@ -152,3 +152,47 @@ func (g *claimGate) hold(r *outbox.Relay) func() {
 	var once sync.Once
 	return func() { once.Do(func() { close(release) }) }
 }
+
+// TestLivenessBulkWriteBehindUnparkedQuarantine: one transaction wrote more
+// events of one aggregate than the incremental claim's window, and the
+// first of them is quarantined while nothing parks the lane (a writer's
+// open transaction held its counter row when the relay quarantined it; here
+// the quarantine is set by hand and the lane sweep is an hour away). The
+// range scan's window was then all events of that one transaction, none a
+// head; the cursor, a transaction id, could not move past a transaction it
+// had not read to its end, and every event written after it waited for the
+// full scan (found by the stop-32 review). The cursor now keeps its place
+// inside a transaction.
+func TestLivenessBulkWriteBehindUnparkedQuarantine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	cfg := freshOnly(schema, b.pub)
+	cfg.BatchSize = 4 // a window of 16
+	cfg.LaneSweepInterval = time.Hour
+	r, stop := startRelay(t, pool, cfg)
+	defer stop()
+	warmUp(t, pool, w, schema)
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		evs := make([]outbox.Event, 40)
+		for i := range evs {
+			evs[i] = orderEvent("bulk", "Tick")
+		}
+		recs, err := w.InsertTx(ctx, tx, evs...)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE `+schema+`.outbox_events SET quarantined_at = now(), last_error = 'by hand' WHERE event_id = $1`, recs[0].ID)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	writeEventsFor(t, pool, w, "after-1", "after-2")
+	r.Wake()
+	publishedSoon(t, pool, schema, "events written after a bulk write behind a quarantined head", "after-1", "after-2")
+	if n := countUnpublished(t, pool, schema); n != 40 {
+		t.Fatalf("%d events unpublished, want the 40 of the blocked lane", n)
+	}
+}
