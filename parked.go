@@ -32,7 +32,8 @@ package outbox
 //     otherwise: lanes a settle left because a writer's transaction held
 //     their counter row, events written by writers that do not read
 //     parked_at, lanes blocked before migration 006, quarantines or repairs
-//     done by hand.
+//     done by hand (a quarantine lifted by hand: the head is made due too,
+//     since its claimers' cursors passed it).
 //
 // Lock order: the writer locks the counter row, then inserts events (it
 // locks no existing event). The settle and Admin lock the quarantined
@@ -170,7 +171,7 @@ type laneSweep struct {
 	// lane blocked before migration 006.
 	Parked int64
 	// Unparked counts the events made due again in lanes whose head is no
-	// longer quarantined (a quarantine lifted by hand).
+	// longer quarantined (a quarantine lifted by hand), the head among them.
 	Unparked int64
 	// Lanes counts the lanes the sweep changed; Busy the lanes it left for
 	// the next run because a writer or a settle held them.
@@ -283,6 +284,18 @@ WHERE published_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2 AND ava
 				return err
 			}
 			unparked = tag.RowsAffected()
+			// The head too, when it is as written: a quarantine set and
+			// lifted by hand never rescheduled it, so it went back into
+			// outbox_fresh_key_idx behind every relay's cursor, and only the
+			// full scan would read it (TestLivenessQuarantineLiftedByHandBulk).
+			// Made due, the claim's due scan finds it.
+			tag, err = tx.Exec(ctx, `UPDATE `+events+` SET available_at = `+dueAgainSQL()+`
+WHERE published_at IS NULL AND quarantined_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2
+  AND aggregate_sequence = $3 AND available_at = occurred_at`, typ, id, headSeq)
+			if err != nil {
+				return err
+			}
+			unparked += tag.RowsAffected()
 			_, err = tx.Exec(ctx, `UPDATE `+aggregates+` SET parked_at = NULL, parked_through = NULL
 WHERE aggregate_type = $1 AND aggregate_id = $2`, typ, id)
 			changed = true
