@@ -165,7 +165,6 @@ func (g *claimGate) hold(r *outbox.Relay) func() {
 // inside a transaction.
 func TestLivenessBulkWriteBehindUnparkedQuarantine(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	w := newWriter(t, schema)
 	b := newNATS(t, outboxtest.NATSURL(), 0)
@@ -175,20 +174,7 @@ func TestLivenessBulkWriteBehindUnparkedQuarantine(t *testing.T) {
 	r, stop := startRelay(t, pool, cfg)
 	defer stop()
 	warmUp(t, pool, w, schema)
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		evs := make([]outbox.Event, 40)
-		for i := range evs {
-			evs[i] = orderEvent("bulk", "Tick")
-		}
-		recs, err := w.InsertTx(ctx, tx, evs...)
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `UPDATE `+schema+`.outbox_events SET quarantined_at = now(), last_error = 'by hand' WHERE event_id = $1`, recs[0].ID)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	writeQuarantinedByHand(t, pool, w, schema, "bulk", 40)
 	writeEventsFor(t, pool, w, "after-1", "after-2")
 	r.Wake()
 	publishedSoon(t, pool, schema, "events written after a bulk write behind a quarantined head", "after-1", "after-2")
