@@ -20,6 +20,18 @@
 -- then finds it, and only drops the old index. A relay of an earlier
 -- version keeps working on the new index (its range scan reads a prefix of
 -- it), and a relay of this version on the old one, more slowly.
+-- A CREATE INDEX CONCURRENTLY that failed (cancelled, or a deadlock) leaves
+-- an invalid index of its name, which IF NOT EXISTS would keep and no query
+-- uses: it is dropped and built again.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+               WHERE c.relname = 'outbox_fresh_key_idx' AND c.relnamespace = current_schema()::regnamespace
+                 AND NOT i.indisvalid) THEN
+        DROP INDEX outbox_fresh_key_idx;
+    END IF;
+END $$;
+
 CREATE INDEX IF NOT EXISTS outbox_fresh_key_idx
     ON outbox_events (dispatch_xid, event_id)
     WHERE published_at IS NULL AND quarantined_at IS NULL AND dispatch_xid IS NOT NULL
