@@ -42,7 +42,8 @@ const minClaimWindow = 16
 const contKeepFactor = 4
 
 // contRetries is how many claims a lane's next event is looked for while a
-// concurrent claim statement holds it locked (see claimCursor.cont).
+// concurrent claim statement holds it locked (see claimCursor.cont); then
+// it is handed over (claimCursor.over), never dropped.
 const contRetries = 3
 
 // cursorPos is a place in outbox_fresh_key_idx: a transaction id and an
@@ -259,7 +260,8 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 		if !m.headsCut {
 			// Not left for lack of room: a concurrent claim statement
 			// holds it locked (it will lease it, and continue the lane
-			// itself) or held it and let it go. A few looks, not more.
+			// itself) or held it and let it go. A few looks, then it is
+			// handed over (below).
 			l.tries++
 		}
 		if l.tries < contRetries {
@@ -269,7 +271,16 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 			// scan passed it as not its lane's head, so nothing else would
 			// find it before the full scan (found by TestInterleavings).
 			c.cont = append(c.cont, l)
+			continue
 		}
+		// Locked for contRetries claims in a row: by a statement that
+		// holds its rows for long, such as a full scan under a pinned
+		// xmin (seconds), which may leave it (its snapshot predates the
+		// predecessor's mark). Dropped, it waited for the next full scan,
+		// a minute and more under the pinned xmin (the pressure bench's
+		// 34 s and 68 s events, TestLivenessContLockedByALongClaim). Made
+		// due instead, the due scan finds it.
+		c.over = append(c.over, l)
 	}
 	if len(c.cont) > contKeepFactor*window {
 		// Each is a key lookup in every claim: under a long backlog of
@@ -654,16 +665,31 @@ func (r *Relay) handOffOverflow(ctx context.Context, q querier) error {
 		return nil
 	}
 	types, ids, seqs := laneArrays(over)
-	rows, err := q.Query(ctx, r.sql.handOff, types, ids, seqs)
+	rows, err := q.Query(ctx, r.sql.handOffSkip, types, ids, seqs)
+	var locked []laneNext
 	if err == nil {
+		for rows.Next() {
+			var l laneNext
+			if err = rows.Scan(&l.typ, &l.id, &l.seq); err != nil {
+				break
+			}
+			locked = append(locked, l)
+		}
 		rows.Close()
-		err = rows.Err()
+		if err == nil {
+			err = rows.Err()
+		}
 	}
 	if err != nil {
 		r.cursor.mu.Lock()
 		r.cursor.over = append(over, r.cursor.over...)
 		r.cursor.mu.Unlock()
 		return fmt.Errorf("claim batch: hand lanes over: %w", err)
+	}
+	if len(locked) > 0 {
+		r.cursor.mu.Lock()
+		r.cursor.over = append(locked, r.cursor.over...)
+		r.cursor.mu.Unlock()
 	}
 	return nil
 }
@@ -700,6 +726,28 @@ func (r *Relay) handOffLanes(ctx context.Context) {
 		r.log.Warn("could not hand the lanes it published up to over to the other relays; their full scans will find the next events",
 			slog.Int("lanes", len(cont)), slog.Any("error", err))
 	}
+}
+
+// handOffSkipSQL is handOffSQL for a claiming relay (handOffOverflow): it
+// waits for no row lock, and returns the lanes whose event it left because
+// another statement held it, still pending and as written, to be handed
+// over at the next claim. (Its last SELECT reads the statement's snapshot,
+// taken before the update: moved rows look as written there, hence NOT IN.)
+func handOffSkipSQL(events string) string {
+	return `WITH l AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS l(aggregate_type, aggregate_id, aggregate_sequence)
+), target AS (
+	SELECT e.event_id FROM l JOIN ` + events + ` e USING (aggregate_type, aggregate_id, aggregate_sequence)
+	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at = e.occurred_at
+	FOR UPDATE OF e SKIP LOCKED
+), moved AS (
+	UPDATE ` + events + ` e SET available_at = ` + dueAgainSQL() + `
+	FROM target t WHERE e.event_id = t.event_id
+	RETURNING e.event_id
+)
+SELECT l.aggregate_type, l.aggregate_id, l.aggregate_sequence FROM l JOIN ` + events + ` e USING (aggregate_type, aggregate_id, aggregate_sequence)
+WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at = e.occurred_at
+  AND e.event_id NOT IN (SELECT event_id FROM moved)`
 }
 
 // handOffSQL makes due now the events ($1, $2, $3: aggregate types, ids and

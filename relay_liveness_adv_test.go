@@ -182,3 +182,75 @@ func TestLivenessBulkWriteBehindUnparkedQuarantine(t *testing.T) {
 		t.Fatalf("%d events unpublished, want the 40 of the blocked lane", n)
 	}
 }
+
+// TestLivenessContLockedByALongClaim: a lane's next event k+1, passed by
+// the range scans while k was in flight (not a head then), is looked for by
+// key after k's publish (cont). A statement that holds k+1 locked for
+// several claims in a row (another relay's full scan under a pinned xmin
+// takes seconds and locks its whole window; here a transaction holds the
+// row) made the look count as three tries, and k+1 was dropped: nothing but
+// the full scan would find it, a minute and more later under a pinned xmin
+// (the pressure bench's 34 s and 68 s events, and its events never
+// delivered). It is now handed over (made due) once the lock is gone.
+func TestLivenessContLockedByALongClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	inGate, openGate := make(chan struct{}), make(chan struct{})
+	var entered, opened sync.Once
+	open := func() { opened.Do(func() { close(openGate) }) }
+	defer open() // before the relays stop, whatever happens
+	gated := failingPublisher{next: b.pub, fail: func(m outbox.Message) error {
+		if m.AggregateID == "lane" && m.Sequence == 1 {
+			entered.Do(func() { close(inGate) })
+			<-openGate
+		}
+		return nil
+	}}
+	cfgA := freshOnly(schema, gated)
+	cfgA.ID = "relay-a"
+	claims := &claimCounter{}
+	cfgA.Observer = claims
+	a, stopA := startRelay(t, pool, cfgA)
+	defer stopA()
+	warmUp(t, pool, w, schema)
+	writeEventsFor(t, pool, w, "lane")
+	a.Wake()
+	<-inGate // k is in flight at relay A
+	cfgB := freshOnly(schema, b.pub)
+	cfgB.ID = "relay-b"
+	bRelay, stopB := startRelay(t, pool, cfgB)
+	defer stopB()
+	writeEventsFor(t, pool, w, "lane") // k+1, not a head while k is in flight
+	writeEventsFor(t, pool, w, "other")
+	bRelay.Wake()
+	// Relay B's claims read k+1 (not a head) and published the other
+	// aggregate's event written after it: B's cursor passed k+1.
+	publishedSoon(t, pool, schema, "the other aggregate's event, by relay B", "other")
+	// A long statement holds k+1, as a full scan under a pinned xmin does.
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM `+schema+`.outbox_events WHERE aggregate_id = 'lane' AND aggregate_sequence = 2 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	seen := claims.n.Load()
+	open() // A publishes k and looks for k+1 at its next claims
+	outboxtest.Eventually(t, livenessWait, "five claims of relay A while k+1 is locked", func() bool {
+		a.Wake()
+		return claims.n.Load() >= seen+6
+	})
+	if n := countUnpublished(t, pool, schema); n != 1 {
+		t.Fatalf("%d events unpublished, want k+1 alone", n)
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.Wake()
+	bRelay.Wake()
+	publishedSoon(t, pool, schema, "k+1, once its lock is gone", "lane")
+}

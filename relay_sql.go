@@ -24,6 +24,9 @@ type relaySQL struct {
 	// handOff makes the next events of lanes due again (see
 	// Relay.handOffLanes).
 	handOff string
+	// handOffSkip is handOff for a relay that is claiming: locked rows
+	// are left and returned (see Relay.handOffOverflow).
+	handOffSkip string
 	// releaseToken releases every event leased under a claim token ($1):
 	// the rows of a claim whose answer was lost (see Relay.dropFullScan).
 	releaseToken string
@@ -43,7 +46,7 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 		fastClaim: fastClaimSQL(events, batchSize, "", false), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
-		probeRoutes: probeRoutesSQL(events), handOff: handOffSQL(events),
+		probeRoutes: probeRoutesSQL(events), handOff: handOffSQL(events), handOffSkip: handOffSkipSQL(events),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.

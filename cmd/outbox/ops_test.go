@@ -82,6 +82,8 @@ func TestOpsCommandsRefuseBadArguments(t *testing.T) {
 	}{
 		{with("status", "extra"), 2, `unexpected argument "extra"`},
 		{with("status", "--bogus"), 2, "flag provided but not defined: -bogus"},
+		{with("status", "--max-quarantined", "3"), 2, "--max-pending-age and --max-quarantined go with --check"},
+		{with("status", "--check", "--max-pending-age", "0s"), 2, "--max-pending-age must be positive"},
 		{[]string{"status", "--schema", empty}, 1, "has no outbox tables: run 'outbox migrate"},
 		{[]string{"status", "--schema", "bad;name"}, 1, "invalid schema name"},
 		{with("quarantine"), 2, "missing subcommand"},
@@ -181,6 +183,33 @@ func TestStatusCommand(t *testing.T) {
 		if code != 0 || !strings.Contains(stdout, want) {
 			t.Fatalf("status output lacks %q (exit %d):\n%s", want, code, stdout)
 		}
+	}
+
+	// --check: a relay is alive, but the oldest pending event is 10 minutes
+	// old and one event is quarantined.
+	stdout, stderr, code = runOutbox(t, nil, "status", "--schema", schema, "--check")
+	if code != 1 || !strings.Contains(stderr, "check failed: the oldest pending event is 10m") ||
+		!strings.Contains(stderr, "1 quarantined (limit 0), blocking 2 later events") || strings.Contains(stderr, "no relay alive") ||
+		!strings.Contains(stdout, "pending      5") {
+		t.Fatalf("status --check: exit %d\nstderr: %s\nstdout: %s", code, stderr, stdout)
+	}
+	stdout, stderr, code = runOutbox(t, nil, "status", "--schema", schema, "--check", "--json", "--max-pending-age", "15m", "--max-quarantined", "1")
+	var checked struct {
+		Pending int64 `json:"pending"`
+		Check   struct {
+			OK       bool     `json:"ok"`
+			Problems []string `json:"problems"`
+		} `json:"check"`
+	}
+	if code != 0 || json.Unmarshal([]byte(stdout), &checked) != nil || !checked.Check.OK || len(checked.Check.Problems) != 0 || checked.Pending != 5 {
+		t.Fatalf("status --check --json under raised thresholds: exit %d, %+v\nstderr: %s\nstdout: %s", code, checked, stderr, stdout)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM `+schema+`.outbox_relays`); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code = runOutbox(t, nil, "status", "--schema", schema, "--check", "--max-pending-age", "15m", "--max-quarantined", "1")
+	if code != 1 || !strings.Contains(stderr, "no relay alive (5 pending): nothing publishes") {
+		t.Fatalf("status --check without a relay: exit %d: %s", code, stderr)
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,7 +15,7 @@ import (
 	"github.com/pgoutbox/outbox/outboxcdc"
 )
 
-const statusUsage = `status [--json] [flags]
+const statusUsage = `status [--json] [--check [--max-pending-age D] [--max-quarantined N]] [flags]
 
 Shows whether the outbox is healthy and what is stuck: relays alive (and what
 their destination's acknowledgement is worth, as each checked at start), pending
@@ -25,7 +26,16 @@ replication slots of 'outbox relay --mode cdc' (streamed or not, WAL status,
 lag, WAL retained and how much more is safe).
 With side-effect attempts recorded (package sideeffect; in --schema, or in
 --sideeffect-schema), also their counts by state per name, the oldest
-unknown outcome's age, blind retries, and the oldest parked attempts.`
+unknown outcome's age, blind retries, and the oldest parked attempts.
+
+With --check (for cron, a Kubernetes probe or a monitoring agent, like
+'nats server check') it also decides whether the outbox is healthy, with the
+thresholds of the shipped alert rules: it exits 1 and says why on stderr
+when no relay is alive, when the oldest pending event is older than
+--max-pending-age (5m), or when more than --max-quarantined (0) events are
+quarantined; else 0. The status itself is printed as without it (with
+--json, a "check" object beside it). Exit 2 is a usage error; a database
+that cannot be read is exit 1 too, with the error.`
 
 func runStatus(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "status", statusUsage)
@@ -33,9 +43,23 @@ func runStatus(ctx context.Context, args []string) error {
 	common.Register(fs)
 	asJSON := fs.Bool("json", false, "print the status as JSON")
 	seSchema := registerSideEffectFlag(fs)
+	check := fs.Bool("check", false, "exit 1, saying why on stderr, unless a relay is alive, no pending event is older than --max-pending-age and at most --max-quarantined events are quarantined")
+	var c statusCheck
+	fs.DurationVar(&c.maxPendingAge, "max-pending-age", 5*time.Minute, "with --check: the oldest pending event's age that fails the check (the OutboxOldestPendingTooOld alert's)")
+	fs.Int64Var(&c.maxQuarantined, "max-quarantined", 0, "with --check: the most quarantined events that pass it")
 	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
+	}
+	thresholds := false
+	fs.Visit(func(f *flag.Flag) {
+		thresholds = thresholds || f.Name == "max-pending-age" || f.Name == "max-quarantined"
+	})
+	if !*check && thresholds {
+		return cli.Usagef(fs, "--max-pending-age and --max-quarantined go with --check")
+	}
+	if c.maxPendingAge <= 0 || c.maxQuarantined < 0 {
+		return cli.Usagef(fs, "--max-pending-age must be positive and --max-quarantined not negative")
 	}
 	admin, pool, err := openAdmin(ctx, common, nil)
 	if err != nil {
@@ -51,16 +75,27 @@ func runStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	slots, slotsErr := outboxcdc.Slots(ctx, pool, common.Schema)
+	var res *checkResult
+	if *check {
+		r := c.run(st)
+		res = &r
+	}
 	if *asJSON {
 		if slotsErr != nil {
 			return slotsErr
 		}
-		return opJSON(os.Stdout, statusWithCDC{statusWithSideEffects: statusWithSideEffects{Status: st, SideEffects: se}, CDCSlots: slots})
+		if err := opJSON(os.Stdout, statusWithCDC{statusWithSideEffects: statusWithSideEffects{Status: st, SideEffects: se}, CDCSlots: slots, Check: res}); err != nil {
+			return err
+		}
+	} else {
+		printOutboxStatus(os.Stdout, st)
+		printSideEffects(os.Stdout, se)
+		printCDCSlots(os.Stdout, slots, slotsErr)
 	}
-	printOutboxStatus(os.Stdout, st)
-	printSideEffects(os.Stdout, se)
-	printCDCSlots(os.Stdout, slots, slotsErr)
-	return nil
+	if res == nil {
+		return nil
+	}
+	return res.err()
 }
 
 func printOutboxStatus(w io.Writer, st outbox.Status) {

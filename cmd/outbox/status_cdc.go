@@ -15,6 +15,8 @@ import (
 type statusWithCDC struct {
 	statusWithSideEffects
 	CDCSlots []outboxcdc.SlotStatus `json:"cdc_slots,omitempty"`
+	// Check is --check's outcome.
+	Check *checkResult `json:"check,omitempty"`
 }
 
 // redecodeNote is the WAL to decode again from which status flags a slot:
