@@ -134,6 +134,10 @@ type Backlog struct {
 	// OldestPendingAgeSeconds is the age of the oldest pending event
 	// (since its occurred_at), 0 when none is pending.
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	// OldestUnparkedAgeSeconds is the same without the events parked
+	// behind a quarantined one (counted by BlockedByQuarantine): how long
+	// the relays have left an event they could publish.
+	OldestUnparkedAgeSeconds float64 `json:"oldest_unparked_age_seconds"`
 }
 
 // AggregateTypeStatus is the backlog of one aggregate type.
@@ -213,10 +217,11 @@ const backlogColumns = `count(*) FILTER (WHERE e.quarantined_at IS NULL),
 	count(*) FILTER (WHERE e.claim_until >= now()),
 	count(*) FILTER (WHERE e.claim_token IS NOT NULL AND e.claim_until < now()),
 	count(*) FILTER (WHERE e.quarantined_at IS NOT NULL),
-	coalesce(extract(epoch FROM now() - min(e.occurred_at) FILTER (WHERE e.quarantined_at IS NULL)), 0)::float8`
+	coalesce(extract(epoch FROM now() - min(e.occurred_at) FILTER (WHERE e.quarantined_at IS NULL)), 0)::float8,
+	coalesce(extract(epoch FROM now() - min(e.occurred_at) FILTER (WHERE e.quarantined_at IS NULL AND e.available_at < 'infinity')), 0)::float8`
 
 func (b *Backlog) scanArgs() []any {
-	return []any{&b.Pending, &b.Retrying, &b.Leased, &b.ExpiredLeases, &b.Quarantined, &b.OldestPendingAgeSeconds}
+	return []any{&b.Pending, &b.Retrying, &b.Leased, &b.ExpiredLeases, &b.Quarantined, &b.OldestPendingAgeSeconds, &b.OldestUnparkedAgeSeconds}
 }
 
 // Status takes a snapshot. Its cost grows with the backlog (one pass over
@@ -250,6 +255,7 @@ GROUP BY e.aggregate_type ORDER BY e.aggregate_type`)
 			st.ExpiredLeases += ts.ExpiredLeases
 			st.Quarantined += ts.Quarantined
 			st.OldestPendingAgeSeconds = max(st.OldestPendingAgeSeconds, ts.OldestPendingAgeSeconds)
+			st.OldestUnparkedAgeSeconds = max(st.OldestUnparkedAgeSeconds, ts.OldestUnparkedAgeSeconds)
 		}
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("read backlog: %w", err)

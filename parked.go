@@ -288,14 +288,30 @@ WHERE published_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2 AND ava
 			// lifted by hand never rescheduled it, so it went back into
 			// outbox_fresh_idx behind every relay's cursor, and only the
 			// full scan would read it (TestLivenessQuarantineLiftedByHand).
-			// Made due, the claim's due scan finds it.
-			tag, err = tx.Exec(ctx, `UPDATE `+events+` SET available_at = `+dueAgainSQL()+`
-WHERE published_at IS NULL AND quarantined_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2
-  AND aggregate_sequence = $3 AND available_at = occurred_at`, typ, id, headSeq)
-			if err != nil {
+			// Made due, the claim's due scan finds it. Its row lock is
+			// skipped, as the counter row's is: held (an operator's open
+			// transaction), the lane is left busy, this transaction rolled
+			// back, and tried again by the next run; waiting here held the
+			// counter row, and every writer of the lane waited behind the
+			// sweep (TestSweepHandLiftWaitsOnTheHeadsLockHoldingTheLane).
+			var moved, asWritten int64
+			if err := tx.QueryRow(ctx, `WITH target AS (
+	SELECT event_id FROM `+events+`
+	WHERE published_at IS NULL AND quarantined_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2
+	  AND aggregate_sequence = $3 AND available_at = occurred_at
+	FOR UPDATE SKIP LOCKED
+), moved AS (
+	UPDATE `+events+` e SET available_at = `+dueAgainSQL()+` FROM target t WHERE e.event_id = t.event_id RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM `+events+`
+	WHERE published_at IS NULL AND quarantined_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2
+	  AND aggregate_sequence = $3 AND available_at = occurred_at)`, typ, id, headSeq).Scan(&moved, &asWritten); err != nil {
 				return err
 			}
-			unparked += tag.RowsAffected()
+			if moved < asWritten {
+				return errLaneBusy
+			}
+			unparked += moved
 			_, err = tx.Exec(ctx, `UPDATE `+aggregates+` SET parked_at = NULL, parked_through = NULL
 WHERE aggregate_type = $1 AND aggregate_id = $2`, typ, id)
 			changed = true

@@ -21,11 +21,9 @@ type relaySQL struct {
 	// probeRoutes probes the routes the destination refuses (see
 	// probeRoutesSQL).
 	probeRoutes string
-	// handOff makes the next events of lanes due again (see
+	// handOffSkip makes the next events of lanes due again, leaving
+	// and returning the locked ones (see Relay.handOffOverflow and
 	// Relay.handOffLanes).
-	handOff string
-	// handOffSkip is handOff for a relay that is claiming: locked rows
-	// are left and returned (see Relay.handOffOverflow).
 	handOffSkip string
 	// releaseToken releases every event leased under a claim token ($1):
 	// the rows of a claim whose answer was lost (see Relay.dropFullScan).
@@ -46,7 +44,7 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 		fastClaim: fastClaimSQL(events, batchSize, "", false), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
-		probeRoutes: probeRoutesSQL(events), handOff: handOffSQL(events), handOffSkip: handOffSkipSQL(events),
+		probeRoutes: probeRoutesSQL(events), handOffSkip: handOffSkipSQL(events),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.

@@ -164,6 +164,9 @@ func TestStatusCommand(t *testing.T) {
 		st.Retrying != 1 || st.PublishedLastMinute != 1 || st.RelaysAlive != 1 || len(st.Relays) != 2 || st.MigrationVersion != latestMigration() {
 		t.Fatalf("status %+v", st)
 	}
+	if st.OldestUnparkedAgeSeconds < 590 || st.OldestUnparkedAgeSeconds > 660 {
+		t.Fatalf("oldest unparked age %gs, want about 600", st.OldestUnparkedAgeSeconds)
+	}
 	if st.OldestPendingAgeSeconds < 590 || st.OldestPendingAgeSeconds > 660 {
 		t.Fatalf("oldest pending age %gs, want about 600", st.OldestPendingAgeSeconds)
 	}
@@ -188,7 +191,7 @@ func TestStatusCommand(t *testing.T) {
 	// --check: a relay is alive, but the oldest pending event is 10 minutes
 	// old and one event is quarantined.
 	stdout, stderr, code = runOutbox(t, nil, "status", "--schema", schema, "--check")
-	if code != 1 || !strings.Contains(stderr, "check failed: the oldest pending event is 10m") ||
+	if code != 1 || !strings.Contains(stderr, "check failed: the oldest pending event not parked behind a quarantine is 10m") ||
 		!strings.Contains(stderr, "1 quarantined (limit 0), blocking 2 later events") || strings.Contains(stderr, "no relay alive") ||
 		!strings.Contains(stdout, "pending      5") {
 		t.Fatalf("status --check: exit %d\nstderr: %s\nstdout: %s", code, stderr, stdout)

@@ -31,8 +31,9 @@ unknown outcome's age, blind retries, and the oldest parked attempts.
 With --check (for cron, a Kubernetes probe or a monitoring agent, like
 'nats server check') it also decides whether the outbox is healthy, with the
 thresholds of the shipped alert rules: it exits 1 and says why on stderr
-when no relay is alive, when the oldest pending event is older than
---max-pending-age (5m), or when more than --max-quarantined (0) events are
+when no relay is alive, when the oldest pending event not parked behind a
+quarantined one is older than --max-pending-age (5m), or when more than
+--max-quarantined (0) events are
 quarantined; else 0. The status itself is printed as without it (with
 --json, a "check" object beside it). Exit 2 is a usage error; a database
 that cannot be read is exit 1 too, with the error.`
