@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
 
@@ -164,15 +165,40 @@ func (g *claimGate) hold(r *outbox.Relay) func() {
 // delivered). It is now handed over (made due) once the lock is gone.
 func TestLivenessContLockedByALongClaim(t *testing.T) {
 	t.Parallel()
+	l := startLockedLane(t, 6, func(*outbox.RelayConfig) {}, func(*outbox.RelayConfig) {})
+	if err := l.lock.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	l.a.Wake()
+	l.b.Wake()
+	publishedSoon(t, l.pool, l.schema, "k+1, once its lock is gone", "lane")
+}
+
+// lockedLane is the shape of the hand-over tests: k of aggregate "lane" in
+// flight at relay A (its publish held), k+1 written meanwhile and passed by
+// relay B's cursor as not a head (B published "other", written after it),
+// then k+1 held locked by another transaction (lock) while A publishes k
+// and makes at least looks claims (each looks k+1 up, finds it locked).
+type lockedLane struct {
+	pool   *pgxpool.Pool
+	schema string
+	a, b   *outbox.Relay
+	stopA  func()
+	lock   pgx.Tx
+}
+
+// startLockedLane sets up a lockedLane; tuneA and tuneB adjust the relays'
+// configurations. Everything stops and is rolled back at the test's end.
+func startLockedLane(t *testing.T, looks int, tuneA, tuneB func(*outbox.RelayConfig)) *lockedLane {
+	t.Helper()
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	w := newWriter(t, schema)
-	b := newNATS(t, outboxtest.NATSURL(), 0)
+	nats := newNATS(t, outboxtest.NATSURL(), 0)
 	inGate, openGate := make(chan struct{}), make(chan struct{})
 	var entered, opened sync.Once
 	open := func() { opened.Do(func() { close(openGate) }) }
-	defer open() // before the relays stop, whatever happens
-	gated := failingPublisher{next: b.pub, fail: func(m outbox.Message) error {
+	gated := failingPublisher{next: nats.pub, fail: func(m outbox.Message) error {
 		if m.AggregateID == "lane" && m.Sequence == 1 {
 			entered.Do(func() { close(inGate) })
 			<-openGate
@@ -183,19 +209,21 @@ func TestLivenessContLockedByALongClaim(t *testing.T) {
 	cfgA.ID = "relay-a"
 	claims := &claimCounter{}
 	cfgA.Observer = claims
-	a, stopA := startRelay(t, pool, cfgA)
-	defer stopA()
+	tuneA(&cfgA)
+	l := &lockedLane{pool: pool, schema: schema}
+	l.a, l.stopA = startRelay(t, pool, cfgA)
+	t.Cleanup(open) // registered after A's stop, so it runs before it: A is never left held
 	warmUp(t, pool, w, schema)
 	writeEventsFor(t, pool, w, "lane")
-	a.Wake()
+	l.a.Wake()
 	<-inGate // k is in flight at relay A
-	cfgB := freshOnly(schema, b.pub)
+	cfgB := freshOnly(schema, nats.pub)
 	cfgB.ID = "relay-b"
-	bRelay, stopB := startRelay(t, pool, cfgB)
-	defer stopB()
+	tuneB(&cfgB)
+	l.b, _ = startRelay(t, pool, cfgB)
 	writeEventsFor(t, pool, w, "lane") // k+1, not a head while k is in flight
 	writeEventsFor(t, pool, w, "other")
-	bRelay.Wake()
+	l.b.Wake()
 	// Relay B's claims read k+1 (not a head) and published the other
 	// aggregate's event written after it: B's cursor passed k+1.
 	publishedSoon(t, pool, schema, "the other aggregate's event, by relay B", "other")
@@ -204,23 +232,19 @@ func TestLivenessContLockedByALongClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = lock.Rollback(ctx) }()
+	t.Cleanup(func() { _ = lock.Rollback(context.Background()) })
 	if _, err := lock.Exec(ctx, `SELECT 1 FROM `+schema+`.outbox_events WHERE aggregate_id = 'lane' AND aggregate_sequence = 2 FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
+	l.lock = lock
 	seen := claims.n.Load()
 	open() // A publishes k and looks for k+1 at its next claims
-	outboxtest.Eventually(t, livenessWait, "five claims of relay A while k+1 is locked", func() bool {
-		a.Wake()
-		return claims.n.Load() >= seen+6
+	outboxtest.Eventually(t, livenessWait, "claims of relay A while k+1 is locked", func() bool {
+		l.a.Wake()
+		return claims.n.Load() >= seen+int64(looks)
 	})
 	if n := countUnpublished(t, pool, schema); n != 1 {
 		t.Fatalf("%d events unpublished, want k+1 alone", n)
 	}
-	if err := lock.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	a.Wake()
-	bRelay.Wake()
-	publishedSoon(t, pool, schema, "k+1, once its lock is gone", "lane")
+	return l
 }

@@ -5,7 +5,6 @@ package outbox_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,69 +33,20 @@ import (
 // to the other relays' full scans (here relay B's, every second).
 func TestLivenessStopWithALockedLaneInOver(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, schema := outboxtest.Schema(t)
-	w := newWriter(t, schema)
-	b := newNATS(t, outboxtest.NATSURL(), 0)
-	inGate, openGate := make(chan struct{}), make(chan struct{})
-	var entered, opened sync.Once
-	open := func() { opened.Do(func() { close(openGate) }) }
-	defer open()
-	gated := failingPublisher{next: b.pub, fail: func(m outbox.Message) error {
-		if m.AggregateID == "lane" && m.Sequence == 1 {
-			entered.Do(func() { close(inGate) })
-			<-openGate
-		}
-		return nil
-	}}
-	cfgA := freshOnly(schema, gated)
-	cfgA.ID = "relay-a"
-	cfgA.ShutdownTimeout = 3 * time.Second
-	claims := &claimCounter{}
-	cfgA.Observer = claims
-	a, stopA := startRelay(t, pool, cfgA)
-	defer stopA()
-	warmUp(t, pool, w, schema)
-	writeEventsFor(t, pool, w, "lane")
-	a.Wake()
-	<-inGate // k is in flight at relay A
-	cfgB := freshOnly(schema, b.pub)
-	cfgB.ID = "relay-b"
-	cfgB.RescanInterval = time.Second // the net for a lane left locked at A's stop
-	bRelay, stopB := startRelay(t, pool, cfgB)
-	defer stopB()
-	writeEventsFor(t, pool, w, "lane") // k+1, not a head while k is in flight
-	writeEventsFor(t, pool, w, "other")
-	bRelay.Wake()
-	publishedSoon(t, pool, schema, "the other aggregate's event, by relay B", "other")
-	lock, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = lock.Rollback(ctx) }()
-	if _, err := lock.Exec(ctx, `SELECT 1 FROM `+schema+`.outbox_events WHERE aggregate_id = 'lane' AND aggregate_sequence = 2 FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
-	seen := claims.n.Load()
-	open() // A publishes k and looks for k+1 at its next claims
-	outboxtest.Eventually(t, livenessWait, "claims of relay A while k+1 is locked", func() bool {
-		a.Wake()
-		return claims.n.Load() >= seen+8
-	})
-	if n := countUnpublished(t, pool, schema); n != 1 {
-		t.Fatalf("%d events unpublished, want k+1 alone", n)
-	}
+	l := startLockedLane(t, 8,
+		func(c *outbox.RelayConfig) { c.ShutdownTimeout = 3 * time.Second },
+		func(c *outbox.RelayConfig) { c.RescanInterval = time.Second }) // the net for a lane left locked at A's stop
 	// The lane is in A's over now. A stops while the lock is held.
 	start := time.Now()
-	stopA()
+	l.stopA()
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("relay A took %s to stop: its hand-off (handOffLanes) waited on the application's row lock", d.Round(time.Millisecond))
 	}
-	if err := lock.Rollback(ctx); err != nil {
+	if err := l.lock.Rollback(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	bRelay.Wake()
-	publishedSoon(t, pool, schema, "k+1, once its lock is gone (relay A stopped, relay B alive)", "lane")
+	l.b.Wake()
+	publishedSoon(t, l.pool, l.schema, "k+1, once its lock is gone (relay A stopped, relay B alive)", "lane")
 }
 
 // TestSweepHandLiftWaitsOnTheHeadsLockHoldingTheLane: item 2 of 6608ab1
@@ -148,7 +98,14 @@ func TestSweepHandLiftWaitsOnTheHeadsLockHoldingTheLane(t *testing.T) {
 		_, _ = outbox.SweepLanes(sweepCtx, pool, schema)
 		sweepDone <- time.Since(start)
 	}()
-	time.Sleep(500 * time.Millisecond)
+	// The sweep must end without the head's lock (it leaves the lane
+	// busy); before, it waited on it, holding the counter row.
+	select {
+	case d := <-sweepDone:
+		t.Logf("sweep took %s", d)
+	case <-time.After(5 * time.Second):
+		t.Errorf("the lane sweep is still waiting on the head's row lock held by another transaction")
+	}
 	// A writer appends to the lane, as the application does all day.
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -160,11 +117,5 @@ func TestSweepHandLiftWaitsOnTheHeadsLockHoldingTheLane(t *testing.T) {
 	if werr != nil {
 		t.Errorf("the application's writer of the lane waited %s behind the lane sweep (which waits on the head's row lock): %v",
 			time.Since(start).Round(time.Millisecond), werr)
-	}
-	select {
-	case d := <-sweepDone:
-		t.Logf("sweep took %s", d)
-	default:
-		t.Errorf("the lane sweep is still waiting on the head's row lock held by another transaction")
 	}
 }
