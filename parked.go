@@ -286,7 +286,7 @@ WHERE published_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2 AND ava
 			unparked = tag.RowsAffected()
 			// The head too, when it is as written: a quarantine set and
 			// lifted by hand never rescheduled it, so it went back into
-			// outbox_fresh_idx behind every relay's cursor, and only the
+			// outbox_fresh_key_idx behind every relay's cursor, and only the
 			// full scan would read it (TestLivenessQuarantineLiftedByHand).
 			// Made due, the claim's due scan finds it. Its row lock is
 			// skipped, as the counter row's is: held (an operator's open

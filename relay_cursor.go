@@ -9,6 +9,7 @@ package outbox
 // only what is new".
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,6 +46,42 @@ const contKeepFactor = 4
 // it is handed over (claimCursor.over), never dropped.
 const contRetries = 3
 
+// cursorPos is a place in outbox_fresh_key_idx: a transaction id and an
+// event id, in that order. The zero id is before every event of the
+// transaction: the cursor keeps its place inside a transaction only once
+// it has read that transaction's events, all committed together, so none
+// can appear before its place later (migration 014).
+type cursorPos struct {
+	xid uint64
+	id  uuid.UUID
+}
+
+// before reports whether p sorts before q.
+func (p cursorPos) before(q cursorPos) bool {
+	if p.xid != q.xid {
+		return p.xid < q.xid
+	}
+	return bytes.Compare(p.id[:], q.id[:]) < 0
+}
+
+// parseCursorPos reads the "xid/event_id" text of the incremental claim's
+// report.
+func parseCursorPos(s string) (cursorPos, error) {
+	x, id, ok := strings.Cut(s, "/")
+	if !ok {
+		return cursorPos{}, fmt.Errorf("claim cursor: position %q", s)
+	}
+	v, err := strconv.ParseUint(x, 10, 64)
+	if err != nil {
+		return cursorPos{}, fmt.Errorf("claim cursor: position %q: %w", s, err)
+	}
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return cursorPos{}, fmt.Errorf("claim cursor: position %q: %w", s, err)
+	}
+	return cursorPos{xid: v, id: u}, nil
+}
+
 // laneNext is the next sequence of a lane the relay published up to.
 type laneNext struct {
 	typ, id string
@@ -56,8 +93,8 @@ type laneNext struct {
 //
 // Every pending event that is not quarantined and is as written
 // (available_at = occurred_at; a scheduled one, available_at <>
-// occurred_at, is in outbox_rescheduled_idx) has a dispatch_xid at or past
-// from, or in points, or is the next event of a lane in cont, or is one
+// occurred_at, is in outbox_rescheduled_idx) has a (dispatch_xid, event_id)
+// at or past from, or a dispatch_xid in points, or is the next event of a lane in cont, or is one
 // that only the full scan finds (leased by a relay that died; written
 // before migration 009). Claims keep that true as they move from forward.
 type claimCursor struct {
@@ -67,8 +104,8 @@ type claimCursor struct {
 	// events to the CDC stream and must still see them once they are old).
 	conservative bool
 	valid        bool
-	from         uint64   // dispatch_xid lower bound of the range scan
-	points       []uint64 // transactions below from that were running at the last snapshot
+	from         cursorPos // where the range scan starts, inclusive
+	points       []uint64  // transactions below from.xid that were running at the last snapshot
 	cont         []laneNext
 	// over: lanes beyond contKeepFactor windows of cont, to make due
 	// before the next incremental claim (claimFresh).
@@ -162,7 +199,7 @@ func (c *claimCursor) continueLanes(b batch, published []uuid.UUID) {
 	}
 }
 
-// freshArgs are the incremental claim's arguments $5.. $9, and the lanes
+// freshArgs are the incremental claim's arguments $5.. $10, and the lanes
 // whose next event it looks for.
 func (c *claimCursor) freshArgs() ([]any, []laneNext) {
 	c.mu.Lock()
@@ -174,7 +211,7 @@ func (c *claimCursor) freshArgs() ([]any, []laneNext) {
 		points[i] = strconv.FormatUint(p, 10)
 	}
 	types, ids, seqs := laneArrays(cont)
-	return []any{strconv.FormatUint(c.from, 10), points, types, ids, seqs}, cont
+	return []any{strconv.FormatUint(c.from.xid, 10), points, types, ids, seqs, c.from.id}, cont
 }
 
 // freshMeta is what an incremental claim reports besides its rows.
@@ -183,8 +220,8 @@ type freshMeta struct {
 	fresh     int     // rows the range scan read (a full window: window)
 	points    int     // rows the running transactions' lookup read
 	headsCut  bool    // more heads were found than the batch could take
-	lastRead  *string // the highest dispatch_xid the range scan read
-	firstLeft *string // the lowest dispatch_xid of a head the range scan read and left (conservative: of any event it left, not leased here)
+	lastRead  *string // the last position ("xid/event_id") the range scan read
+	firstLeft *string // the lowest position of a head the range scan read and left (conservative: of any event it left, not leased here)
 	keepLanes []int64 // 1-based positions in cont of lanes to look for again
 	// keepPoints are the running transactions of the last snapshot that
 	// now have events the claim read and left (not leased here): a
@@ -199,9 +236,9 @@ type freshMeta struct {
 // every event the claim's snapshot shows was read, and what was left is
 // left to someone who will come back to it: the claim moves to the
 // snapshot's xmax, and its running transactions become the points. Else it
-// moves only up to the lowest dispatch_xid of a head it left for lack of
+// moves only up to the lowest position of a head it left for lack of
 // room (a conservative cursor: of any event it left, not leased by this
-// relay), and never past the last dispatch_xid the range scan read when
+// relay), and never past the last position the range scan read when
 // that scan filled its window (what lies beyond was not read), and keeps
 // its points, adding the transactions running below the new start. The
 // events it read and left for other reasons may be passed, as when the
@@ -255,30 +292,36 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 	}
 	full := m.fresh >= window || m.points >= window || m.headsCut
 	if !full && !c.conservative {
-		c.from, c.points = xmax, xip
+		c.from, c.points = cursorPos{xid: xmax}, xip
 		return nil
 	}
-	to := xmax
+	to := cursorPos{xid: xmax}
 	if m.firstLeft != nil {
-		v, err := strconv.ParseUint(*m.firstLeft, 10, 64)
+		v, err := parseCursorPos(*m.firstLeft)
 		if err != nil {
-			return fmt.Errorf("claim cursor: %w", err)
+			return err
 		}
-		to = min(to, v)
+		if v.before(to) {
+			to = v
+		}
 	}
 	if m.fresh >= window && m.lastRead != nil {
 		// The range scan stopped at its window: the events past the last
 		// one it read were not read at all, whatever it did with those it
-		// read. lastRead itself stays in (the range starts at from,
-		// inclusive): its transaction may have more events than the window
-		// showed.
-		v, err := strconv.ParseUint(*m.lastRead, 10, 64)
+		// read. The last one itself stays in (the range starts at from,
+		// inclusive). The place is an event's, not only its transaction's:
+		// one transaction with more events than a window, none of them
+		// claimable, held a cursor that was a transaction id at that
+		// transaction for good (TestLivenessBulkWriteBehindUnparkedQuarantine).
+		v, err := parseCursorPos(*m.lastRead)
 		if err != nil {
-			return fmt.Errorf("claim cursor: %w", err)
+			return err
 		}
-		to = min(to, v)
+		if v.before(to) {
+			to = v
+		}
 	}
-	if to < c.from {
+	if to.before(c.from) {
 		to = c.from
 	}
 	var points []uint64
@@ -294,14 +337,16 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 			points = append(points, v)
 		}
 		for _, x := range xip {
-			if x < to {
+			if x < to.xid {
 				points = append(points, x)
 			}
 		}
 	default:
+		// A running transaction is never from's or to's (their events
+		// were read, or they are an xmax), so comparing ids is enough.
 		points = c.points
 		for _, x := range xip {
-			if x >= c.from && x < to {
+			if x >= c.from.xid && x < to.xid {
 				points = append(points, x)
 			}
 		}
@@ -341,7 +386,7 @@ func (c *claimCursor) reset(lowest *string, snapshot string) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.from, c.points, c.valid = from, points, true
+	c.from, c.points, c.valid = cursorPos{xid: from}, points, true
 	return nil
 }
 
@@ -377,10 +422,10 @@ func parseSnapshot(s string) (xmin, xmax uint64, xip []uint64, err error) {
 }
 
 // cursorStartSQL is the start-up query of the claim cursor (see
-// claimCursor.reset). It reads outbox_fresh_idx from its start, once.
+// claimCursor.reset). It reads outbox_fresh_key_idx from its start, once.
 func cursorStartSQL(events string) string {
 	return `SELECT (SELECT min(e.dispatch_xid) FROM ` + events + ` e
-	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
+	WHERE coalesce(e.published_at, e.quarantined_at) IS NULL AND e.dispatch_xid IS NOT NULL
 	  AND e.available_at = e.occurred_at)::text,
 	pg_current_snapshot()::text`
 }
@@ -399,11 +444,12 @@ func (r *Relay) startCursor(ctx context.Context) error {
 // window made only of
 //
 //   - fresh: the pending events as written (available_at = occurred_at) at
-//     or past the cursor's dispatch_xid ($5), a range of outbox_fresh_idx,
+//     or past the cursor's position ($5, $10: dispatch_xid, event_id), a
+//     range of outbox_fresh_key_idx,
 //     oldest first, at most window of them;
 //   - points: the pending events as written of the transactions that were
 //     running at the cursor's snapshot ($6), looked up by dispatch_xid one
-//     transaction at a time (outbox_fresh_idx). Written as a filter
+//     transaction at a time (outbox_fresh_key_idx). Written as a filter
 //     (dispatch_xid = ANY ($6)), the generic plan the relay's prepared
 //     statement keeps walked outbox_pending_lane_idx whole instead: under
 //     a pinned xmin, every dead entry of it, 57 of a 68 ms claim (issue 24);
@@ -424,8 +470,8 @@ func (r *Relay) startCursor(ctx context.Context) error {
 //
 // Besides the claimed rows it returns one row (the first column true) with
 // what the cursor needs: the statement's snapshot, how many rows each scan
-// read, whether heads were left for lack of room, the highest dispatch_xid
-// the range scan read, the lowest dispatch_xid of a head it read and left
+// read, whether heads were left for lack of room, the last position the
+// range scan read, the lowest position of a head it read and left
 // for lack of room (for a conservative cursor, see claimCursor: of any event
 // it read and did not claim, not counting events leased by this relay, which
 // it will settle), and which looked-for lanes to look for again because
@@ -455,17 +501,17 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	return `WITH fresh AS (
 	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at,
 		e.aggregate_type, e.aggregate_id, e.aggregate_sequence FROM ` + events + ` e
-	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
+	WHERE coalesce(e.published_at, e.quarantined_at) IS NULL AND e.dispatch_xid IS NOT NULL
 	  AND e.available_at = e.occurred_at
-	  AND e.dispatch_xid >= $5::text::xid8
-	ORDER BY e.dispatch_xid
+	  AND (e.dispatch_xid, e.event_id) >= ($5::text::xid8, $10::uuid)
+	ORDER BY e.dispatch_xid, e.event_id
 	LIMIT ` + window + `
 ), points AS (
 	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at
 	FROM unnest($6::text[]::xid8[]) AS x(xid)
 	CROSS JOIN LATERAL (
 		SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at FROM ` + events + ` e
-		WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL
+		WHERE coalesce(e.published_at, e.quarantined_at) IS NULL AND e.dispatch_xid IS NOT NULL
 		  AND e.available_at = e.occurred_at
 		  AND e.dispatch_xid = x.xid
 		  AND ` + isHead(events, "e") + `
@@ -526,10 +572,12 @@ SELECT true, '00000000-0000-0000-0000-000000000000'::uuid, '', '', 0::bigint, ''
 	(SELECT count(*) FROM fresh),
 	(SELECT count(*) FROM points),
 	(SELECT count(*) FROM all_heads) > ` + limit + `,
-	(SELECT max(f.dispatch_xid)::text FROM fresh f),
-	(SELECT min(f.dispatch_xid)::text FROM fresh f
+	(SELECT f.dispatch_xid::text || '/' || f.event_id::text FROM fresh f
+	 ORDER BY f.dispatch_xid DESC, f.event_id DESC LIMIT 1),
+	(SELECT f.dispatch_xid::text || '/' || f.event_id::text FROM fresh f
 	 WHERE f.event_id NOT IN (SELECT event_id FROM claimed)
-	   AND ` + left + `),
+	   AND ` + left + `
+	 ORDER BY f.dispatch_xid, f.event_id LIMIT 1),
 	ARRAY(SELECT c.n FROM cont c
 	 WHERE c.event_id NOT IN (SELECT event_id FROM claimed)
 	   AND c.quarantined_at IS NULL AND (c.claim_until IS NULL OR c.claim_until < now())),

@@ -319,18 +319,40 @@ func TestFullScanFindsWhatTheCursorDoesNot(t *testing.T) {
 // a filter, which is a read of every pending event and every dead entry.
 func TestFreshClaimPlannedOnEmptyStatistics(t *testing.T) {
 	t.Parallel()
-	for _, stats := range []string{"analyzed empty", "analyzed busy"} {
+	for _, stats := range []string{"analyzed empty", "analyzed busy", "analyzed under a pinned xmin"} {
 		t.Run(stats, func(t *testing.T) {
 			t.Parallel()
-			freshClaimPlanUsesItsIndexes(t, stats == "analyzed busy")
+			freshClaimPlanUsesItsIndexes(t, stats)
 		})
 	}
 }
 
-func freshClaimPlanUsesItsIndexes(t *testing.T, busy bool) {
+func freshClaimPlanUsesItsIndexes(t *testing.T, stats string) {
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	events := schema + ".outbox_events"
+	busy := stats != "analyzed empty"
+	if stats == "analyzed under a pinned xmin" {
+		// The pressure bench's cell: a transaction holds the xmin while
+		// events are written and published, one transaction each, so every
+		// published event leaves its entries in the partial indexes of
+		// pending events and vacuum may remove none; autovacuum's ANALYZE
+		// still runs. With the cursor's place inside a transaction on a
+		// two-column index (stop 33), the generic plan read the range from
+		// outbox_pending_lane_idx whole, with a filter and a sort.
+		pinned, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pinned.Release()
+		if _, err := pinned.Exec(ctx, `BEGIN`); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _, _ = pinned.Exec(context.Background(), `ROLLBACK`) }()
+		if _, err := pinned.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if !busy {
 		if _, err := pool.Exec(ctx, `ANALYZE `+events); err != nil {
 			t.Fatal(err)
@@ -370,7 +392,7 @@ func freshClaimPlanUsesItsIndexes(t *testing.T, busy bool) {
 		t.Fatal(err)
 	}
 	defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE fresh_test`) }()
-	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE fresh_test(1000, 'r', gen_random_uuid(), 1000, '1', ARRAY['2','3'], ARRAY['order'], ARRAY['o1'], ARRAY[2::bigint])`)
+	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE fresh_test(1000, 'r', gen_random_uuid(), 1000, '1', ARRAY['2','3'], ARRAY['order'], ARRAY['o1'], ARRAY[2::bigint], '00000000-0000-0000-0000-000000000000')`)
 	if err != nil {
 		t.Fatal(err)
 	}

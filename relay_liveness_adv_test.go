@@ -154,6 +154,36 @@ func (g *claimGate) hold(r *outbox.Relay) func() {
 	return func() { once.Do(func() { close(release) }) }
 }
 
+// TestLivenessBulkWriteBehindUnparkedQuarantine: one transaction wrote more
+// events of one aggregate than the incremental claim's window, and the
+// first of them is quarantined while nothing parks the lane (a writer's
+// open transaction held its counter row when the relay quarantined it; here
+// the quarantine is set by hand and the lane sweep is an hour away). The
+// range scan's window was then all events of that one transaction, none a
+// head; the cursor, a transaction id, could not move past a transaction it
+// had not read to its end, and every event written after it waited for the
+// full scan (found by the stop-32 review). The cursor now keeps its place
+// inside a transaction.
+func TestLivenessBulkWriteBehindUnparkedQuarantine(t *testing.T) {
+	t.Parallel()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	cfg := freshOnly(schema, b.pub)
+	cfg.BatchSize = 4 // a window of 16
+	cfg.LaneSweepInterval = time.Hour
+	r, stop := startRelay(t, pool, cfg)
+	defer stop()
+	warmUp(t, pool, w, schema)
+	writeQuarantinedByHand(t, pool, w, schema, "bulk", 40)
+	writeEventsFor(t, pool, w, "after-1", "after-2")
+	r.Wake()
+	publishedSoon(t, pool, schema, "events written after a bulk write behind a quarantined head", "after-1", "after-2")
+	if n := countUnpublished(t, pool, schema); n != 40 {
+		t.Fatalf("%d events unpublished, want the 40 of the blocked lane", n)
+	}
+}
+
 // TestLivenessContLockedByALongClaim: a lane's next event k+1, passed by
 // the range scans while k was in flight (not a head then), is looked for by
 // key after k's publish (cont). A statement that holds k+1 locked for

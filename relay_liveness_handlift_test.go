@@ -19,21 +19,19 @@ import (
 )
 
 // TestLivenessQuarantineLiftedByHand: n events of one aggregate written in
-// one transaction (here one; more than a claim's window of them still hold
-// the cursor, see docs/design.md), the first quarantined by hand (which
-// leaves it as written, available_at = occurred_at), and the lane sweep
-// running, as
+// one transaction, the first quarantined by hand (which leaves it as
+// written, available_at = occurred_at), and the lane sweep running, as
 // operations.md promises: "If you lift a quarantine by hand ... the sweep
 // unparks the lane within LaneSweepInterval". Every relay's incremental
-// claim passes the quarantined head (it is not in outbox_fresh_idx
+// claim passes the quarantined head (it is not in outbox_fresh_key_idx
 // while quarantined). Lifted by hand, it went back into that index behind
 // every cursor: not scheduled, not looked for, the sweep unparking only the
 // events behind it, which are not heads. The lane waited for the full scan.
 // The sweep now makes the head due too when it unparks a lane.
 func TestLivenessQuarantineLiftedByHand(t *testing.T) {
 	t.Parallel()
-	for _, n := range []int{1, 8} {
-		t.Run(map[int]string{1: "single", 8: "several"}[n], func(t *testing.T) {
+	for _, n := range []int{1, 40} {
+		t.Run(map[int]string{1: "single", 40: "bulk"}[n], func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pool, schema := outboxtest.Schema(t)

@@ -158,3 +158,53 @@ func TestAdv2UpgradeTo013KeepsThePayloadLimit(t *testing.T) {
 		t.Errorf("after 013, a 2 MiB text payload under the limit raised at 012: %v", err)
 	}
 }
+
+// TestUpgradeTo014RebuildsAnInvalidIndex: an operator followed
+// operations.md ("Upgrading to migration 14") and created
+// outbox_fresh_key_idx concurrently before migrating, but the build failed
+// and left an invalid index of that name. Migration 014 must not keep it
+// (CREATE INDEX IF NOT EXISTS would, and drop the old index: no index for
+// the incremental claim at all): it builds it again.
+func TestUpgradeTo014RebuildsAnInvalidIndex(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool := outboxtest.Pool(t)
+	schema := outboxtest.UniqueName(t, "u")
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+	migrateThrough(t, ctx, pool, schema, 13)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_events (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload_bytes)
+		SELECT gen_random_uuid(), 'order', 'o' || g, 1, 'Tick', '{}' FROM generate_series(1, 2) g`); err != nil {
+		t.Fatal(err)
+	}
+	// A unique index on a column with a repeated value fails, as a
+	// cancelled build does, after its entry in pg_index was made.
+	if _, err := pool.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY outbox_fresh_key_idx ON `+schema+`.outbox_events (aggregate_type)`); err == nil {
+		t.Fatal("the failing concurrent build succeeded")
+	}
+	valid := func() (exists, ok bool) {
+		t.Helper()
+		err := pool.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_and(i.indisvalid), false) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+			WHERE c.relname = 'outbox_fresh_key_idx' AND c.relnamespace = $1::regnamespace`, schema).Scan(&exists, &ok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return exists, ok
+	}
+	if exists, ok := valid(); !exists || ok {
+		t.Fatalf("before the migration: index exists %v, valid %v; want an invalid one", exists, ok)
+	}
+	if _, err := outboxmigrate.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	if exists, ok := valid(); !exists || !ok {
+		t.Fatalf("after migration 014: index exists %v, valid %v; want a valid one", exists, ok)
+	}
+	var def string
+	if err := pool.QueryRow(ctx, `SELECT pg_get_indexdef(($1 || '.outbox_fresh_key_idx')::regclass)`, schema).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(def, "(dispatch_xid, event_id)") {
+		t.Fatalf("after migration 014: %s", def)
+	}
+}
