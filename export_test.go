@@ -73,3 +73,13 @@ func FreshClaimStatement(schema string, batchSize int) (string, error) {
 	}
 	return fastClaimSQL(s.Table("outbox_events"), batchSize, "", false), nil
 }
+
+// HandOffStatement returns the statement that makes lanes' next events due
+// (handOffSkipSQL) for schema, for plan tests.
+func HandOffStatement(schema string) (string, error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return "", err
+	}
+	return handOffSkipSQL(s.Table("outbox_events")), nil
+}

@@ -385,6 +385,8 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		// ReconcileAfter ago, and its cursor never passes the young events
 		// it leaves: they may be the ones the stream misses.
 		r.sql.claim = claimSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("e", cfg.ReconcileAfter))
+		r.sql.look = lookSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("e", cfg.ReconcileAfter))
+		r.sql.claimLooked = claimLookedSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("e", cfg.ReconcileAfter))
 		r.sql.fastClaim = fastClaimSQL(s.Table("outbox_events"), cfg.BatchSize, reconcileHeadSQL("f", cfg.ReconcileAfter), true)
 		r.cursor.conservative = true
 	}

@@ -69,9 +69,12 @@ func (r *Relay) claimKind1(ctx context.Context, kind claimKind) (batch, error) {
 	}
 	var takenOver int64
 	var err error
-	if kind == claimFresh {
+	switch kind {
+	case claimFresh:
 		takenOver, err = r.claimFresh(ctx, q, &b)
-	} else {
+	case claimFullLooked:
+		takenOver, err = r.claimLooked(ctx, q, &b)
+	default:
 		var rows pgx.Rows
 		if rows, err = q.Query(ctx, r.sql.claim, r.cfg.BatchSize, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds()); err != nil {
 			return b, fmt.Errorf("claim batch: %w", err)
@@ -91,7 +94,7 @@ func (r *Relay) claimKind1(ctx context.Context, kind claimKind) (batch, error) {
 			return batch{}, fmt.Errorf("claim batch: %w", err)
 		}
 	}
-	if kind == claimFull {
+	if kind != claimFresh {
 		r.cursor.fullDone(start, time.Since(start), b.total, r.cfg.BatchSize)
 	}
 	r.takenOver.Add(takenOver)

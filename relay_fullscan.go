@@ -9,6 +9,17 @@ package outbox
 // since, and took 14 s at 800 events/s six minutes into the pressure bench's
 // pinned-xmin cell: inline, each one stopped the relay for that long.
 //
+// A full scan in the background is two statements: the look (lookSQL),
+// which reads where the claim would look, the window and, when the window
+// holds no head, the heads past it, without locking a row; then the claim of
+// what it found (claimLookedSQL), which locks those rows by primary key and
+// decides what to claim exactly as the one-statement claim does. The look
+// is what takes long under a pinned xmin; as one statement, the claim held
+// every row of its window locked for as long (22 s in the pressure bench),
+// including rows another relay had claimed since the scan's snapshot (a row
+// locked and then found no longer claimable stays locked to the end of the
+// statement), and that relay's marks of them waited: up to 9 s.
+//
 // Order is kept for the reason the batch claimed ahead keeps it
 // (relay_ahead.go): two claims of one relay hold disjoint lanes. A claim
 // takes a lane's head only when its predecessor is published, and its
@@ -17,9 +28,13 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // fullScan is the background full scan's state.
@@ -59,7 +74,7 @@ func (r *Relay) startFullScan() {
 		start := time.Now()
 		// Cancelled with ctx: the relay does not wait, when it stops, for a
 		// scan that may take long; a cancelled claim claims nothing.
-		b, err := r.claimKind1(ctx, claimFull)
+		b, err := r.claimKind1(ctx, claimFullLooked)
 		a := &ahead{b: b, dur: time.Since(start), err: err}
 		f.mu.Lock()
 		f.running = false
@@ -125,4 +140,70 @@ func (r *Relay) dropFullScan(ctx context.Context) {
 	if err := r.release(context.WithoutCancel(ctx), a.b, allIDs(a.b)); err != nil {
 		r.log.Warn("release the full scan's batch (its lease will expire)", slog.Any("error", err))
 	}
+}
+
+// lookSQL is the background full scan's look: the ids of the full scan's
+// window (the oldest claimable events, a quarter more than the batch) and,
+// when no row of the window is the head of its lane, of the oldest heads
+// past it (at most a batch), as one array, in one read that locks nothing.
+// extra is the relay's further condition on a row e (see claimSQL). The
+// claim that follows (claimLookedSQL) re-checks all of it.
+func lookSQL(events string, batchSize int, extra string) string {
+	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
+	cond := windowCond(extra)
+	return `WITH scan AS (
+	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at
+	FROM ` + events + ` e
+	WHERE ` + cond + `
+	ORDER BY e.available_at, e.occurred_at
+	LIMIT ` + window + `
+), scan_heads AS (` + windowHeadsSQL(events, "1") + `
+), blocked AS (
+	SELECT NOT EXISTS (SELECT 1 FROM scan_heads) AND EXISTS (SELECT 1 FROM scan) AS beyond
+), beyond AS (
+	SELECT e.event_id FROM ` + events + ` e
+	WHERE (SELECT beyond FROM blocked)
+	  AND ` + cond + `
+	  AND ` + isHead(events, "e") + `
+	ORDER BY e.available_at, e.occurred_at
+	LIMIT ` + limit + `
+)
+SELECT coalesce(array_agg(i.event_id), '{}') FROM (
+	SELECT event_id FROM scan UNION ALL SELECT event_id FROM beyond) i`
+}
+
+// claimLookedSQL is the background full scan's claim of the events its look
+// found ($5, an array of ids; $1 to $4 as in claimSQL): the rows are locked
+// (SKIP LOCKED) one primary-key lookup each, in a subquery of their own
+// (OFFSET 0) so that the claimable conditions cannot turn the lookups into
+// a scan, re-checked on their newest version, and then taken as claimSQL
+// takes its window: the heads among them, oldest first, and their
+// successors. The look only decides where the claim looks, never what it
+// may claim, as for the incremental claim.
+func claimLookedSQL(events string, batchSize int, extra string) string {
+	return `WITH scan AS (
+	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at
+	FROM unnest($5::uuid[]) AS i(id)
+	CROSS JOIN LATERAL (
+		SELECT * FROM ` + events + ` e WHERE e.event_id = i.id OFFSET 0 FOR UPDATE SKIP LOCKED) e
+	WHERE ` + windowCond(extra) + `
+), heads AS (` + windowHeadsSQL(events, strconv.Itoa(batchSize)) + `
+), ` + claimHeadsSQL(events)
+}
+
+// claimLooked runs the background full scan's two statements into b: the
+// look, then, when it found anything, the claim of what it found.
+func (r *Relay) claimLooked(ctx context.Context, q querier, b *batch) (int64, error) {
+	var ids []uuid.UUID
+	if err := q.QueryRow(ctx, r.sql.look).Scan(&ids); err != nil {
+		return 0, fmt.Errorf("claim batch: full scan: %w", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	rows, err := q.Query(ctx, r.sql.claimLooked, r.cfg.BatchSize, r.cfg.ID, b.token, r.cfg.LeaseDuration.Milliseconds(), ids)
+	if err != nil {
+		return 0, fmt.Errorf("claim batch: %w", err)
+	}
+	return scanClaimed(rows, b)
 }

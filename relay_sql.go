@@ -28,6 +28,10 @@ type relaySQL struct {
 	// releaseToken releases every event leased under a claim token ($1):
 	// the rows of a claim whose answer was lost (see Relay.dropFullScan).
 	releaseToken string
+	// look and claimLooked are the background full scan's two statements
+	// (relay_fullscan.go): where to look, without a lock, then the claim
+	// of what it found.
+	look, claimLooked string
 }
 
 // newRelaySQL builds the statements for schema s and a relay claiming up to
@@ -40,7 +44,8 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 	flagLanes, parkLanes := parkSQL(s)
 	return relaySQL{
 		flagLanes: flagLanes, parkLanes: parkLanes,
-		claim:     claimSQL(events, batchSize, ""),
+		claim: claimSQL(events, batchSize, ""),
+		look:  lookSQL(events, batchSize, ""), claimLooked: claimLookedSQL(events, batchSize, ""),
 		fastClaim: fastClaimSQL(events, batchSize, "", false), cursorStart: cursorStartSQL(events),
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
@@ -107,7 +112,14 @@ func dueAgainSQL() string { return `clock_timestamp()` }
 // a sequential scan of the table.
 func claimSQL(events string, batchSize int, heads string) string {
 	return `WITH ` + headsSQL(events, batchSize, heads) + `
-), ` + successorsSQL(events) + `
+), ` + claimHeadsSQL(events)
+}
+
+// claimHeadsSQL ends a claim statement after its heads CTE: the heads'
+// successors (successorsSQL), and the UPDATE that leases them all,
+// returning the claim's columns.
+func claimHeadsSQL(events string) string {
+	return successorsSQL(events) + `
 ), candidates AS (
 	SELECT event_id, claimed_by, true AS head FROM heads
 	UNION ALL
@@ -261,11 +273,7 @@ func isHeadExcept(events, e, except string) string {
 // as long as the claim statement.
 func headsSQL(events string, batchSize int, extra string) string {
 	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
-	cond := claimable("e")
-	if extra != "" {
-		cond += `
-	  AND ` + extra
-	}
+	cond := windowCond(extra)
 	return `scan AS (
 	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at
 	FROM ` + events + ` e
@@ -273,13 +281,7 @@ func headsSQL(events string, batchSize int, extra string) string {
 	ORDER BY e.available_at, e.occurred_at
 	LIMIT ` + window + `
 	FOR UPDATE OF e SKIP LOCKED
-), scan_heads AS (
-	SELECT f.event_id, f.claimed_by, f.aggregate_type, f.aggregate_id, f.aggregate_sequence FROM (
-		SELECT DISTINCT ON (w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C") w.* FROM scan w
-		ORDER BY w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C", w.aggregate_sequence) f
-	WHERE ` + isHead(events, "f") + `
-	ORDER BY f.available_at, f.occurred_at
-	LIMIT ` + limit + `
+), scan_heads AS (` + windowHeadsSQL(events, limit) + `
 ), blocked AS (
 	SELECT NOT EXISTS (SELECT 1 FROM scan_heads) AND EXISTS (SELECT 1 FROM scan) AS beyond
 ), beyond AS (
@@ -294,4 +296,28 @@ func headsSQL(events string, batchSize int, extra string) string {
 	SELECT * FROM scan_heads WHERE NOT (SELECT beyond FROM blocked)
 	UNION ALL
 	SELECT * FROM beyond`
+}
+
+// windowHeadsSQL is the body of the scan_heads CTE of a claim whose window
+// is the CTE scan: the first row of each lane in the window, when it is the
+// head of its lane (isHead), oldest first, at most limit of them.
+func windowHeadsSQL(events, limit string) string {
+	return `
+	SELECT f.event_id, f.claimed_by, f.aggregate_type, f.aggregate_id, f.aggregate_sequence FROM (
+		SELECT DISTINCT ON (w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C") w.* FROM scan w
+		ORDER BY w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C", w.aggregate_sequence) f
+	WHERE ` + isHead(events, "f") + `
+	ORDER BY f.available_at, f.occurred_at
+	LIMIT ` + limit
+}
+
+// windowCond is the condition on a row e of the full scan's window: it is
+// claimable, and meets extra (a further condition on e, or empty).
+func windowCond(extra string) string {
+	cond := claimable("e")
+	if extra != "" {
+		cond += `
+	  AND ` + extra
+	}
+	return cond
 }
