@@ -197,9 +197,6 @@ func (c *Consumer) Stats() Stats {
 		RefundFailed: c.refundFailed.Load(), RefundsUnknown: c.refundsUnknown.Load(), SkippedCancelled: c.skipped.Load(), Retried: c.retried.Load()}
 }
 
-// errEarly: an earlier event of the aggregate is not applied yet.
-var errEarly = errors.New("an earlier event of the order is not applied yet")
-
 // Handle applies one delivery (delivery counts from 1) through the inbox.
 // A nil error settles it; else it is to be delivered again after the
 // returned delay.
@@ -208,11 +205,11 @@ func (c *Consumer) Handle(ctx context.Context, msg outbox.Message, delivery int)
 		return c.apply(ctx, tx, msg, delivery)
 	})
 	if err == nil && out == inbox.Early {
-		err = errEarly
+		err = natsloop.ErrEarly
 	}
 	if err != nil {
 		c.retried.Add(1)
-		return natsloop.Backoff(delivery, c.cfg.RetryDelay, RetryDelayMax), err
+		return inbox.Backoff{Min: c.cfg.RetryDelay, Max: RetryDelayMax}.Delay(delivery), err
 	}
 	return 0, nil
 }
