@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/examples/orders/internal/natsloop"
 	"github.com/pgoutbox/outbox/inbox"
 	"github.com/pgoutbox/outbox/internal/failpoint"
 )
@@ -38,7 +39,7 @@ func (c *Consumer) deliver(ctx context.Context, msg outbox.Message, delivery int
 	out, err := c.Handle(hctx, msg)
 	if err != nil {
 		d := inbox.Backoff{Min: c.cfg.RetryDelay, Max: RetryDelayMax}.Delay(delivery)
-		c.log.Warn("apply event failed; redelivering", slog.String("event_id", msg.ID.String()),
+		c.log.Log(ctx, natsloop.FailureLevel(err, delivery), "apply event failed; redelivering", slog.String("event_id", msg.ID.String()),
 			slog.String("order_id", msg.AggregateID), slog.Int64("sequence", msg.Sequence),
 			slog.Int("delivery", delivery), slog.Duration("retry_in", d), slog.Any("error", err))
 		return again, d
