@@ -15,7 +15,10 @@
 //
 // Only after Handle returns should the caller acknowledge the message to the
 // broker: Applied and Duplicate are acked, Early is negatively acknowledged
-// (redelivered later, after the missing event arrived). A crash anywhere
+// (redelivered later, after the missing event arrived), with a delay that
+// grows with the deliveries and is capped: [RedeliveryDelay], or a
+// [Backoff] of the consumer's own, so that a gap costs a few deliveries a
+// minute, not a hot loop. A crash anywhere
 // before the commit leaves nothing behind; a crash after the commit but
 // before the ack causes a redelivery that Handle reports as Duplicate.
 //

@@ -197,5 +197,8 @@
 // function again. To apply each event once, in order, call the inbox
 // (package inbox) from the function, which deduplicates by event id in the
 // database, and return an error for an Early outcome, so the relay retries
-// it after the missing event (see the examples).
+// it after the missing event: outbox.RetryAfter(err, inbox.RedeliveryDelay(1))
+// sets the answer's Retry-After (a request carries no delivery count; the
+// relay's own backoff lengthens the pauses of an event that keeps failing).
+// See the examples.
 package outboxwebhook

@@ -60,9 +60,16 @@
 // separate from the inbox transaction: the attempt commits on its own, so a
 // rolled-back inbox transaction and a redelivery find the recorded outcome
 // instead of calling again. Use the event id as the key, or [Key] (event id
-// and step) when an event causes several calls. On [ErrUnknown],
-// [ErrInProgress] and [ErrParked], do not acknowledge the event: its
-// redelivery calls Do again, which resolves it with the same key.
+// and step) when an event causes several calls. On [ErrUnknown] and
+// [ErrInProgress], do not acknowledge the event: its redelivery (after
+// inbox.RedeliveryDelay, growing and capped) calls Do again, which resolves
+// it with the same key. On [ErrParked], do not redeliver it in a loop: Do
+// calls nothing until an operator resolves the attempt. Record in the
+// event's inbox transaction that it waits on the attempt (a row of the
+// consumer's own) and acknowledge it; a resolver of the consumer's finds
+// the waiting events whose attempt is no longer parked ([Admin.Attempt])
+// and calls Do again with the same key and request, which returns the
+// operator's outcome or, after [ResolveRetry], calls once.
 //
 // # Reconciliation and parking
 //

@@ -38,15 +38,15 @@ func (c *Consumer) deliver(ctx context.Context, msg outbox.Message, delivery int
 	defer cancel()
 	out, err := c.Handle(hctx, msg)
 	if err != nil {
-		d := natsloop.Backoff(delivery, c.cfg.RetryDelay, RetryDelayMax)
-		c.log.Warn("apply event failed; redelivering", slog.String("event_id", msg.ID.String()),
+		d := inbox.Backoff{Min: c.cfg.RetryDelay, Max: RetryDelayMax}.Delay(delivery)
+		c.log.Log(ctx, natsloop.FailureLevel(err, delivery), "apply event failed; redelivering", slog.String("event_id", msg.ID.String()),
 			slog.String("order_id", msg.AggregateID), slog.Int64("sequence", msg.Sequence),
 			slog.Int("delivery", delivery), slog.Duration("retry_in", d), slog.Any("error", err))
 		return again, d
 	}
 	if out == inbox.Early {
 		// An earlier event of this order is not applied yet: let it arrive.
-		return again, natsloop.Backoff(delivery, c.cfg.EarlyDelay, 10*time.Second)
+		return again, inbox.Backoff{Min: c.cfg.EarlyDelay}.Delay(delivery)
 	}
 	if out == inbox.Duplicate {
 		// Worth a line: a duplicate means a failure upstream (a lost ack, a

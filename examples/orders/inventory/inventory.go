@@ -80,8 +80,10 @@ type Config struct {
 	// twice as long for the members to rejoin. Defaults to
 	// SessionTimeoutDefault.
 	SessionTimeout time.Duration
-	// EarlyDelay is the redelivery delay of an event that arrived before an
-	// earlier event of its order was applied. Defaults to EarlyDelayDefault.
+	// EarlyDelay is the first redelivery delay of an event that arrived
+	// before an earlier event of its order was applied; it grows with the
+	// deliveries up to inbox.RedeliveryDelayMax (inbox.Backoff). Defaults to
+	// EarlyDelayDefault.
 	EarlyDelay time.Duration
 	// AMQPTLS is the TLS configuration of an amqps:// broker (RunAMQP);
 	// nil verifies against the system's roots. Run sets it from the

@@ -17,6 +17,11 @@
 // helper's, committed apart: a redelivery after a crash finds it and never
 // charges with a new key. An ambiguous outcome is not acknowledged: the
 // event comes again and the helper resolves it (lookup, or the same key).
+// A charge the helper parks for an operator is not redelivered in a loop:
+// the StockReserved is applied as charge_parked (the payments row, with the
+// reason) and acknowledged, and the resolver (ResolveCharges, run by Run)
+// charges or fails the order with the same key once an operator's
+// `outbox sideeffect resolve` settled the call.
 //
 // A refund whose outcome is unknown is retried with the redelivery's
 // backoff. When the provider refuses it for good, the consumer records

@@ -81,6 +81,11 @@ type Stats struct {
 	// RefundsUnknown counts refunds recorded as unknown (RefundUnknown):
 	// the saga waits while the resolver learns their outcome.
 	RefundsUnknown int64
+	// ChargesParked counts charges whose call the helper parked for an
+	// operator: their StockReserved was acknowledged, and the resolver
+	// (ResolveCharges) charges or fails the order once the call is
+	// resolved.
+	ChargesParked int64
 	// Retried counts deliveries handed back for a redelivery (unknown
 	// outcomes, errors, early events).
 	Retried int64
@@ -95,9 +100,9 @@ type Consumer struct {
 	charge, refund *sideeffect.Caller
 	admin          *sideeffect.Admin
 	log            *slog.Logger
-	q              struct{ ensure, lock, set, unknown string }
+	q              struct{ ensure, lock, set, unknown, parked string }
 
-	captured, declined, refunded, refundFailed, refundsUnknown, skipped, retried atomic.Int64
+	captured, declined, refunded, refundFailed, refundsUnknown, chargesParked, skipped, retried atomic.Int64
 }
 
 // Migrate applies the outbox migrations (inbox, side_effects) to schema and
@@ -162,6 +167,22 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	c.q.set = `UPDATE ` + t + ` SET status = $2, amount_cents = $3, charge_id = coalesce(NULLIF($4, ''), charge_id),
 refund_id = coalesce(NULLIF($5, ''), refund_id), reason = NULLIF($6, ''), cancelled = cancelled OR $7, updated_at = now() WHERE order_id = $1`
 	c.q.unknown = `SELECT order_id FROM ` + t + ` WHERE status = 'refund_unknown' ORDER BY updated_at LIMIT $1`
+	// The parked charges whose attempt is no longer parked: resolved by an
+	// operator (succeeded, failed, or let to call again), and neither under
+	// a live claim nor waiting for its next check (unless an operator let
+	// the next call go: the reconciler may have pushed its check back). A
+	// charge whose attempt is missing is taken too: Do then calls.
+	se, err := pgident.NewSchema(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	c.q.parked = `SELECT p.order_id FROM ` + t + ` p
+LEFT JOIN ` + se.Table("side_effects") + ` s ON s.name = $1 AND s.key = p.order_id || $2
+WHERE p.status = 'charge_parked'
+  AND (s.key IS NULL OR (s.state <> 'parked'
+       AND NOT (s.state = 'started' AND s.lease_until > now())
+       AND NOT (s.state = 'unknown' AND NOT s.operator_retry AND s.next_check_at > now())))
+ORDER BY p.updated_at LIMIT $3`
 	return c, nil
 }
 
@@ -194,11 +215,9 @@ func (c *Consumer) Callers() []*sideeffect.Caller { return []*sideeffect.Caller{
 // Stats returns the running totals.
 func (c *Consumer) Stats() Stats {
 	return Stats{Captured: c.captured.Load(), Declined: c.declined.Load(), Refunded: c.refunded.Load(),
-		RefundFailed: c.refundFailed.Load(), RefundsUnknown: c.refundsUnknown.Load(), SkippedCancelled: c.skipped.Load(), Retried: c.retried.Load()}
+		RefundFailed: c.refundFailed.Load(), RefundsUnknown: c.refundsUnknown.Load(), ChargesParked: c.chargesParked.Load(),
+		SkippedCancelled: c.skipped.Load(), Retried: c.retried.Load()}
 }
-
-// errEarly: an earlier event of the aggregate is not applied yet.
-var errEarly = errors.New("an earlier event of the order is not applied yet")
 
 // Handle applies one delivery (delivery counts from 1) through the inbox.
 // A nil error settles it; else it is to be delivered again after the
@@ -208,11 +227,11 @@ func (c *Consumer) Handle(ctx context.Context, msg outbox.Message, delivery int)
 		return c.apply(ctx, tx, msg, delivery)
 	})
 	if err == nil && out == inbox.Early {
-		err = errEarly
+		err = natsloop.ErrEarly
 	}
 	if err != nil {
 		c.retried.Add(1)
-		return natsloop.Backoff(delivery, c.cfg.RetryDelay, RetryDelayMax), err
+		return inbox.Backoff{Min: c.cfg.RetryDelay, Max: RetryDelayMax}.Delay(delivery), err
 	}
 	return 0, nil
 }
@@ -223,7 +242,7 @@ func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 	for _, sc := range c.Callers() {
 		go func() { _ = sc.Reconcile(ctx) }()
 	}
-	go c.resolveRefunds(ctx)
+	go c.resolve(ctx)
 	c.log.Info("payments consumer starting", slog.String("durable", c.cfg.Durable), slog.String("mode", string(c.cfg.Mode)))
 	return natsloop.Run(ctx, js, natsloop.Config{
 		Stream: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix, Durable: c.cfg.Durable,
@@ -309,24 +328,56 @@ func (c *Consumer) chargeOrder(ctx context.Context, tx pgx.Tx, orderID string, a
 		return c.record(ctx, tx, orderevents.PaymentFailed, orderevents.PaymentPayload{OrderID: orderID, AmountCents: amount,
 			Reason: "order cancelled before the charge"})
 	}
+	res, err := c.callCharge(ctx, orderID, amount)
+	if errors.Is(err, sideeffect.ErrParked) {
+		return c.chargeParked(ctx, tx, orderID, amount, err)
+	}
+	if err != nil {
+		return err // unknown or in progress: the event comes again
+	}
+	return c.chargeKnown(ctx, tx, orderID, r.cancelled, amount, res, delivery)
+}
+
+// callCharge charges the order through the helper, with the order's
+// charge key.
+func (c *Consumer) callCharge(ctx context.Context, orderID string, amount int64) (sideeffect.Result, error) {
 	req := provider.ChargeRequest{Reference: ChargeKey(orderID), Amount: amount, Currency: orderevents.Currency}
 	body, err := json.Marshal(req)
 	if err != nil {
-		return err
+		return sideeffect.Result{}, err
 	}
-	res, err := c.charge.Do(ctx, ChargeKey(orderID), body, func(ctx context.Context, key string) ([]byte, error) {
+	return c.charge.Do(ctx, ChargeKey(orderID), body, func(ctx context.Context, key string) ([]byte, error) {
 		ch, err := c.cfg.Provider.Charge(ctx, key, req)
 		return outcome(ch, err)
 	})
-	if err != nil {
-		return err // unknown, in progress or parked: the event comes again
-	}
+}
+
+// chargeParked applies a StockReserved whose charge the helper parked for
+// an operator: the payments row says charge_parked with the reason, and
+// the event is acknowledged rather than redelivered until the operator
+// acts (each redelivery would only find the attempt parked again). The
+// resolver (ResolveCharges) takes the charge up once it is resolved.
+func (c *Consumer) chargeParked(ctx context.Context, tx pgx.Tx, orderID string, amount int64, cause error) error {
+	reason := fmt.Sprintf("its call is parked in the side-effect helper for an operator: %v; payments records the outcome once resolved (outbox sideeffect resolve --name %s --key %s)",
+		cause, ChargeName, ChargeKey(orderID))
+	c.chargesParked.Add(1)
+	c.log.Warn("charge parked for an operator; the order waits for its resolution", slog.String("order_id", orderID), slog.String("reason", reason))
+	return c.set(ctx, tx, orderID, "charge_parked", amount, "", "", reason, false)
+}
+
+// chargeKnown records a charge whose outcome the helper knows: captured
+// (PaymentCaptured, and the refund when the order was cancelled meanwhile)
+// or declined (PaymentFailed).
+func (c *Consumer) chargeKnown(ctx context.Context, tx pgx.Tx, orderID string, cancelled bool, amount int64, res sideeffect.Result, delivery int) error {
 	var ch provider.Charge
 	_ = json.Unmarshal(res.Response, &ch)
 	if res.State == sideeffect.Failed {
 		reason := ch.FailureCode
 		if reason == "" {
 			reason = res.Error
+		}
+		if res.Via == "operator" {
+			reason = "an operator resolved the charge's call as failed (outbox sideeffect resolve)"
 		}
 		c.declined.Add(1)
 		if err := c.set(ctx, tx, orderID, "failed", amount, "", "", reason, false); err != nil {
@@ -341,7 +392,7 @@ func (c *Consumer) chargeOrder(ctx context.Context, tx pgx.Tx, orderID string, a
 	if err := c.record(ctx, tx, orderevents.PaymentCaptured, orderevents.PaymentPayload{OrderID: orderID, AmountCents: amount, ChargeID: ch.ID}); err != nil {
 		return err
 	}
-	if r.cancelled {
+	if cancelled {
 		return c.refundOrder(ctx, tx, orderID, delivery) // cancelled meanwhile: compensate now
 	}
 	return nil
@@ -511,13 +562,78 @@ func (c *Consumer) resolveRefund(ctx context.Context, orderID string) (bool, err
 	return err == nil, err
 }
 
-// resolveRefunds runs ResolveRefunds until ctx ends.
-func (c *Consumer) resolveRefunds(ctx context.Context) {
+// ResolveCharges is one round of the resolver of charges parked
+// (payments rows in status charge_parked): for each whose attempt in the
+// helper is no longer parked (an operator resolved it as succeeded or
+// failed, or let the next call go, `outbox sideeffect resolve`), it calls
+// the helper's Do again with the charge's key, which answers from the
+// record or calls with the same key, and records PaymentCaptured (and the
+// refund, when the order was cancelled meanwhile) or PaymentFailed with
+// the payments row, in one transaction. A charge still parked costs
+// nothing but its row in one query. It returns how many charges it
+// settled. Run calls it every Config.CheckInterval, so a resolution takes
+// effect within that interval.
+func (c *Consumer) ResolveCharges(ctx context.Context) (int, error) {
+	rows, err := c.pool.Query(ctx, c.q.parked, ChargeName, ChargeKey(""), resolveBatch)
+	if err != nil {
+		return 0, fmt.Errorf("payments: charges parked: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("payments: charges parked: %w", err)
+	}
+	settled := 0
+	for _, id := range ids {
+		ok, err := c.resolveCharge(ctx, id)
+		if err != nil {
+			return settled, fmt.Errorf("payments: resolve the charge of order %s: %w", id, err)
+		}
+		if ok {
+			settled++
+		}
+	}
+	return settled, nil
+}
+
+func (c *Consumer) resolveCharge(ctx context.Context, orderID string) (bool, error) {
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		r, _, err := c.lockRow(ctx, tx, orderID)
+		if err != nil {
+			return err
+		}
+		if r.status != "charge_parked" {
+			return errStillUnknown // settled meanwhile
+		}
+		res, err := c.callCharge(ctx, orderID, r.amount)
+		switch {
+		case errors.Is(err, sideeffect.ErrParked), errors.Is(err, sideeffect.ErrUnknown), errors.Is(err, sideeffect.ErrInProgress),
+			errors.Is(err, sideeffect.ErrLeaseExpired), errors.Is(err, sideeffect.ErrLeaseLost):
+			return errStillUnknown // parked again, or not known yet: a later round
+		case err != nil:
+			return err
+		}
+		c.log.Info("parked charge resolved", slog.String("order_id", orderID), slog.String("state", string(res.State)),
+			slog.String("via", res.Via))
+		// A refund due (cancelled meanwhile) whose outcome is unknown is
+		// recorded as RefundUnknown at once, for the refunds' resolver.
+		return c.chargeKnown(ctx, tx, orderID, r.cancelled, r.amount, res, c.cfg.RefundAttempts)
+	})
+	if errors.Is(err, errStillUnknown) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// resolve runs ResolveCharges and ResolveRefunds until ctx ends.
+func (c *Consumer) resolve(ctx context.Context) {
 	every := c.cfg.CheckInterval
 	if every <= 0 {
 		every = sideeffect.CheckIntervalDefault
 	}
 	for {
+		if _, err := c.ResolveCharges(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("resolve charges", slog.Any("error", err))
+		}
 		if _, err := c.ResolveRefunds(ctx); err != nil && ctx.Err() == nil {
 			c.log.Warn("resolve refunds", slog.Any("error", err))
 		}

@@ -29,6 +29,7 @@ type env struct {
 	schema string
 	pool   *pgxpool.Pool
 	client *provider.Client
+	svc    *provider.Service
 	posts  atomic.Int64 // POST /charges received
 }
 
@@ -56,6 +57,7 @@ func newEnv(t *testing.T, mode provider.Mode) *env {
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(svc.StopHanging)
+	e.svc = svc
 	e.client = provider.NewClient(srv.URL, "", payments.HTTPClient())
 	return e
 }
@@ -115,7 +117,7 @@ func stockReserved(t *testing.T, orderID string, cents int64) outbox.Message {
 		t.Fatal(err)
 	}
 	return outbox.Message{ID: uuid.New(), AggregateType: orderevents.InventoryAggregateType, AggregateID: orderID,
-		Sequence: 1, Type: orderevents.StockReserved, Payload: b, OccurredAt: time.Now()}
+		Sequence: 1, Type: orderevents.StockReserved, SchemaVersion: 1, Payload: b, OccurredAt: time.Now()}
 }
 
 // Issue 19, item 3, the saga's payments step: a payments worker is paused

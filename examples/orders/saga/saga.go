@@ -70,8 +70,6 @@ func New(pool *pgxpool.Pool, svc *ordersapi.Service, cfg Config) (*Consumer, err
 	return &Consumer{svc: svc, cfg: cfg, inbox: in}, nil
 }
 
-var errEarly = errors.New("an earlier event of the order is not applied yet")
-
 // Handle applies one delivery through the inbox; a nil error settles it,
 // else it is to be delivered again after the returned delay.
 func (c *Consumer) Handle(ctx context.Context, msg outbox.Message, delivery int) (time.Duration, error) {
@@ -79,11 +77,11 @@ func (c *Consumer) Handle(ctx context.Context, msg outbox.Message, delivery int)
 		return c.svc.ApplySagaEvent(ctx, tx, msg)
 	})
 	if err == nil && out == inbox.Early {
-		err = errEarly
+		err = natsloop.ErrEarly
 	}
 	if err != nil {
 		c.retried.Add(1)
-		return natsloop.Backoff(delivery, c.cfg.RetryDelay, RetryDelayMax), err
+		return inbox.Backoff{Min: c.cfg.RetryDelay, Max: RetryDelayMax}.Delay(delivery), err
 	}
 	if out == inbox.Applied {
 		c.applied.Add(1)

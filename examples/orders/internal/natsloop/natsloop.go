@@ -37,8 +37,15 @@ type Config struct {
 }
 
 // Handler handles one delivery (delivery counts from 1): nil settles it (ack);
-// an error asks for a redelivery after retry.
+// an error asks for a redelivery after retry (an inbox.Backoff's delay).
+// ErrEarly (wrapped or not) says the inbox found the event early.
 type Handler func(ctx context.Context, msg outbox.Message, delivery int) (retry time.Duration, err error)
+
+// ErrEarly is a Handler's error for an event the inbox found early (an
+// earlier event of its aggregate is not applied yet): redelivered like a
+// failure, logged at debug level only (the inbox_early_total metric counts
+// them), since a redelivery that overtook its predecessor is no fault.
+var ErrEarly = errors.New("an earlier event of the aggregate is not applied yet")
 
 // Run consumes until ctx ends, recreating the message iterators after a
 // failure and waiting for the stream while it does not exist. Each
@@ -149,7 +156,7 @@ func process(ctx context.Context, m jetstream.Msg, cfg Config, h Handler) {
 	defer cancel()
 	retry, err := h(hctx, msg, delivered)
 	if err != nil {
-		cfg.Logger.Warn("handle event failed; redelivering", slog.String("event_id", msg.ID.String()),
+		cfg.Logger.Log(ctx, FailureLevel(err, delivered), "handle event failed; redelivering", slog.String("event_id", msg.ID.String()),
 			slog.String("type", msg.Type), slog.String("order_id", msg.AggregateID), slog.Int("delivery", delivered),
 			slog.Duration("retry_in", retry), slog.Any("error", err))
 		_ = m.NakWithDelay(retry)
@@ -160,7 +167,20 @@ func process(ctx context.Context, m jetstream.Msg, cfg Config, h Handler) {
 	}
 }
 
-// Backoff doubles base for each attempt after the first, up to max.
+// FailureLevel is the level of the line logging a failed delivery: debug
+// for ErrEarly; warn for the deliveries numbered 1, 2, 4, 8, ... (a power
+// of two) and debug for the others, so that an event failing for an hour
+// at a 10 s delay logs about 9 warnings rather than 360.
+func FailureLevel(err error, delivery int) slog.Level {
+	if errors.Is(err, ErrEarly) || delivery > 1 && delivery&(delivery-1) != 0 {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
+}
+
+// Backoff doubles base for each attempt after the first, up to max: the
+// waits of the consumers' reconnection loops (a delivery's redelivery
+// delay is an inbox.Backoff's).
 func Backoff(attempt int, base, max time.Duration) time.Duration {
 	return backoff.Exponential(attempt, base, max)
 }

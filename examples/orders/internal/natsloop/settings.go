@@ -28,9 +28,10 @@ type Settings struct {
 	// it also bounds the handling of one delivery. Defaults to the
 	// consumer's AckWaitDefault.
 	AckWait time.Duration
-	// RetryDelay is the first redelivery delay after a failure; it doubles
-	// with each delivery up to the consumer's RetryDelayMax. Defaults to
-	// the consumer's RetryDelayDefault.
+	// RetryDelay is the first redelivery delay after a failure (or an
+	// early event); it grows with each delivery up to the consumer's
+	// RetryDelayMax (inbox.Backoff, with jitter). Defaults to the
+	// consumer's RetryDelayDefault.
 	RetryDelay time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
