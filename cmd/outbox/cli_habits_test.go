@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxmigrate"
+	"github.com/pgoutbox/outbox/sideeffect"
 )
 
 // TestQuarantineListFitsAndWide is issue 22, item 12: by default a row
@@ -201,20 +203,46 @@ func TestMigrateStatus(t *testing.T) {
 // keys carrying the schema's values.
 func TestReadCommandsJSON(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	insertEvent(t, pool, schema, "r1", 1, "published_at = now()")
 	insertEvent(t, pool, schema, "r1", 2, "")
+	poison := insertEvent(t, pool, schema, "q1", 1, "quarantined_at = now(), attempt_count = 2, last_error = 'refused'")
+	// A parked side-effect attempt, for status's side_effects and the
+	// sideeffect commands.
+	c, err := sideeffect.New(pool, sideeffect.Config{Name: "mail.send", Schema: schema, Mode: sideeffect.Neither})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Do(ctx, "evt-1", nil, func(context.Context, string) ([]byte, error) { return nil, errors.New("connection reset") }); !errors.Is(err, sideeffect.ErrUnknown) {
+		t.Fatal(err)
+	}
+	if _, err := c.Do(ctx, "evt-1", nil, func(context.Context, string) ([]byte, error) { return nil, nil }); !errors.Is(err, sideeffect.ErrParked) {
+		t.Fatal(err)
+	}
+	obj := func(v any) map[string]any { m, _ := v.(map[string]any); return m }
 	s := []string{"--schema", schema, "--json"}
 	for _, c := range []struct {
 		args  []string
 		check func(v any) bool
 	}{
-		{[]string{"status"}, func(v any) bool { return v.(map[string]any)["pending"] == 1.0 }},
-		{[]string{"quarantine", "list"}, func(v any) bool { return len(v.([]any)) == 0 }},
-		{[]string{"inbox", "status"}, func(v any) bool { _, ok := v.(map[string]any); return ok }},
-		{[]string{"sideeffect", "parked"}, func(v any) bool { return len(v.(map[string]any)["attempts"].([]any)) == 0 }},
-		{[]string{"replay", "--dry-run", "--all"}, func(v any) bool { return v.(map[string]any)["events"] == 1.0 }},
-		{[]string{"migrate", "--status"}, func(v any) bool { return v.(map[string]any)["up_to_date"] == true }},
+		{[]string{"status"}, func(v any) bool {
+			return obj(v)["pending"] == 2.0 && obj(v)["quarantined"] == 1.0 && obj(obj(v)["side_effects"])["schema"] == schema
+		}},
+		{[]string{"quarantine", "list"}, func(v any) bool {
+			l, _ := v.([]any)
+			return len(l) == 1 && obj(l[0])["event_id"] == poison.String()
+		}},
+		{[]string{"inbox", "status"}, func(v any) bool { return obj(v) != nil }},
+		{[]string{"sideeffect", "parked"}, func(v any) bool {
+			l, _ := obj(v)["attempts"].([]any)
+			return len(l) == 1 && obj(l[0])["key"] == "evt-1" && obj(l[0])["state"] == "parked"
+		}},
+		{[]string{"sideeffect", "show", "--name", "mail.send", "--key", "evt-1"}, func(v any) bool {
+			return obj(v)["name"] == "mail.send" && obj(v)["last_error"] == "connection reset"
+		}},
+		{[]string{"replay", "--dry-run", "--all"}, func(v any) bool { return obj(v)["events"] == 1.0 }},
+		{[]string{"migrate", "--status"}, func(v any) bool { return obj(v)["up_to_date"] == true }},
 	} {
 		stdout, stderr, code := runOutbox(t, nil, append(c.args, s...)...)
 		if code != 0 {
@@ -231,9 +259,10 @@ func TestReadCommandsJSON(t *testing.T) {
 			t.Errorf("outbox %v --json: unexpected values:\n%s", c.args, stdout)
 		}
 		checkSnakeCase(t, stdout)
-		help, helpErr, _ := runOutbox(t, nil, append(c.args, "--help")...)
+		cmdArgs := append(append([]string{}, c.args[:min(2, len(c.args))]...), "--help")
+		help, helpErr, _ := runOutbox(t, nil, cmdArgs...)
 		if !strings.Contains(help+helpErr, "-json") {
-			t.Errorf("outbox %v --help does not document --json", c.args)
+			t.Errorf("outbox %v does not document --json", cmdArgs)
 		}
 	}
 }
