@@ -173,8 +173,11 @@ func TestDemoSagaModes(t *testing.T) {
 			relaxed := strings.Contains(i7, "RELAXED for blind retries (mode neither, --blind-retry)")
 			switch c.name {
 			case "neither":
-				if m[2] != m[1] || !regexp.MustCompile(`(?m)^duplicate charges\s+0\s+mode neither: a figure, not a check; no blind retry: unknown outcomes parked for an operator \(`+m[2]+` parked calls\)$`).MatchString(report) {
-					t.Errorf("mode neither without --blind-retry: want every ambiguous call (%s) parked and no duplicate charge", m[1])
+				// A refund whose outcome the provider answered before the
+				// drop may still be unknown, not parked yet, at the end:
+				// the charges' are parked (their sagas wait for that).
+				if m[2] == "0" || !regexp.MustCompile(`(?m)^duplicate charges\s+0\s+mode neither: a figure, not a check; no blind retry: unknown outcomes parked for an operator \(`+m[2]+` parked calls\)$`).MatchString(report) {
+					t.Errorf("mode neither without --blind-retry: want the ambiguous calls (%s) parked (%s) and no duplicate charge", m[1], m[2])
 				}
 				if !strings.Contains(report, "mode neither), payments consumer, saga consumer running; an unknown outcome is parked for an operator (the default; --blind-retry calls again)") {
 					t.Error("the header does not say mode neither parks unknown outcomes")
