@@ -576,7 +576,7 @@ WHERE e.published_at IS NOT NULL`, inventory.InboxConsumerDefault).Scan(&p50, &p
 	rep.WriteFigures(d.out)
 	if d.cdc != nil {
 		cs := d.cdc.Stats()
-		chaos.Line(d.out, "cdc", cs.Published(), fmt.Sprintf("events published from the WAL by the CDC path (%d read, %d left to the safety net)", cs.Received(), cs.Left()))
+		chaos.Line(d.out, "cdc", cs.Published(), fmt.Sprintf("published from the WAL by the CDC path (%d read, %d left to the safety net)", cs.Received(), cs.Left()))
 		chaos.Line(d.out, "safety net", relay.Published, fmt.Sprintf("published by the polling safety net (events older than %s)", reconcileAfterDefault))
 	} else {
 		what := "events"
