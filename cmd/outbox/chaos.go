@@ -84,7 +84,7 @@ func runChaos(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the schema, the broker's storage and the logs")
 	fs.BoolVar(&cfg.Verbose, "verbose", false, "copy the processes' output to stderr")
 	fs.BoolVar(&cfg.Saga, "saga", false, "also run the order saga (payment provider, payments and saga consumers; NATS only): kill them, kill payments between the provider call and its record, inject provider timeouts after commit, dropped responses and 500s, and check I6 and I7")
-	fs.StringVar(&cfg.ProviderMode, "provider-mode", "idempotent", "with --saga: the provider's mode, idempotent or queryable (I6 checked) or neither (duplicate charges reported)")
+	fs.StringVar(&cfg.ProviderMode, "provider-mode", "idempotent", "with --saga: the provider's mode, idempotent or queryable (I6 checked) or neither (an unknown outcome parked for an operator, never called blindly again; duplicate charges reported as a figure)")
 	printSchedule := fs.Bool("print-schedule", false, "print the fault schedule of --seed and --duration, and exit")
 	mode := fs.String("mode", cli.Env("OUTBOX_CHAOS_MODE", "polling"), "relay mode: polling, or cdc (on a private cluster with wal_level=logical; env OUTBOX_CHAOS_MODE)")
 	if err := cli.Parse(fs, args); err != nil {

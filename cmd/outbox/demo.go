@@ -53,6 +53,7 @@ type demoFlags struct {
 	noSaga         bool
 	providerMode   string
 	providerFaults string
+	blindRetry     bool
 }
 
 func runDemo(ctx context.Context, args []string) error {
@@ -84,7 +85,15 @@ responses: --provider-faults), the payments consumer charging and refunding
 through the side-effect helper, and the saga consumer confirming or cancelling
 the orders; it waits until every saga settled and checks I6 (no order charged
 twice, from the provider's ledger; a figure in mode neither) and I7 (every
-order confirmed, cancelled with nothing charged, or parked with a reason). Each run uses a fresh schema and stream
+order confirmed, cancelled with nothing charged, or parked with a reason).
+In mode neither the provider can neither deduplicate nor be asked, so a call
+whose outcome is unknown is parked for an operator (the documented default,
+docs/side-effects.md; the order's saga counts as parked); --blind-retry calls
+again instead, a counted possible duplicate charge, and I7 is then checked in
+its relaxed form (an order may be captured twice), named so on its line.
+The faults the demo injects (the dropped consumer acks of --lost-acks, the
+provider's --provider-faults) are labelled injected=true in the log lines they
+cause. Each run uses a fresh schema and stream
 (with its subject prefix), topic, or exchange (with its queues) of its own, removed at
 the end unless --keep.
 
@@ -128,12 +137,15 @@ Exits non-zero if a check fails.`)
 	fs.StringVar(&f.writer, "writer", ordersapi.WriterGo, "how the order API records its events: go (outbox.Writer) or sql (a plain SQL call of the enqueue function in the order's transaction, as from any language: docs/sql-api.md)")
 	fs.StringVar(&f.postgres, "postgres", postgresAuto, "which PostgreSQL: auto (DATABASE_URL when set; else the default address when PostgreSQL 13+ lets the demo in there; else a private cluster), url (DATABASE_URL, --database-url or the default address, never a private cluster), or private (a private cluster from the machine's server binaries, removed at the end unless --keep)")
 	fs.BoolVar(&f.noSaga, "no-saga", false, "run without the order saga (payment provider, payments and saga consumers); a non-NATS destination runs without it anyway")
-	fs.StringVar(&f.providerMode, "provider-mode", "idempotent", "the payment provider's mode: idempotent, queryable (I6 checked in both) or neither (duplicate charges reported as a figure)")
+	fs.StringVar(&f.providerMode, "provider-mode", "idempotent", "the payment provider's mode: idempotent, queryable (I6 checked in both) or neither (an unknown outcome parked for an operator, unless --blind-retry; duplicate charges reported as a figure)")
 	fs.StringVar(&f.providerFaults, "provider-faults", "drop-response:p=0.05", "faults of the payment provider, as 'orders provider --fault' takes them, ';'-separated (\"\": none); a dropped response is an ambiguous outcome the payments consumer resolves")
+	fs.BoolVar(&f.blindRetry, "blind-retry", false, "with --provider-mode neither: call the provider again after an unknown outcome (a counted blind retry, a possible duplicate charge; I7 checked in its relaxed form) instead of parking the call for an operator")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	switch {
+	case f.blindRetry && f.providerMode != "neither":
+		return cli.Usagef(fs, "--blind-retry goes with --provider-mode neither (the other modes resolve an unknown outcome with the same key)")
 	case f.orders < 1:
 		return fmt.Errorf("--orders %d must be positive", f.orders)
 	case f.concurrency < 1:
@@ -164,7 +176,9 @@ Exits non-zero if a check fails.`)
 	if f.verbose {
 		level = slog.LevelInfo
 	}
-	d := &demoRun{flags: f, out: out, log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level}))}
+	// The components log through injectedHandler: a line an injected fault
+	// caused says so (demo_injected.go).
+	d := &demoRun{flags: f, out: out, log: slog.New(newInjectedHandler(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level})))}
 	return d.run(ctx)
 }
 
@@ -257,6 +271,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	}()
 	defer setEnv(append(chaos.DestinationEnv(d.dest, chaos.RoleRelay), chaos.DestinationEnv(d.dest, chaos.RoleConsumer)...))()
 	d.where.Saga = !d.flags.noSaga && sagaSupported(d.dest)
+	d.where.BlindRetry = d.flags.blindRetry
 	if err := d.setUp(ctx); err != nil {
 		return err
 	}
@@ -315,7 +330,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 		baseURL, d.relay.ID(), inventory.DurableDefault, inventory.WorkersDefault)
 	if d.saga != nil {
 		d.runSaga(gctx, g)
-		d.printf("  saga: payment provider (mode %s), payments consumer, saga consumer running\n", d.saga.mode)
+		d.printf("  saga: payment provider (mode %s), payments consumer, saga consumer running%s\n", d.saga.mode, neitherNote(d.saga.mode, d.flags.blindRetry))
 	} else {
 		d.printf("  saga: off (%s)\n", map[bool]string{true: "--no-saga", false: "its consumers read NATS JetStream only"}[d.flags.noSaga])
 	}
@@ -329,7 +344,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 		time.Since(d.start).Seconds(), d.driver.Ledger.Len(), d.flags.orders)
 	p, convErr := chaos.WaitConverged(waitCtx, d.pool, d.dest, d.where)
 	if convErr == nil {
-		d.printf("  [%5.1fs] converged: all %d events published and applied\n", time.Since(d.start).Seconds(), p.Events)
+		d.printf("  [%5.1fs] converged: all %d order events published and applied\n", time.Since(d.start).Seconds(), p.Events)
 		if d.saga != nil {
 			convErr = d.waitSaga(waitCtx)
 		}
@@ -526,7 +541,7 @@ func (d *demoRun) progress(ctx context.Context, done chan<- struct{}) {
 			continue
 		}
 		s := d.consumer.Stats()
-		d.printf("  [%5.1fs] commands %d/%d | events written %d, published %d, applied %d | duplicates %d, early %d\n",
+		d.printf("  [%5.1fs] commands %d/%d | order events written %d, published %d, applied %d | duplicates %d, early %d\n",
 			time.Since(d.start).Seconds(), d.driver.Ledger.Len(), d.flags.orders, p.Events, p.Events-p.Unpublished, p.Processed, s.Duplicates, s.Early)
 	}
 }
@@ -564,7 +579,11 @@ WHERE e.published_at IS NOT NULL`, inventory.InboxConsumerDefault).Scan(&p50, &p
 		chaos.Line(d.out, "cdc", cs.Published(), fmt.Sprintf("published from the WAL by the CDC path (%d read, %d left to the safety net)", cs.Received(), cs.Left()))
 		chaos.Line(d.out, "safety net", relay.Published, fmt.Sprintf("published by the polling safety net (events older than %s)", reconcileAfterDefault))
 	} else {
-		chaos.Line(d.out, "relay", relay.Published, fmt.Sprintf("marked published after the broker's ack (%d claimed, %d failed)", relay.Claimed, relay.Failed))
+		what := "events"
+		if rep.Saga != nil {
+			what = "order and saga events"
+		}
+		chaos.Line(d.out, "relay", relay.Published, fmt.Sprintf("%s marked published after the broker's ack (%d claimed, %d failed)", what, relay.Claimed, relay.Failed))
 	}
 	chaos.Line(d.out, "applied", cons.Applied, "by the inventory consumer, in the order's transaction")
 	chaos.Line(d.out, "duplicates suppressed", cons.Duplicates, fmt.Sprintf("by the inbox: redeliveries after %d dropped acks", failpoint.Fired(inventory.FailpointAfterCommitBeforeAck)))

@@ -61,7 +61,10 @@ func (d *demoRun) setUpSaga(ctx context.Context) error {
 		faults.Rules = append(faults.Rules, r)
 	}
 	faults.Seed = d.flags.seed
-	if s.prov, err = provider.New(d.pool, provider.Config{Schema: d.where.Schema, Mode: mode, Faults: faults, Logger: d.log}); err != nil {
+	// The provider tells which requests it injected a fault into; the
+	// payments consumer's client labels their errors (demo_injected.go).
+	injected := &injectedFaults{}
+	if s.prov, err = provider.New(d.pool, provider.Config{Schema: d.where.Schema, Mode: mode, Faults: faults, Logger: d.log, OnFault: injected.onFault}); err != nil {
 		return err
 	}
 	if err := s.prov.Migrate(ctx); err != nil {
@@ -73,7 +76,9 @@ func (d *demoRun) setUpSaga(ctx context.Context) error {
 	}
 	s.srv = &http.Server{Handler: s.prov.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.srv.Serve(ln) }()
-	s.client = provider.NewClient("http://"+ln.Addr().String(), "", payments.HTTPClient())
+	hc := payments.HTTPClient()
+	hc.Transport = injected.transport(hc.Transport)
+	s.client = provider.NewClient("http://"+ln.Addr().String(), "", hc)
 	opts, _, err := destinationFlags(d.dest, chaos.RoleConsumer)
 	if err != nil {
 		return err
@@ -88,9 +93,10 @@ func (d *demoRun) setUpSaga(ctx context.Context) error {
 	}
 	if s.payments, err = payments.New(d.pool, payments.Config{Settings: payments.Settings{Schema: d.where.Schema, Stream: opts.NATSStream,
 		SubjectPrefix: opts.NATSSubjectPrefix, AckWait: 30 * time.Second, Logger: d.log}, Provider: s.client, Mode: mode,
-		// Mode neither: call again after a lost response, so that the
+		// Mode neither: park the call after a lost response (the
+		// default), or with --blind-retry call again, so that the
 		// duplicates it causes are measured.
-		BlindRetry:  mode == provider.ModeNeither,
+		BlindRetry:  d.flags.blindRetry,
 		CallTimeout: 5 * time.Second, CheckInterval: 100 * time.Millisecond}); err != nil {
 		return err
 	}
@@ -100,6 +106,18 @@ func (d *demoRun) setUpSaga(ctx context.Context) error {
 	}
 	d.saga = s
 	return nil
+}
+
+// neitherNote says, in the saga's line of the run's header, what mode
+// neither does with an unknown outcome.
+func neitherNote(mode provider.Mode, blindRetry bool) string {
+	switch {
+	case mode != provider.ModeNeither:
+		return ""
+	case blindRetry:
+		return "; an unknown outcome is called again (--blind-retry: possible duplicate charges, counted; I7 relaxed)"
+	}
+	return "; an unknown outcome is parked for an operator (the default; --blind-retry calls again)"
 }
 
 // runSaga starts the saga's consumers in g.

@@ -3,16 +3,27 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/pgoutbox/outbox/internal/cli"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
+const migrateUsage = `migrate [--database-url URL] [--schema NAME] [--status [--json] | --print | --print-grants [--writer-role R] [--relay-role R] [--operator-role R] [--consumer-role R]]
+
+Creates the schema's outbox tables or applies the migrations it lacks (idempotent; safe from
+several processes at once). --status only reads: the version the schema is at, the migrations
+applied (with when) and the ones this binary would apply; with --json as one JSON object
+(schema, version, latest_version, up_to_date, ahead, applied[{version, name, applied_at}],
+pending[{version, name}]). --print and --print-grants print SQL and touch no database.`
+
 func runMigrate(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("outbox", "migrate", "migrate [--database-url URL] [--schema NAME] [--print | --print-grants [--writer-role R] [--relay-role R] [--operator-role R] [--consumer-role R]]")
+	fs := cli.NewFlagSet("outbox", "migrate", migrateUsage)
 	var common cli.Common
 	common.Register(fs)
 	print := fs.Bool("print", false, "print the SQL for the schema instead of applying it (for your own migration tool)")
+	status := fs.Bool("status", false, "only show the schema's version, the migrations applied and those this binary would apply; changes nothing")
+	asJSON := fs.Bool("json", false, "with --status: print it as JSON")
 	printGrants := fs.Bool("print-grants", false, "print the GRANT statements that give the writer, relay, operator and consumer roles least privilege on the schema (run them as the tables' owner; see docs/operations.md, Security, Roles)")
 	var roles outboxmigrate.Roles
 	fs.StringVar(&roles.Writer, "writer-role", outboxmigrate.WriterRoleDefault, "with --print-grants: the application's role (Writer, Notifier)")
@@ -22,8 +33,11 @@ func runMigrate(ctx context.Context, args []string) error {
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	if *print && *printGrants {
-		return cli.Usagef(fs, "--print and --print-grants are exclusive")
+	if *print && *printGrants || *status && (*print || *printGrants) {
+		return cli.Usagef(fs, "--status, --print and --print-grants are exclusive")
+	}
+	if *asJSON && !*status {
+		return cli.Usagef(fs, "--json goes with --status")
 	}
 	if *printGrants {
 		text, err := outboxmigrate.Grants(common.Schema, roles)
@@ -46,6 +60,17 @@ func runMigrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	if *status {
+		st, err := readMigrationStatus(ctx, pool, common.Schema)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return opJSON(os.Stdout, st)
+		}
+		printMigrationStatus(os.Stdout, st)
+		return nil
+	}
 	res, err := outboxmigrate.Migrate(ctx, pool, common.Schema)
 	if err != nil {
 		return err

@@ -5,14 +5,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/internal/redact"
 )
 
 const quarantineUsage = `quarantine list|retry|skip [flags]
@@ -36,19 +37,35 @@ func runQuarantine(ctx context.Context, args []string) error {
 	})
 }
 
+const quarantineListUsage = `quarantine list [--aggregate-type T] [--limit N] [--wide] [--json] [flags]
+
+Lists the quarantined events, oldest quarantine first, with their last error and the number of
+later events of their aggregate blocked behind them (BLOCKED), one event a line.
+
+By default the table fits 120 columns: EVENT ID, AGGREGATE (type/id#sequence), TYPE, ATTEMPTS,
+AGE (since it was quarantined), BLOCKED and LAST ERROR; a long aggregate is cut in its middle and a
+long type or error at its end, marked with "…". --wide prints every column whole (the aggregate's
+sequence in a column of its own, the quarantine's time in RFC 3339) whatever the width; --json
+prints the events as a JSON array (event_id, aggregate_type, aggregate_id, aggregate_sequence,
+event_type, attempt_count, last_error, quarantined_at, blocked, ...).`
+
 func quarantineList(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("outbox", "quarantine list", "quarantine list [--aggregate-type T] [--limit N] [--json] [flags]\n\nLists the quarantined events, oldest quarantine first, with their last error and the number of\nlater events of their aggregate blocked behind them.")
+	fs := cli.NewFlagSet("outbox", "quarantine list", quarantineListUsage)
 	var common cli.Common
 	common.Register(fs)
 	aggType := fs.String("aggregate-type", "", "only this aggregate type")
 	limit := fs.Int("limit", 100, "most events listed")
-	asJSON := fs.Bool("json", false, "print the events as JSON")
+	wide := fs.Bool("wide", false, "print every column whole, however wide (default: fit 120 columns, eliding long cells with …)")
+	asJSON := fs.Bool("json", false, "print the events as a JSON array")
 	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if *limit < 1 {
 		return cli.Usagef(fs, "--limit %d must be positive", *limit)
+	}
+	if *wide && *asJSON {
+		return cli.Usagef(fs, "--wide and --json are exclusive")
 	}
 	admin, pool, err := openAdmin(ctx, common, nil)
 	if err != nil {
@@ -69,17 +86,41 @@ func quarantineList(ctx context.Context, args []string) error {
 		fmt.Println("no quarantined events")
 		return nil
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT ID\tAGGREGATE\tSEQ\tTYPE\tATTEMPTS\tQUARANTINED\tBLOCKED\tLAST ERROR")
-	for _, e := range events {
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%d\t%s\t%d\t%s\n", e.ID, e.AggregateType, e.AggregateID, e.Sequence, e.Type,
-			e.Attempts, e.QuarantinedAt.Format(time.RFC3339), e.Blocked, opOneLine(e.LastError, 80))
-	}
-	tw.Flush()
+	writeQuarantined(os.Stdout, events, time.Now(), *wide)
 	if len(events) == *limit {
 		fmt.Printf("(first %d shown; use --limit)\n", *limit)
 	}
 	return nil
+}
+
+// writeQuarantined prints the quarantine list's table: within
+// defaultWidth columns, or whole with wide.
+func writeQuarantined(w io.Writer, events []outbox.EventInfo, now time.Time, wide bool) {
+	rows := make([][]string, 0, len(events))
+	if wide {
+		for _, e := range events {
+			rows = append(rows, []string{e.ID.String(), e.AggregateType + "/" + e.AggregateID, fmt.Sprint(e.Sequence), e.Type,
+				fmt.Sprint(e.Attempts), quarantinedAt(e).Format(time.RFC3339), fmt.Sprint(e.Blocked), redact.Text(e.LastError)})
+		}
+		writeFitted(w, 0, []fitColumn{{header: "EVENT ID"}, {header: "AGGREGATE"}, {header: "SEQ"}, {header: "TYPE"},
+			{header: "ATTEMPTS"}, {header: "QUARANTINED"}, {header: "BLOCKED"}, {header: "LAST ERROR"}}, rows)
+		return
+	}
+	for _, e := range events {
+		rows = append(rows, []string{e.ID.String(), fmt.Sprintf("%s/%s#%d", e.AggregateType, e.AggregateID, e.Sequence), e.Type,
+			fmt.Sprint(e.Attempts), opAge(now.Sub(quarantinedAt(e))), fmt.Sprint(e.Blocked), redact.Text(e.LastError)})
+	}
+	// The event id stays whole: it is what retry and skip take.
+	writeFitted(w, defaultWidth, []fitColumn{{header: "EVENT ID"}, {header: "AGGREGATE", min: 16, middle: true}, {header: "TYPE", min: 10},
+		{header: "ATTEMPTS"}, {header: "AGE"}, {header: "BLOCKED"}, {header: "LAST ERROR", min: 20, weight: 2}}, rows)
+}
+
+// quarantinedAt is when e was quarantined (the zero time if it is not).
+func quarantinedAt(e outbox.EventInfo) time.Time {
+	if e.QuarantinedAt == nil {
+		return time.Time{}
+	}
+	return *e.QuarantinedAt
 }
 
 // eventArg parses the single positional event id of retry and skip.

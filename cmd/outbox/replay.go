@@ -11,14 +11,16 @@ import (
 	"github.com/pgoutbox/outbox/internal/destination"
 )
 
-const replayUsage = `replay [--aggregate-type T] [--aggregate-id ID] [--since TIME] [--until TIME] [--all] [flags]
+const replayUsage = `replay [--aggregate-type T] [--aggregate-id ID] [--since TIME] [--until TIME] [--all] [--dry-run] [--json] [flags]
 
 Publishes already-published events again through the destination, with their original event
 ids (consumers' inboxes drop what they have applied) and a fresh ce-replayid, in per-aggregate
 order. Skipped events are not replayed. --since/--until select on occurred_at and take a time
 (2026-01-02T15:04:05Z, 2026-01-02) or a duration ago (2h, 7d). Without any filter, --all is
 required. Progress goes to stderr; the summary to stdout. Events deleted by clean-up (older
-than the replay horizon) cannot be replayed.`
+than the replay horizon) cannot be replayed. --dry-run only counts the events it would replay,
+reading and publishing nothing else; with --json it prints {"events": N}, and without --dry-run
+{"replay_id", "events", "aggregates", "seconds", ...}.`
 
 func runReplay(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "replay", replayUsage)

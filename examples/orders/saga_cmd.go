@@ -236,14 +236,40 @@ func sagaShow(ctx context.Context, args []string) error {
 	return enc.Encode(o)
 }
 
+// sagaStates are the saga's states in the order saga status prints them.
+var sagaStates = []string{ordersapi.SagaStarted, ordersapi.SagaStockReserved, ordersapi.SagaConfirmed, ordersapi.SagaCancelled, ordersapi.SagaNeedsAttention}
+
+// sagaStatusJSON is 'orders saga status --json'.
+type sagaStatusJSON struct {
+	// Counts has every state, 0 included.
+	Counts         map[string]int64     `json:"counts"`
+	NeedsAttention []sagaNeedsAttention `json:"needs_attention"`
+}
+
+// sagaNeedsAttention is a parked saga in 'orders saga status --json'.
+type sagaNeedsAttention struct {
+	OrderID string    `json:"order_id"`
+	Since   time.Time `json:"since"`
+	Reason  string    `json:"reason"`
+}
+
 func sagaStatus(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("orders", "saga status", "saga status [flags]\n\nCounts the sagas by state and lists the orders whose saga needs attention,\noldest first, with the reason.")
+	fs := cli.NewFlagSet("orders", "saga status", `saga status [--limit N] [--json] [flags]
+
+Counts the sagas by state and lists the orders whose saga needs attention,
+oldest first (at most --limit), with the reason. With --json, one JSON object:
+{"counts": {"started": N, "stock_reserved": N, "confirmed": N, "cancelled": N,
+"needs_attention": N}, "needs_attention": [{"order_id", "since", "reason"}]}.`)
 	var common cli.Common
 	common.Register(fs)
 	appSchema := appSchemaFlag(fs)
 	limit := fs.Int("limit", 20, "most sagas needing attention to list")
+	asJSON := fs.Bool("json", false, "print the counts and the sagas needing attention as JSON")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	if *limit < 1 {
+		return cli.Usagef(fs, "--limit %d must be positive", *limit)
 	}
 	svc, pool, err := sagaService(ctx, common, *appSchema)
 	if err != nil {
@@ -254,12 +280,24 @@ func sagaStatus(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	for _, st := range []string{ordersapi.SagaStarted, ordersapi.SagaStockReserved, ordersapi.SagaConfirmed, ordersapi.SagaCancelled, ordersapi.SagaNeedsAttention} {
-		fmt.Printf("%-16s %d\n", st, counts[st])
-	}
 	parked, err := svc.SagasNeedingAttention(ctx, *limit)
 	if err != nil {
 		return err
+	}
+	if *asJSON {
+		out := sagaStatusJSON{Counts: map[string]int64{}, NeedsAttention: []sagaNeedsAttention{}}
+		for _, st := range sagaStates {
+			out.Counts[st] = counts[st]
+		}
+		for _, p := range parked {
+			out.NeedsAttention = append(out.NeedsAttention, sagaNeedsAttention{OrderID: p.OrderID, Since: p.Since, Reason: p.Reason})
+		}
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	for _, st := range sagaStates {
+		fmt.Printf("%-16s %d\n", st, counts[st])
 	}
 	for _, p := range parked {
 		fmt.Printf("needs attention: order %s since %s: %s\n", p.OrderID, p.Since.Format(time.RFC3339), p.Reason)

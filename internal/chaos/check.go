@@ -43,6 +43,11 @@ type Where struct {
 	// in the outbox beside the order events; I1-I5 look at the order events
 	// only and CheckSaga adds I6 and I7.
 	Saga bool
+	// BlindRetry: in provider mode neither, the payments consumer calls
+	// the provider again after an unknown outcome (a blind retry) instead
+	// of parking the call, so that an order may be captured more than once:
+	// CheckSaga then checks I7 in its relaxed form (SagaFigures.RelaxedI7).
+	BlindRetry bool
 }
 
 func (w Where) withDefaults() Where {
@@ -62,8 +67,13 @@ type Figures struct {
 	Commands, Requests, Commits, CreatesCommitted, CancelsCommitted int
 	Rollbacks, Refused, NotSent, Ambiguous, ResolvedByDB, Replays   int
 	KeyReusesRefused                                                int
-	Events, Published                                               int64
-	StreamMessages, DuplicatesPublished                             int64
+	// Events and Published count the order events (aggregate type order),
+	// the ones I1-I5 are about.
+	Events, Published int64
+	// SagaEvents and SagaPublished count the saga's events (aggregate
+	// types inventory and payment) in the same outbox, with Where.Saga.
+	SagaEvents, SagaPublished           int64
+	StreamMessages, DuplicatesPublished int64
 	// Deliveries is -1 where the destination does not count them.
 	Deliveries, DuplicatesDelivered int64
 	// Destination is the destination's kind ("nats", "kafka").
@@ -428,7 +438,12 @@ FROM `+w.table("outbox_events")+` ORDER BY aggregate_id, aggregate_sequence`)
 	if _, err := pgx.ForEachRow(rows, []any{&e.id, &aggType, &e.orderID, &e.seq, &e.typ, &e.customer, &e.published, &e.quarant}, func() error {
 		if aggType != orderevents.AggregateType {
 			if w.Saga && (aggType == orderevents.InventoryAggregateType || aggType == orderevents.PaymentAggregateType) {
-				return nil // the saga's events: CheckSaga
+				// The saga's events: CheckSaga checks them; counted here.
+				r.SagaEvents++
+				if e.published {
+					r.SagaPublished++
+				}
+				return nil
 			}
 			r.Violate("I2", "event %s of unknown aggregate type %q", e.id, aggType)
 			return nil

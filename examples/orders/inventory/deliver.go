@@ -50,11 +50,19 @@ func (c *Consumer) deliver(ctx context.Context, msg outbox.Message, delivery int
 	}
 	if out == inbox.Duplicate {
 		// Worth a line: a duplicate means a failure upstream (a lost ack, a
-		// relay that crashed between the broker's ack and its mark).
-		c.log.Info("duplicate delivery suppressed: already applied", slog.String("event_id", msg.ID.String()),
-			slog.String("order_id", msg.AggregateID), slog.Int64("sequence", msg.Sequence), slog.Int("delivery", delivery))
+		// relay that crashed between the broker's ack and its mark), which
+		// it names when the failpoint dropped this event's ack.
+		attrs := []any{slog.String("event_id", msg.ID.String()), slog.String("order_id", msg.AggregateID),
+			slog.Int64("sequence", msg.Sequence), slog.Int("delivery", delivery)}
+		if _, injected := c.ackDropped.LoadAndDelete(msg.ID); injected {
+			attrs = append(attrs, slog.String("cause", "ack dropped by failpoint "+FailpointAfterCommitBeforeAck), slog.Bool("injected", true))
+		}
+		c.log.Info("duplicate delivery suppressed: already applied", attrs...)
 	}
 	if err := failpoint.Hit(FailpointAfterCommitBeforeAck); err != nil {
+		c.ackDropped.Store(msg.ID, true)
+		c.log.Info("ack dropped: injected fault; the redelivery will be a duplicate", slog.String("event_id", msg.ID.String()),
+			slog.String("failpoint", FailpointAfterCommitBeforeAck), slog.Bool("injected", true))
 		return dropAck, c.cfg.EarlyDelay
 	}
 	return settle, 0

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -152,6 +153,9 @@ type Consumer struct {
 	writer *outbox.Writer
 
 	delivered, applied, duplicates, early, errs, rejected, anomalies, stockRejected atomic.Int64
+	// ackDropped holds the event ids whose ack the failpoint dropped, so
+	// that their duplicate's log line says an injected fault caused it.
+	ackDropped sync.Map
 }
 
 type queries struct {

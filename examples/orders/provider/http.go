@@ -200,6 +200,9 @@ func (s *Service) handleWrite(w http.ResponseWriter, r *http.Request, endpoint s
 		return
 	}
 	d := s.faults.decide(endpoint)
+	if d.fault != "" && s.cfg.OnFault != nil {
+		s.cfg.OnFault(r, d.fault)
+	}
 	h := hooks{}
 	if d.latency > 0 {
 		h.beforeWork = func(ctx context.Context) error {
@@ -228,7 +231,7 @@ func (s *Service) handleWrite(w http.ResponseWriter, r *http.Request, endpoint s
 		}
 	case FaultErrorBeforeCommit, FaultErrorAfterCommit:
 		s.writeProblem(w, r, Problem{Type: ProblemTypeBase + "internal", Title: "Internal error", Status: http.StatusInternalServerError,
-			Detail: "the request failed; it may or may not have been executed"})
+			Detail: "injected fault (" + string(d.fault) + "): the request failed; it may or may not have been executed"})
 		return
 	case FaultTimeoutAfterCommit:
 		t := time.NewTimer(d.hang)
@@ -244,7 +247,7 @@ func (s *Service) handleWrite(w http.ResponseWriter, r *http.Request, endpoint s
 		drop(w)
 		return
 	case FaultCrash:
-		s.log.Warn("provider crashing (injected fault)", slog.String("endpoint", endpoint))
+		s.log.Warn("provider crashing (injected fault)", slog.String("endpoint", endpoint), slog.Bool("injected", true))
 		s.cfg.Crash()
 		drop(w)
 		return

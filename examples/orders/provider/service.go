@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
@@ -49,6 +50,10 @@ type Config struct {
 	// Crash ends the process for an injected crash. Defaults to SIGKILL of
 	// the process itself; tests running the provider in-process replace it.
 	Crash func()
+	// OnFault, when set, is called with the request and the fault drawn
+	// for it, before the fault is injected: a caller in the same process
+	// (outbox demo) labels the errors it causes as injected.
+	OnFault func(r *http.Request, fault FaultKind)
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
