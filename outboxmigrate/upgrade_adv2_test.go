@@ -19,7 +19,17 @@ import (
 // version recorded): a database an older release migrated.
 func migrateThrough(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string, last int) {
 	t.Helper()
+	migrateFrom(t, ctx, pool, schema, 1, last)
+}
+
+// migrateFrom is migrateThrough for the migrations first to last only, on a
+// schema at first-1.
+func migrateFrom(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string, first, last int) {
+	t.Helper()
 	for _, m := range outboxmigrate.All() {
+		if m.Version < first {
+			continue
+		}
 		if m.Version > last {
 			break
 		}

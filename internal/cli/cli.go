@@ -164,6 +164,15 @@ func Main(binary, about string, commands []Command) {
 		usage(os.Stdout)
 		return
 	}
+	if name == "--version" || name == "-version" {
+		// The flag spelling of a "version" command, for binaries that
+		// have one ("outbox --version" is "outbox version").
+		for _, c := range commands {
+			if c.Name == "version" {
+				name = c.Name
+			}
+		}
+	}
 	for _, c := range commands {
 		if c.Name != name {
 			continue
