@@ -32,6 +32,13 @@ type ClaimObservation struct {
 	TakenOver int
 	// Duration is the claim statement's round trip.
 	Duration time.Duration
+	// FullScan is true for a full scan that ran in the background
+	// (RelayConfig.RescanInterval): Duration is then the whole scan's,
+	// which reads every pending event's index entries, dead ones too under
+	// a transaction holding the xmin, and grows with them; an incremental
+	// claim's does not. Reported for every such scan, also one that found
+	// nothing.
+	FullScan bool
 	// Err is the claim's error (a database problem), nil on success.
 	Err error
 }

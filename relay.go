@@ -492,8 +492,8 @@ func (r *Relay) Run(ctx context.Context) error {
 // runBatch claims, publishes and settles one batch. It returns how many
 // events were claimed.
 func (r *Relay) runBatch(ctx context.Context) (int, error) {
-	b, claimDur, err := r.nextClaim(ctx)
-	r.observeClaim(b, claimDur, err)
+	b, claimDur, full, err := r.nextClaim(ctx)
+	r.observeClaim(b, claimDur, err, full)
 	if err != nil || b.total == 0 {
 		return 0, err
 	}

@@ -47,20 +47,25 @@ func (r *Relay) claimAhead(ctx context.Context, b batch) {
 	}()
 }
 
-// nextClaim returns the batch claimed ahead, if any, or claims one now, and
-// how long the claim's round trip took.
-func (r *Relay) nextClaim(ctx context.Context) (batch, time.Duration, error) {
+// nextClaim returns the batch claimed ahead, if any, or the batch of a
+// finished background full scan, or claims one now; how long the claim took;
+// and whether it was a background full scan. A full scan that found nothing
+// is observed here, and a claim made.
+func (r *Relay) nextClaim(ctx context.Context) (b batch, d time.Duration, full bool, err error) {
 	if a := r.ahead; a != nil {
 		r.ahead = nil
 		<-a.done
-		return a.b, a.dur, a.err
+		return a.b, a.dur, false, a.err
 	}
-	if a, ok := r.takeFullScan(); ok && (a.err != nil || a.b.total > 0) {
-		return a.b, a.dur, a.err
+	if a, ok := r.takeFullScan(); ok {
+		if a.err != nil || a.b.total > 0 {
+			return a.b, a.dur, true, a.err
+		}
+		r.observeClaim(a.b, a.dur, nil, true)
 	}
 	start := time.Now()
-	b, err := r.claim(ctx)
-	return b, time.Since(start), err
+	b, err = r.claim(ctx)
+	return b, time.Since(start), false, err
 }
 
 // dropAhead releases a batch claimed ahead that will not be published (the

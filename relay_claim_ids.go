@@ -117,7 +117,7 @@ func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResu
 	}
 	start := time.Now()
 	b, missing, err := r.claimIDs(ctx, ids, acked)
-	r.observeClaim(b, time.Since(start), err)
+	r.observeClaim(b, time.Since(start), err, false)
 	if err != nil {
 		return res, err
 	}

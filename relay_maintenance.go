@@ -175,11 +175,11 @@ ON CONFLICT (relay_id) DO UPDATE SET hostname = EXCLUDED.hostname, pid = EXCLUDE
 	return beat, remove
 }
 
-func (r *Relay) observeClaim(b batch, d time.Duration, err error) {
+func (r *Relay) observeClaim(b batch, d time.Duration, err error, full bool) {
 	if r.obs.claim == nil {
 		return
 	}
-	o := ClaimObservation{Duration: d, Err: err}
+	o := ClaimObservation{Duration: d, Err: err, FullScan: full}
 	if err == nil {
 		o.Events, o.TakenOver = b.total, b.takenOver
 	}

@@ -178,6 +178,7 @@ type relayMetrics struct {
 	ok                       bool
 	claimSum, claimCount     float64 // outbox_db_statement_seconds{statement="claim"}
 	markSum, markCount       float64 // statement="mark_published"
+	fullSum, fullCount       float64 // statement="full_scan": background full scans, apart from the claims
 	expired, conflicts       float64 // outbox_expired_claims_total, outbox_lease_conflicts_total
 	published, claimedEvents float64
 	cdcLeft                  float64 // outbox_cdc_events_left_total
@@ -223,6 +224,10 @@ func (r *pressureRelay) metrics(ctx context.Context) relayMetrics {
 				m.claimSum += value
 			case strings.Contains(labels, `statement="claim"`):
 				m.claimCount += value
+			case strings.Contains(labels, `statement="full_scan"`) && sum:
+				m.fullSum += value
+			case strings.Contains(labels, `statement="full_scan"`):
+				m.fullCount += value
 			case strings.Contains(labels, `statement="mark_published"`) && sum:
 				m.markSum += value
 			case strings.Contains(labels, `statement="mark_published"`):

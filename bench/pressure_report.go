@@ -42,6 +42,8 @@ type phaseStats struct {
 	claimWindow      time.Duration
 	claimMean        float64
 	markMean         float64
+	fullScans        float64 // background full scans in the phase (statement="full_scan")
+	fullMean         float64 // their mean duration, ms
 	readySamples     int
 	notReady         int // /readyz samples other than 200
 	expired          float64
@@ -235,6 +237,8 @@ func (o *pressureOutcome) compute(sz pressureSizes) {
 			st.cdcLeft = d(func(m relayMetrics) float64 { return m.cdcLeft })
 			st.claimMean = meanMs(first, last, claimOf)
 			st.markMean = meanMs(first, last, markOf)
+			st.fullScans = d(func(m relayMetrics) float64 { return m.fullCount })
+			st.fullMean = meanMs(first, last, fullOf)
 			// Claim time in the first and the last window of the phase.
 			w := min(time.Minute, st.dur/3)
 			st.claimWindow = w
@@ -292,6 +296,7 @@ type sumCount func(relayMetrics) (sum, count float64)
 
 func claimOf(m relayMetrics) (float64, float64) { return m.claimSum, m.claimCount }
 func markOf(m relayMetrics) (float64, float64)  { return m.markSum, m.markCount }
+func fullOf(m relayMetrics) (float64, float64)  { return m.fullSum, m.fullCount }
 
 // meanMs is the mean statement time between two ticks, in ms.
 func meanMs(a, b pressureTick, f sumCount) float64 {
@@ -618,7 +623,7 @@ func (st phaseStats) note(kind, walLevel string) string {
 	}
 	parts = append(parts, fmt.Sprintf("dead rows max %d, %d autovacuums", st.deadMax, st.autovacuums))
 	if !math.IsNaN(st.claimMean) {
-		parts = append(parts, fmt.Sprintf("claim %.2f ms mean (%.2f first, %.2f last %s), mark %.2f ms", st.claimMean, st.claimFirst, st.claimLast, st.claimWindow, st.markMean))
+		parts = append(parts, fmt.Sprintf("claim %.2f ms mean (%.2f first, %.2f last %s), mark %.2f ms, %.0f background full scans (%.0f ms mean)", st.claimMean, st.claimFirst, st.claimLast, st.claimWindow, st.markMean, st.fullScans, st.fullMean))
 	}
 	parts = append(parts, fmt.Sprintf("/readyz non-200 %d of %d", st.notReady, st.readySamples))
 	parts = append(parts, fmt.Sprintf("republished %d (%d after a lease), expired claims %s, lease conflicts %s", st.republished, st.republishedLease, numStr(st.expired, 0), numStr(st.conflicts, 0)))

@@ -19,7 +19,7 @@
 //	outbox_publish_attempts                  histogram: the attempt on which an event was published
 //	outbox_broker_ack_seconds                histogram: destination acknowledgement latency per event
 //	outbox_commit_to_publish_seconds         histogram: occurred_at to acknowledgement
-//	outbox_db_statement_seconds{statement}   histogram: the relay's statements (claim, mark_published, ...)
+//	outbox_db_statement_seconds{statement}   histogram: the relay's statements (claim, full_scan, mark_published, ...)
 //	outbox_cleanup_deleted_total{table}      rows deleted by clean-up (outbox_events, processed_events)
 //	outbox_relay_up                          1 while the relay's last claim succeeded, 0 after a failed one
 //	outbox_destination_unavailable           1 while the relay finds the destination unavailable as a whole, else 0
@@ -208,7 +208,7 @@ func New(cfg Config) (*Metrics, error) {
 		commitToPublish: histogram("outbox_commit_to_publish_seconds", "Time from an event's occurred_at to the destination's acknowledgement.",
 			[]float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}),
 		statements: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_db_statement_seconds",
-			Help:        "Round trips of the relay's statements, by statement (claim, mark_published, record_failures, release).",
+			Help:        "Round trips of the relay's statements, by statement (claim, full_scan, mark_published, record_failures, release).",
 			ConstLabels: labels, Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12)}, []string{"statement"}),
 		relayUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_up", ConstLabels: labels,
 			Help: "1 while the relay's last claim reached the database, 0 after a failed one."}),
@@ -370,7 +370,11 @@ func (m *Metrics) sample() sample {
 
 // ObserveClaim implements outbox.ClaimObserver.
 func (m *Metrics) ObserveClaim(o outbox.ClaimObservation) {
-	m.statements.WithLabelValues("claim").Observe(o.Duration.Seconds())
+	statement := "claim"
+	if o.FullScan {
+		statement = "full_scan"
+	}
+	m.statements.WithLabelValues(statement).Observe(o.Duration.Seconds())
 	m.relayMu.Lock()
 	m.relayOn = true
 	m.relayMu.Unlock()
