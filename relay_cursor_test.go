@@ -319,7 +319,7 @@ func TestFullScanFindsWhatTheCursorDoesNot(t *testing.T) {
 // a filter, which is a read of every pending event and every dead entry.
 func TestFreshClaimPlannedOnEmptyStatistics(t *testing.T) {
 	t.Parallel()
-	for _, stats := range []string{"analyzed empty", "analyzed busy", "analyzed under a pinned xmin"} {
+	for _, stats := range []string{"analyzed empty", "analyzed young", "analyzed busy", "analyzed under a pinned xmin"} {
 		t.Run(stats, func(t *testing.T) {
 			t.Parallel()
 			freshClaimPlanUsesItsIndexes(t, stats)
@@ -331,7 +331,20 @@ func freshClaimPlanUsesItsIndexes(t *testing.T, stats string) {
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	events := schema + ".outbox_events"
-	busy := stats != "analyzed empty"
+	busy := stats != "analyzed empty" && stats != "analyzed young"
+	if stats == "analyzed young" {
+		// The pressure bench's schema in its first minute: a few hundred
+		// events, most published, analyzed by autovacuum; the relays'
+		// generic plans are made then and kept while the table grows (under
+		// a pinned xmin no vacuum shrinks it, and the estimates stay). On
+		// such statistics the predecessor probe and the successors' lookup
+		// walked outbox_dispatch_idx whole, per head: 77 s for one claim.
+		if _, err := pool.Exec(ctx, `INSERT INTO `+events+` (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload_bytes, published_at)
+			SELECT gen_random_uuid(), 'order', 'y' || (g % 50), g, 'OrderCreated', '{}', CASE WHEN g <= 250 THEN now() END
+			FROM generate_series(1, 300) g`); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if stats == "analyzed under a pinned xmin" {
 		// The pressure bench's cell: a transaction holds the xmin while
 		// events are written and published, one transaction each, so every
@@ -450,6 +463,12 @@ func planUsesIndexKeys(t *testing.T, pool *pgxpool.Pool, name, stmt, mode, args 
 		// The hand-over looks lanes up by key: a scan of an index of every
 		// pending event (a bitmap scan of outbox_dispatch_idx, filtered by
 		// the lanes) is the trap it fell into under a pinned xmin.
+		// The incremental claim reads no index of every pending event: its
+		// lookups have an index each (a walk of one of those, even with an
+		// index condition on available_at, reads every dead entry too).
+		if name == "fresh" && (strings.Contains(line, "outbox_dispatch_idx") || strings.Contains(line, "outbox_pending_lane_idx")) {
+			t.Errorf("%s: an index of every pending event is read:\n%s\n\n%s", name, line, text)
+		}
 		if name == "hand_off" && (strings.Contains(line, "outbox_dispatch_idx") || strings.Contains(line, "outbox_fresh")) {
 			t.Errorf("%s: lanes looked up through an index of pending events, not by key:\n%s\n\n%s", name, line, text)
 		}
