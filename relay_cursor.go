@@ -93,7 +93,7 @@ type laneNext struct {
 //
 // Every pending event that is not quarantined and is as written
 // (available_at = occurred_at; a scheduled one, available_at <>
-// occurred_at, is in outbox_rescheduled_idx) has a (dispatch_xid, event_id)
+// occurred_at, is in outbox_due_idx) has a (dispatch_xid, event_id)
 // at or past from, or a dispatch_xid in points, or is the next event of a lane in cont, or is one
 // that only the full scan finds (leased by a relay that died; written
 // before migration 009). Claims keep that true as they move from forward.
@@ -458,7 +458,7 @@ func (r *Relay) startCursor(ctx context.Context) error {
 //     a pinned xmin, every dead entry of it, 57 of a 68 ms claim (issue 24);
 //   - due: the scheduled events (available_at <> occurred_at: backed off,
 //     released, retried, unparked) that are due, not under a live lease
-//     and the heads of their lanes (outbox_rescheduled_idx), oldest first,
+//     and the heads of their lanes (outbox_due_idx), oldest first,
 //     at most window of them.
 //     Only heads: a scheduled event behind an unpublished one cannot be
 //     claimed, and released successors of a head that backs off would
@@ -523,7 +523,7 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	LIMIT ` + window + `
 ), due AS (
 	SELECT e.event_id, e.occurred_at FROM ` + events + ` e
-	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
+	WHERE coalesce(e.published_at, e.quarantined_at) IS NULL
 	  AND e.available_at <> e.occurred_at AND e.available_at < ` + parkedAvailableAt + `
 	  AND e.available_at <= now()
 	  AND (e.claim_until IS NULL OR e.claim_until < now())

@@ -237,7 +237,7 @@ func TestFreshClaimContinuesLanes(t *testing.T) {
 // TestFreshClaimFindsRescheduledEvents checks the events that become due by
 // time or by an operator, not by a commit: a failed publish retried after
 // its backoff, and a quarantined event retried by an operator. Their
-// transactions are behind the relay's cursor; outbox_rescheduled_idx is how
+// transactions are behind the relay's cursor; outbox_due_idx is how
 // the incremental claim finds them.
 func TestFreshClaimFindsRescheduledEvents(t *testing.T) {
 	t.Parallel()

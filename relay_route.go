@@ -97,7 +97,7 @@ func (r *Relay) routesUntilProbe(d time.Duration) time.Duration {
 // its probe is due. In one statement it checks whether the previous probe
 // event was published (by any relay): then the route is back, and every
 // held event is made due now (dueAgainSQL: the incremental claim finds it in
-// outbox_rescheduled_idx), so that they go out in the next claims, and the
+// outbox_due_idx), so that they go out in the next claims, and the
 // relay forgets the refused routes. Otherwise it makes the held event due
 // soonest due now, as the next probe. When no held event is left (other
 // relays released or published them), the relay forgets the routes too.

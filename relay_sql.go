@@ -68,7 +68,7 @@ FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::text[], $5::bool[])
 WHERE e.event_id = f.event_id AND e.claim_token = $6`,
 
 		// A released event is due again at once; its available_at is no
-		// longer its occurred_at, so it is in outbox_rescheduled_idx, where an
+		// longer its occurred_at, so it is in outbox_due_idx, where an
 		// incremental claim finds it (relay_cursor.go): its dispatch_xid may
 		// be behind every relay's cursor.
 		release: `UPDATE ` + events + `
@@ -86,7 +86,7 @@ WHERE published_at IS NULL AND claim_token = $1`,
 // retried, unparked, held route back, the next event of a skipped head):
 // the moment of the statement. It is not the event's occurred_at (the
 // writer's transaction start, long before), so the event counts as
-// scheduled (available_at <> occurred_at) and is in outbox_rescheduled_idx
+// scheduled (available_at <> occurred_at) and is in outbox_due_idx
 // (migration 009), where an incremental claim looks for events whose
 // transaction is behind its cursor. It is only now, never pushed to follow
 // occurred_at: an occurred_at ahead of the database's clock (set by a

@@ -23,6 +23,12 @@
 -- at every claim (claims of seconds). docs/design.md, "Claiming only what
 -- is new", has the argument.
 --
+-- For the same reason outbox_due_idx replaces outbox_rescheduled_idx (the
+-- scheduled events: backed off, released, retried, unparked), with the same
+-- form of its predicate, which the claim's scan of due events states; under
+-- migration 009's form an index of every pending event could serve that
+-- scan too (outbox_dispatch_idx, ordered by available_at as well).
+--
 -- Upgrading a large table: CREATE INDEX reads the pending events only
 -- (the index is partial) but blocks writes while it does. On a big
 -- outbox_events, create outbox_fresh_key_idx first with CREATE INDEX
@@ -43,6 +49,12 @@ BEGIN
                       '%(dispatch_xid, event_id) WHERE ((COALESCE(published_at, quarantined_at) IS NULL)%')) THEN
         DROP INDEX outbox_fresh_key_idx;
     END IF;
+    IF EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+               WHERE c.relname = 'outbox_due_idx' AND c.relnamespace = current_schema()::regnamespace
+                 AND (NOT i.indisvalid OR pg_get_indexdef(i.indexrelid) NOT LIKE
+                      '%(available_at) WHERE ((COALESCE(published_at, quarantined_at) IS NULL)%')) THEN
+        DROP INDEX outbox_due_idx;
+    END IF;
 END $$;
 
 CREATE INDEX IF NOT EXISTS outbox_fresh_key_idx
@@ -51,3 +63,10 @@ CREATE INDEX IF NOT EXISTS outbox_fresh_key_idx
       AND available_at = occurred_at;
 
 DROP INDEX IF EXISTS outbox_fresh_idx;
+
+CREATE INDEX IF NOT EXISTS outbox_due_idx
+    ON outbox_events (available_at)
+    WHERE coalesce(published_at, quarantined_at) IS NULL AND available_at <> occurred_at
+      AND available_at < 'infinity';
+
+DROP INDEX IF EXISTS outbox_rescheduled_idx;
