@@ -492,16 +492,14 @@ func (r *Relay) Run(ctx context.Context) error {
 // runBatch claims, publishes and settles one batch. It returns how many
 // events were claimed.
 func (r *Relay) runBatch(ctx context.Context) (int, error) {
-	b, claimDur, full, err := r.nextClaim(ctx)
-	r.observeClaim(b, claimDur, err, full)
-	if err != nil || b.total == 0 {
-		return 0, err
-	}
-	if err := failpoint.Hit("relay/after-claim"); err != nil {
-		return b.total, r.release(context.WithoutCancel(ctx), b, allIDs(b))
-	}
-	// Publishing goes on after ctx ends, for at most ShutdownTimeout, so a
-	// shutdown does not throw away acknowledged work.
+	// The claim, and then publishing, go on after ctx ends, for at most
+	// ShutdownTimeout, so a shutdown does not throw away acknowledged work,
+	// nor leave a claim's rows leased: a claim cancelled while its
+	// statement was in flight may still commit (the cancel request travels
+	// on a connection of its own), and its rows stayed leased to the
+	// stopped relay for the whole lease, behind every other relay's cursor
+	// (TestLivenessAdv34StopDuringAClaimLeavesItsRowsLeased). A claim that
+	// completes is published or released like any other batch.
 	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() {
@@ -509,6 +507,14 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 		context.AfterFunc(workCtx, func() { t.Stop() })
 	})
 	defer stop()
+	b, claimDur, full, err := r.nextClaim(workCtx)
+	r.observeClaim(b, claimDur, err, full)
+	if err != nil || b.total == 0 {
+		return 0, err
+	}
+	if err := failpoint.Hit("relay/after-claim"); err != nil {
+		return b.total, r.release(context.WithoutCancel(ctx), b, allIDs(b))
+	}
 	r.claimAhead(ctx, b)
 	err = r.publishAndSettle(workCtx, b)
 	if err != nil || r.outages > 0 || ctx.Err() != nil {

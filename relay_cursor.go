@@ -531,17 +531,17 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	ORDER BY e.available_at
 	LIMIT ` + window + `
 ), cont AS (
-	SELECT c.n, e.event_id, e.claim_until, e.quarantined_at
+	SELECT c.n, e.event_id, e.claim_until, e.quarantined_at, e.occurred_at
 	FROM unnest($7::text[], $8::text[], $9::bigint[]) WITH ORDINALITY AS c(t, i, s, n)
 	CROSS JOIN LATERAL (
-		SELECT e.event_id, e.claim_until, e.quarantined_at, e.published_at FROM ` + events + ` e
+		SELECT e.event_id, e.claim_until, e.quarantined_at, e.published_at, e.occurred_at FROM ` + events + ` e
 		WHERE e.aggregate_type = c.t AND e.aggregate_id = c.i AND e.aggregate_sequence = c.s
 		OFFSET 0) e
 	WHERE e.published_at IS NULL
 ), scan AS (
 	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at
 	FROM (SELECT f.event_id FROM fresh f` + young + ` UNION SELECT f.event_id FROM points f` + young + `
-		UNION SELECT f.event_id FROM due f` + young + ` UNION SELECT event_id FROM cont) i
+		UNION SELECT f.event_id FROM due f` + young + ` UNION SELECT f.event_id FROM cont f` + young + `) i
 	CROSS JOIN LATERAL (
 		SELECT * FROM ` + events + ` e WHERE e.event_id = i.event_id OFFSET 0 FOR UPDATE SKIP LOCKED) e
 	WHERE ` + claimableNow("e") + `
@@ -718,13 +718,25 @@ func (r *Relay) handOffLanes(ctx context.Context) {
 	r.cursor.mu.Lock()
 	cont := append(r.cursor.cont, r.cursor.over...)
 	r.cursor.cont, r.cursor.over = nil, nil
+	from, valid, conservative := r.cursor.from, r.cursor.valid, r.cursor.conservative
 	r.cursor.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
+	defer cancel()
+	if valid && !conservative {
+		// The heads this relay's cursor was holding (left for lack of
+		// room): another relay's claim may have read them while this
+		// relay's statement held them locked, and passed them; only this
+		// cursor would have come back to them. They are in the window that
+		// starts at the cursor (TestLivenessAdv34StoppedRelayLeavesTheHeadsItHadNoRoomFor).
+		if _, err := r.pool.Exec(ctx, r.sql.handOffWindow, strconv.FormatUint(from.xid, 10), from.id); err != nil {
+			r.log.Warn("could not hand the heads its claim cursor held over to the other relays; their full scans will find them",
+				slog.Any("error", err))
+		}
+	}
 	if len(cont) == 0 {
 		return
 	}
 	types, ids, seqs := laneArrays(cont)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
-	defer cancel()
 	// Skipping locked rows: a plain update waited for an application's
 	// row lock until ShutdownTimeout, and was then cancelled whole
 	// (TestLivenessStopWithALockedLaneInOver).
@@ -784,4 +796,31 @@ SELECT l.aggregate_type, l.aggregate_id, l.aggregate_sequence FROM l CROSS JOIN 
 	OFFSET 0) e
 WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at = e.occurred_at
   AND e.event_id NOT IN (SELECT event_id FROM moved)`
+}
+
+// handOffWindowSQL makes due now the heads among the first window of
+// pending events as written at or past a cursor position ($1, $2: a
+// dispatch_xid and an event id), not under a live lease, skipping locked
+// rows: a stopping relay's hand-over of what its cursor held (see
+// Relay.handOffLanes). A relay's claim keeps its cursor before a head it
+// left for lack of room, and such a head is in the window its range scan
+// reads from there.
+func handOffWindowSQL(events string, batchSize int) string {
+	return `WITH w AS (
+	SELECT e.event_id FROM ` + events + ` e
+	WHERE coalesce(e.published_at, e.quarantined_at) IS NULL AND e.dispatch_xid IS NOT NULL
+	  AND e.available_at = e.occurred_at
+	  AND (e.dispatch_xid, e.event_id) >= ($1::text::xid8, $2::uuid)
+	ORDER BY e.dispatch_xid, e.event_id
+	LIMIT ` + strconv.Itoa(claimWindow(batchSize)) + `
+), target AS (
+	SELECT e.event_id FROM w CROSS JOIN LATERAL (
+		SELECT * FROM ` + events + ` e WHERE e.event_id = w.event_id OFFSET 0 FOR UPDATE SKIP LOCKED) e
+	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at = e.occurred_at
+	  AND (e.claim_until IS NULL OR e.claim_until < now())
+	  AND ` + isHead(events, "e") + `
+)
+UPDATE ` + events + ` e SET available_at = ` + dueAgainSQL() + `
+FROM target t WHERE e.event_id = t.event_id
+  AND e.event_id = ANY (ARRAY(SELECT event_id FROM target))`
 }

@@ -25,6 +25,9 @@ type relaySQL struct {
 	// and returning the locked ones (see Relay.handOffOverflow and
 	// Relay.handOffLanes).
 	handOffSkip string
+	// handOffWindow makes due the heads a stopping relay's cursor held
+	// (see handOffWindowSQL).
+	handOffWindow string
 	// releaseToken releases every event leased under a claim token ($1):
 	// the rows of a claim whose answer was lost (see Relay.dropFullScan).
 	releaseToken string
@@ -50,6 +53,7 @@ func newRelaySQL(s pgident.Schema, batchSize int) relaySQL {
 		// claimIDs is PublishIDs's claim (see claimIDsSQL).
 		claimIDs: claimIDsSQL(events), missingIDs: missingIDsSQL(events),
 		probeRoutes: probeRoutesSQL(events), handOffSkip: handOffSkipSQL(events),
+		handOffWindow: handOffWindowSQL(events, batchSize),
 
 		// Every write-back is fenced by the claim token: a relay whose lease
 		// expired and was taken over changes nothing.

@@ -39,20 +39,22 @@
 -- the relays with the schema.
 -- A CREATE INDEX CONCURRENTLY that failed (cancelled, or a deadlock) leaves
 -- an invalid index of its name, which IF NOT EXISTS would keep and no query
--- uses: it is dropped and built again; so is one of that name built with
--- another predicate (the relay's statements could not use it).
+-- uses: it is dropped and built again; so is one of that name whose
+-- definition is not this file's, as PostgreSQL prints it (the relay's
+-- statements might not be able to use it). The schema is found by its name
+-- as it is, capitals included.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-               WHERE c.relname = 'outbox_fresh_key_idx' AND c.relnamespace = current_schema()::regnamespace
-                 AND (NOT i.indisvalid OR pg_get_indexdef(i.indexrelid) NOT LIKE
-                      '%(dispatch_xid, event_id) WHERE ((COALESCE(published_at, quarantined_at) IS NULL)%')) THEN
+               WHERE c.relname = 'outbox_fresh_key_idx' AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+                 AND (NOT i.indisvalid OR substring(pg_get_indexdef(i.indexrelid) FROM ' USING .*$') <>
+                      ' USING btree (dispatch_xid, event_id) WHERE ((COALESCE(published_at, quarantined_at) IS NULL) AND (dispatch_xid IS NOT NULL) AND (available_at = occurred_at))')) THEN
         DROP INDEX outbox_fresh_key_idx;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-               WHERE c.relname = 'outbox_due_idx' AND c.relnamespace = current_schema()::regnamespace
-                 AND (NOT i.indisvalid OR pg_get_indexdef(i.indexrelid) NOT LIKE
-                      '%(available_at) WHERE ((COALESCE(published_at, quarantined_at) IS NULL)%')) THEN
+               WHERE c.relname = 'outbox_due_idx' AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+                 AND (NOT i.indisvalid OR substring(pg_get_indexdef(i.indexrelid) FROM ' USING .*$') <>
+                      ' USING btree (available_at) WHERE ((COALESCE(published_at, quarantined_at) IS NULL) AND (available_at <> occurred_at) AND (available_at < ''infinity''::timestamp with time zone))')) THEN
         DROP INDEX outbox_due_idx;
     END IF;
 END $$;
