@@ -22,6 +22,19 @@ func migrateThrough(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schem
 	migrateFrom(t, ctx, pool, schema, 1, last)
 }
 
+// schemaAt returns a context for the test (60 s), the test database and a
+// new schema migrated through migration last, dropped at the test's end.
+func schemaAt(t *testing.T, last int) (context.Context, *pgxpool.Pool, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	pool := outboxtest.Pool(t)
+	schema := outboxtest.UniqueName(t, "u")
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+	migrateThrough(t, ctx, pool, schema, last)
+	return ctx, pool, schema
+}
+
 // migrateFrom is migrateThrough for the migrations first to last only, on a
 // schema at first-1.
 func migrateFrom(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string, first, last int) {
@@ -71,12 +84,7 @@ func migrateFrom(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema s
 // settings row); and say so under "Upgrading".
 func TestAdv2UpgradeTo013KeepsThePayloadLimit(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	pool := outboxtest.Pool(t)
-	schema := outboxtest.UniqueName(t, "u")
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
-	migrateThrough(t, ctx, pool, schema, 12)
+	ctx, pool, schema := schemaAt(t, 12)
 
 	writerRole := outboxtest.UniqueName(t, "w")
 	if _, err := pool.Exec(ctx, "CREATE ROLE "+writerRole+" LOGIN"); err != nil {
@@ -177,12 +185,7 @@ func TestAdv2UpgradeTo013KeepsThePayloadLimit(t *testing.T) {
 // the incremental claim at all): it builds it again.
 func TestUpgradeTo014RebuildsAnInvalidIndex(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	pool := outboxtest.Pool(t)
-	schema := outboxtest.UniqueName(t, "u")
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
-	migrateThrough(t, ctx, pool, schema, 13)
+	ctx, pool, schema := schemaAt(t, 13)
 	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_events (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload_bytes)
 		SELECT gen_random_uuid(), 'order', 'o' || g, 1, 'Tick', '{}' FROM generate_series(1, 2) g`); err != nil {
 		t.Fatal(err)

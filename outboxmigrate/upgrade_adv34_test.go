@@ -46,12 +46,7 @@ func TestAdv34MigrateMixedCaseSchema(t *testing.T) {
 // of the table).
 func TestAdv34UpgradeTo014RebuildsAnIndexWithAnotherPredicate(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	pool := outboxtest.Pool(t)
-	schema := outboxtest.UniqueName(t, "u")
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
-	migrateThrough(t, ctx, pool, schema, 13)
+	ctx, pool, schema := schemaAt(t, 13)
 	if _, err := pool.Exec(ctx, `CREATE INDEX outbox_fresh_key_idx ON `+schema+`.outbox_events (dispatch_xid, event_id)
 		WHERE coalesce(published_at, quarantined_at) IS NULL AND dispatch_xid IS NOT NULL
 		  AND available_at = occurred_at AND attempt_count = 0`); err != nil {
