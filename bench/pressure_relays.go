@@ -208,6 +208,7 @@ type relayMetrics struct {
 	expired, conflicts       float64 // outbox_expired_claims_total, outbox_lease_conflicts_total
 	published, claimedEvents float64
 	cdcLeft                  float64 // outbox_cdc_events_left_total
+	cdcPublished             float64 // outbox_cdc_events_published_total: published by the stream
 	streaming                float64 // outbox_cdc_streaming: 1, 0, or -1 when absent
 }
 
@@ -269,6 +270,8 @@ func (r *pressureRelay) metrics(ctx context.Context) relayMetrics {
 			m.claimedEvents = value
 		case "outbox_cdc_events_left_total":
 			m.cdcLeft = value
+		case "outbox_cdc_events_published_total":
+			m.cdcPublished = value
 		case "outbox_cdc_streaming":
 			m.streaming = value
 		}

@@ -22,6 +22,7 @@ type takeover struct {
 	redecode        int64         // the slot's confirmed position minus its restart_lsn at the kill: WAL decoded again
 	retained        int64         // the server's WAL position minus restart_lsn
 	streamingAfter  time.Duration // until another relay reported outbox_cdc_streaming 1 (-1: not within the limit)
+	publishedAfter  time.Duration // until that relay's stream had published an event (-1: not within the limit)
 	firstEvent      time.Duration // until the first event committed after the kill reached the consumer (computed at the end; -1: none)
 }
 
@@ -90,7 +91,15 @@ func killStreamer(ctx context.Context, e *env, s space, ph *pressurePhase, relay
 	if victim == nil {
 		return errors.New("no relay streams: nothing to kill")
 	}
-	tk := &takeover{killed: victim.name, streamingAfter: -1, firstEvent: -1}
+	tk := &takeover{killed: victim.name, streamingAfter: -1, publishedAfter: -1, firstEvent: -1}
+	// What each standby's stream had published before: a stream that
+	// stands by publishes nothing, but one may have streamed before.
+	before := map[*pressureRelay]float64{}
+	for _, r := range relays {
+		if r != victim {
+			before[r] = r.metrics(ctx).cdcPublished
+		}
+	}
 	err := e.admin.QueryRow(ctx, `SELECT coalesce(pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn), 0)::bigint,
 	coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint
 FROM pg_replication_slots WHERE active AND strpos(slot_name, $1) > 0`, s.schema).Scan(&tk.redecode, &tk.retained)
@@ -100,14 +109,22 @@ FROM pg_replication_slots WHERE active AND strpos(slot_name, $1) > 0`, s.schema)
 	tk.at = time.Now()
 	victim.kill()
 	deadline := tk.at.Add(takeoverLimit)
-	for time.Now().Before(deadline) && tk.standby == "" {
+	var standby *pressureRelay
+	for time.Now().Before(deadline) && tk.publishedAfter < 0 {
 		for _, r := range relays {
-			if r != victim && r.metrics(ctx).streaming == 1 {
+			if r == victim || (standby != nil && r != standby) {
+				continue
+			}
+			m := r.metrics(ctx)
+			if standby == nil && m.streaming == 1 {
+				standby = r
 				tk.standby, tk.streamingAfter = r.name, time.Since(tk.at)
-				break
+			}
+			if r == standby && m.cdcPublished > before[r] {
+				tk.publishedAfter = time.Since(tk.at)
 			}
 		}
-		if tk.standby == "" {
+		if tk.publishedAfter < 0 {
 			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
 				return err
 			}
@@ -131,6 +148,11 @@ func (tk *takeover) line() string {
 		fmt.Fprintf(&b, "no other relay streamed within %s", takeoverLimit)
 	} else {
 		fmt.Fprintf(&b, "%s streamed after %.2f s", tk.standby, tk.streamingAfter.Seconds())
+		if tk.publishedAfter >= 0 {
+			fmt.Fprintf(&b, " and its stream published its first event after %.2f s", tk.publishedAfter.Seconds())
+		} else {
+			fmt.Fprintf(&b, ", its stream published nothing within %s", takeoverLimit)
+		}
 	}
 	if tk.firstEvent >= 0 {
 		fmt.Fprintf(&b, ", the first event committed after the kill reached the consumer %.2f s after it", tk.firstEvent.Seconds())
@@ -152,9 +174,9 @@ func (tk *takeover) result(base string) Result {
 	}
 	redecode := time.Duration(float64(tk.redecode) / redecodeRate * float64(time.Second))
 	limit := 5*time.Second + redecode
-	ok := tk.streamingAfter >= 0 && tk.streamingAfter <= 5*time.Second && tk.firstEvent >= 0 && tk.firstEvent <= limit
-	return Result{Scenario: base + "/takeover", Value: f(tk.firstEvent.Seconds()), Unit: "s from the kill to the first new event at the consumer",
-		Target: fmt.Sprintf("standby streaming <= 5 s, first new event <= 5 s + re-decode (%.1f MB at %.0f MB/s: %.2f s)",
+	ok := tk.streamingAfter >= 0 && tk.streamingAfter <= 5*time.Second && tk.publishedAfter >= 0 && tk.publishedAfter <= limit
+	return Result{Scenario: base + "/takeover", Value: f(tk.publishedAfter.Seconds()), Unit: "s from the kill to the standby's first publish from the stream",
+		Target: fmt.Sprintf("standby streaming <= 5 s, publishing from the stream <= 5 s + re-decode (%.1f MB at %.0f MB/s: %.2f s)",
 			float64(tk.redecode)/1e6, redecodeRate/1e6, redecode.Seconds()),
 		Met: b(ok), Note: tk.line()}
 }
