@@ -29,7 +29,8 @@ import (
 )
 
 // pressureCells in the order they run.
-var pressureCells = []string{"clean", "xmin", "readers", "load", "kill-busy", "kill-idle", "pool"}
+// "takeover" runs for the CDC relays only.
+var pressureCells = []string{"clean", "xmin", "readers", "load", "kill-busy", "kill-idle", "pool", "takeover"}
 
 // pressureRelayKinds in the order they run.
 var pressureRelayKinds = []string{"polling", "naive", "cdc"}
@@ -43,6 +44,8 @@ var cellDescriptions = map[string]string{
 	"kill-busy": "pg_terminate_backend on the relays' busy backends (state active or idle in transaction) every kill interval",
 	"kill-idle": "pg_terminate_backend on the relays' idle backends (as idle_session_timeout or a pooler does) every kill interval",
 	"pool":      "idle connections of another role fill the server up to max_connections minus the free slots",
+	"takeover": "CDC only: a session holds a transaction that wrote WAL open for the cell (the xmin and the slot's restart_lsn pinned); " +
+		"half-way through, the streaming relay is killed (SIGKILL) and started again, to stand by",
 }
 
 // pressureSizes shape the pressure group.
@@ -70,7 +73,8 @@ type pressureSizes struct {
 func defaultPressure() pressureSizes {
 	return pressureSizes{rate: 800, aggregates: 2000, writers: 16,
 		cellDur: map[string]time.Duration{"clean": 2 * time.Minute, "xmin": 10 * time.Minute, "readers": 10 * time.Minute,
-			"load": 2 * time.Minute, "kill-busy": 2 * time.Minute, "kill-idle": 2 * time.Minute, "pool": 2 * time.Minute},
+			"load": 2 * time.Minute, "kill-busy": 2 * time.Minute, "kill-idle": 2 * time.Minute, "pool": 2 * time.Minute,
+			"takeover": 4 * time.Minute},
 		recovery: time.Minute, warmup: 10 * time.Second, killEvery: time.Second, poolFree: 15, readers: 4,
 		lease: 30 * time.Second, drain: 2 * time.Minute, cells: pressureCells, relays: pressureRelayKinds}
 }
@@ -163,7 +167,10 @@ func (fl pressureFlags) apply(p pressureSizes) (pressureSizes, error) {
 // back to PostgreSQL's defaults, 100 and 128MB), wal_level=logical when CDC
 // runs, and an env on it.
 func pressureCluster(ctx context.Context, e *env, logical bool) (*env, *pgcluster.Cluster, func(), error) {
-	settings := map[string]string{"max_connections": "100", "shared_buffers": "128MB"}
+	// pg_stat_statements: the buffers of the relays' claims, first window
+	// against last (claimStatements).
+	settings := map[string]string{"max_connections": "100", "shared_buffers": "128MB",
+		"shared_preload_libraries": "pg_stat_statements"}
 	if logical {
 		settings["wal_level"] = "logical"
 	}
@@ -175,6 +182,11 @@ func pressureCluster(ctx context.Context, e *env, logical bool) (*env, *pgcluste
 	o.databaseURL = cluster.URL("")
 	pe, err := newEnv(ctx, o, e.logw)
 	if err != nil {
+		_ = cluster.Close()
+		return nil, nil, nil, err
+	}
+	if _, err := pe.admin.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		pe.close()
 		_ = cluster.Close()
 		return nil, nil, nil, err
 	}

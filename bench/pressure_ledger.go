@@ -235,3 +235,18 @@ func (d *pressureDest) close() {
 	_ = d.tap.Unsubscribe()
 	d.nc.Close()
 }
+
+// firstArrivalAfter is the earliest first delivery (unix ns) of the events
+// committed at or after t (unix ns), or 0 when none arrived.
+func (l *ledger) firstArrivalAfter(t int64) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var first int64
+	for i := range l.ev {
+		ev := &l.ev[i]
+		if ev.state == evCommitted && ev.commit >= t && ev.arrive != 0 && (first == 0 || ev.arrive < first) {
+			first = ev.arrive
+		}
+	}
+	return first
+}

@@ -49,6 +49,8 @@ type pressureRelay struct {
 
 	// A process.
 	cmd         *exec.Cmd
+	bin         string
+	args        []string
 	logPath     string
 	metricsAddr string
 	exited      atomic.Bool
@@ -89,29 +91,53 @@ func startRelayProcs(e *env, bin, kind string, k int, s space, extra ...string) 
 		if err != nil {
 			return rs, err
 		}
+		_ = logf.Close()
 		// --metrics-db-interval: the database gauges (a pending count
 		// among them) are sampled once, not at each of the bench's
 		// scrapes: the scrapes are for the counters and histograms.
 		args := append([]string{"relay", "--database-url", dbURL, "--schema", s.schema,
 			"--destination", e.o.natsURL, "--nats-stream", s.stream, "--nats-subject-prefix", s.prefix,
 			"--id", name, "--metrics-addr", addr, "--metrics-db-interval", "24h"}, extra...)
-		cmd := exec.Command(bin, args...)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			_ = logf.Close()
+		r := &pressureRelay{name: name, bin: bin, args: args, logPath: logf.Name(), metricsAddr: addr}
+		if err := r.start(); err != nil {
 			return rs, err
 		}
-		r := &pressureRelay{name: name, cmd: cmd, logPath: logf.Name(), metricsAddr: addr, waited: make(chan struct{})}
-		go func() {
-			err := cmd.Wait()
-			_ = logf.Close()
-			r.exitErr.Store(&err)
-			r.exited.Store(true)
-			close(r.waited)
-		}()
 		rs = append(rs, r)
 	}
 	return rs, nil
+}
+
+// start starts the relay's process, its output appended to its log. It is
+// not safe for concurrent use with the methods that read the process.
+func (r *pressureRelay) start() error {
+	logf, err := os.OpenFile(r.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(r.bin, r.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		_ = logf.Close()
+		return err
+	}
+	waited := make(chan struct{})
+	r.cmd, r.waited = cmd, waited
+	r.exited.Store(false)
+	go func() {
+		err := cmd.Wait()
+		_ = logf.Close()
+		r.exitErr.Store(&err)
+		r.exited.Store(true)
+		close(waited)
+	}()
+	return nil
+}
+
+// kill ends the relay's process with SIGKILL (no graceful shutdown: a
+// crash) and waits until it is gone; start runs it again.
+func (r *pressureRelay) kill() {
+	_ = r.cmd.Process.Kill()
+	<-r.waited
 }
 
 // stop ends the relay: SIGTERM (its graceful shutdown), SIGKILL after 20 s.
@@ -182,6 +208,7 @@ type relayMetrics struct {
 	expired, conflicts       float64 // outbox_expired_claims_total, outbox_lease_conflicts_total
 	published, claimedEvents float64
 	cdcLeft                  float64 // outbox_cdc_events_left_total
+	cdcPublished             float64 // outbox_cdc_events_published_total: published by the stream
 	streaming                float64 // outbox_cdc_streaming: 1, 0, or -1 when absent
 }
 
@@ -243,6 +270,8 @@ func (r *pressureRelay) metrics(ctx context.Context) relayMetrics {
 			m.claimedEvents = value
 		case "outbox_cdc_events_left_total":
 			m.cdcLeft = value
+		case "outbox_cdc_events_published_total":
+			m.cdcPublished = value
 		case "outbox_cdc_streaming":
 			m.streaming = value
 		}

@@ -40,6 +40,10 @@ type phaseStats struct {
 	claimFirst       float64 // ms, mean claim in the first window of the phase
 	claimLast        float64 // ms, in the last window
 	claimWindow      time.Duration
+	claimBufFirst    float64 // buffers per incremental claim (pg_stat_statements), first window
+	claimBufLast     float64 // ... last window
+	claimSrvFirst    float64 // ms of the server's execution per incremental claim, first window
+	claimSrvLast     float64 // ... last window
 	claimMean        float64
 	markMean         float64
 	fullScans        float64 // background full scans in the phase (statement="full_scan")
@@ -55,6 +59,7 @@ type phaseStats struct {
 	killed           map[string]int
 	held             int
 	readerLoops      int64
+	takeover         *takeover
 	logErrors        int
 	replTimeouts     int
 	load             string        // 1-minute load average at the end
@@ -69,6 +74,9 @@ func (st phaseStats) line() string {
 		st.notReady, st.readySamples, st.republished, st.republishedLease, st.expired, st.kills, st.lost, st.phantoms, st.outOfOrder, st.duplicates)
 	if st.recovery {
 		s += fmt.Sprintf(", recovered in %s", recoveredString(st.recoveredIn))
+	}
+	if !math.IsNaN(st.claimBufFirst) {
+		s += fmt.Sprintf(", claim buffers %.0f→%.0f, server %.2f→%.2f ms", st.claimBufFirst, st.claimBufLast, st.claimSrvFirst, st.claimSrvLast)
 	}
 	if st.takeovers > 0 || st.noStreamer > 0 || st.cdcLeft > 0 {
 		s += fmt.Sprintf(", takeovers %d, no streamer %d s, left to the safety net %.0f", st.takeovers, st.noStreamer, st.cdcLeft)
@@ -128,7 +136,7 @@ func (o *pressureOutcome) compute(sz pressureSizes) {
 	for i, ph := range o.phases {
 		stats[i] = phaseStats{kind: o.kind, name: ph.name, cell: ph.cell, recovery: ph.recovery, dur: ph.end.Sub(ph.start),
 			offered: ph.rate, writerErrs: ph.writerErrs.Load(), kills: ph.kills, killed: ph.killed, held: ph.held,
-			readerLoops: ph.readerLoops, notes: ph.notes, pendingMax: -1, recoveredIn: -1, load: ph.load}
+			readerLoops: ph.readerLoops, takeover: ph.takeover, notes: ph.notes, pendingMax: -1, recoveredIn: -1, load: ph.load}
 		if p := ph.firstErr.Load(); p != nil {
 			stats[i].firstWriterErr = shorten(*p, 160)
 		}
@@ -242,8 +250,12 @@ func (o *pressureOutcome) compute(sz pressureSizes) {
 			// Claim time in the first and the last window of the phase.
 			w := min(time.Minute, st.dur/3)
 			st.claimWindow = w
-			st.claimFirst = windowMean(o.ticks, ph.start, ph.start.Add(w), claimOf)
-			st.claimLast = windowMean(o.ticks, ph.end.Add(-w), ph.end, claimOf)
+			st.claimFirst = 1000 * windowMean(o.ticks, ph.start, ph.start.Add(w), ofRelays(claimOf))
+			st.claimLast = 1000 * windowMean(o.ticks, ph.end.Add(-w), ph.end, ofRelays(claimOf))
+			st.claimBufFirst = windowMean(o.ticks, ph.start, ph.start.Add(w), claimBuffersOf)
+			st.claimBufLast = windowMean(o.ticks, ph.end.Add(-w), ph.end, claimBuffersOf)
+			st.claimSrvFirst = windowMean(o.ticks, ph.start, ph.start.Add(w), claimServerOf)
+			st.claimSrvLast = windowMean(o.ticks, ph.end.Add(-w), ph.end, claimServerOf)
 			// CDC: which relay streams, second by second.
 			prev := -1
 			for _, tk := range append([]pressureTick{first}, in...) {
@@ -298,26 +310,41 @@ func claimOf(m relayMetrics) (float64, float64) { return m.claimSum, m.claimCoun
 func markOf(m relayMetrics) (float64, float64)  { return m.markSum, m.markCount }
 func fullOf(m relayMetrics) (float64, float64)  { return m.fullSum, m.fullCount }
 
-// meanMs is the mean statement time between two ticks, in ms.
-func meanMs(a, b pressureTick, f sumCount) float64 {
-	var sa, ca, sb, cb float64
-	for _, m := range a.m {
-		s, c := f(m)
-		sa, ca = sa+s, ca+c
+// tickSum reads a cumulative sum and count from a tick.
+type tickSum func(pressureTick) (sum, count float64)
+
+// ofRelays sums f over the tick's relays.
+func ofRelays(f sumCount) tickSum {
+	return func(tk pressureTick) (sum, count float64) {
+		for _, m := range tk.m {
+			s, c := f(m)
+			sum, count = sum+s, count+c
+		}
+		return sum, count
 	}
-	for _, m := range b.m {
-		s, c := f(m)
-		sb, cb = sb+s, cb+c
-	}
+}
+
+// claimBuffersOf and claimServerOf read the incremental claim's figures
+// from pg_stat_statements: buffers (hit and read) and execution time (ms).
+func claimBuffersOf(tk pressureTick) (float64, float64) { return tk.srv.blocks, tk.srv.calls }
+func claimServerOf(tk pressureTick) (float64, float64)  { return tk.srv.execMs, tk.srv.calls }
+
+// meanPer is the mean of the sum per count between two ticks.
+func meanPer(a, b pressureTick, f tickSum) float64 {
+	sa, ca := f(a)
+	sb, cb := f(b)
 	if cb-ca <= 0 {
 		return math.NaN()
 	}
-	return 1000 * (sb - sa) / (cb - ca)
+	return (sb - sa) / (cb - ca)
 }
 
-// windowMean is the mean statement time between from and to: from the last
+// meanMs is the mean statement time between two ticks, in ms.
+func meanMs(a, b pressureTick, f sumCount) float64 { return 1000 * meanPer(a, b, ofRelays(f)) }
+
+// windowMean is the mean of f per count between from and to: from the last
 // tick at or before from to the last tick at or before to.
-func windowMean(ticks []pressureTick, from, to time.Time, f sumCount) float64 {
+func windowMean(ticks []pressureTick, from, to time.Time, f tickSum) float64 {
 	a, b := -1, -1
 	for i, tk := range ticks {
 		if !tk.at.After(from) {
@@ -333,7 +360,7 @@ func windowMean(ticks []pressureTick, from, to time.Time, f sumCount) float64 {
 	if a < 0 || b <= a {
 		return math.NaN()
 	}
-	return meanMs(ticks[a], ticks[b], f)
+	return meanPer(ticks[a], ticks[b], f)
 }
 
 // recoveredIn is how long after start the events committed from then on
@@ -565,6 +592,9 @@ func pressureResults(runs []*pressureOutcome, sz pressureSizes, walLevel string)
 						Target: "<= 1.5", Met: metIf(st.claimLast/st.claimFirst, 1.5),
 						Note: fmt.Sprintf("mean claim %.2f ms in the first %s, %.2f ms in the last (the relays' outbox_db_statement_seconds{statement=\"claim\"})",
 							st.claimFirst, st.claimWindow, st.claimLast)},
+					Result{Scenario: base + "/claim-buffers-last-vs-first", Ratio: f(st.claimBufLast / st.claimBufFirst), RatioOf: "its first window",
+						Note: fmt.Sprintf("buffers (hit or read) per incremental claim, pg_stat_statements: %.0f in the first %s, %.0f in the last; the server's execution %.2f ms → %.2f ms per claim",
+							st.claimBufFirst, st.claimWindow, st.claimBufLast, st.claimSrvFirst, st.claimSrvLast)},
 					Result{Scenario: base + "/dead-rows", Value: f(float64(st.deadMax)), Unit: "n_dead_tup max",
 						Note: fmt.Sprintf("outbox_events, pg_stat_user_tables; %d at the end of the cell", st.deadEnd)})
 				if o.kind == "cdc" {
@@ -572,6 +602,8 @@ func pressureResults(runs []*pressureOutcome, sz pressureSizes, walLevel string)
 						Target: "0 replication timeouts, 0 takeovers", Met: b(st.takeovers == 0 && st.replTimeouts == 0),
 						Note: fmt.Sprintf("%d takeovers, %d replication timeouts in the server log, %d s with no relay streaming", st.takeovers, st.replTimeouts, st.noStreamer)})
 				}
+			case "takeover":
+				out = append(out, st.takeover.result(base))
 			case "readers", "load", "pool":
 				out = append(out, Result{Scenario: base + "/backlog-end", Value: f(float64(st.backlogEnd)), Unit: "events",
 					Target: fmt.Sprintf("keeps up: <= 1 s of traffic (%d) at the end", st.offered), Met: b(float64(st.backlogEnd) <= cellRate)})
@@ -624,6 +656,10 @@ func (st phaseStats) note(kind, walLevel string) string {
 	parts = append(parts, fmt.Sprintf("dead rows max %d, %d autovacuums", st.deadMax, st.autovacuums))
 	if !math.IsNaN(st.claimMean) {
 		parts = append(parts, fmt.Sprintf("claim %.2f ms mean (%.2f first, %.2f last %s), mark %.2f ms, %.0f background full scans (%.0f ms mean)", st.claimMean, st.claimFirst, st.claimLast, st.claimWindow, st.markMean, st.fullScans, st.fullMean))
+		if !math.IsNaN(st.claimBufFirst) {
+			parts = append(parts, fmt.Sprintf("incremental claim in pg_stat_statements: %.0f → %.0f buffers, %.2f → %.2f ms on the server (first → last %s)",
+				st.claimBufFirst, st.claimBufLast, st.claimSrvFirst, st.claimSrvLast, st.claimWindow))
+		}
 	}
 	parts = append(parts, fmt.Sprintf("/readyz non-200 %d of %d", st.notReady, st.readySamples))
 	parts = append(parts, fmt.Sprintf("republished %d (%d after a lease), expired claims %s, lease conflicts %s", st.republished, st.republishedLease, numStr(st.expired, 0), numStr(st.conflicts, 0)))

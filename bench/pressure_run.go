@@ -36,6 +36,7 @@ type pressurePhase struct {
 	killed      map[string]int // what the killed backends were running (or last ran), by statement shape
 	held        int            // pool: connections held
 	readerLoops int64          // readers: snapshots read
+	takeover    *takeover      // takeover: what the kill of the streaming relay cost
 	notes       []string
 	writerErrs  atomic.Int64
 	firstErr    atomic.Pointer[string]
@@ -56,6 +57,7 @@ type pressureTick struct {
 	live    int64
 	autovac int64
 	pending int64 // -1 when not counted
+	srv     claimStatements // the incremental claim in pg_stat_statements
 	ready   []int // per relay: /readyz status (0: no answer)
 	m       []relayMetrics
 }
@@ -96,6 +98,9 @@ func runPressure(ctx context.Context, e *env, cluster *pgcluster.Cluster, bin, k
 	}
 	out := &pressureOutcome{kind: kind, l: newLedger(sz.aggregates), notReady: map[string]int{}}
 	for _, c := range sz.cells {
+		if c == "takeover" && kind != "cdc" {
+			continue // a takeover is of a CDC stream
+		}
 		out.phases = append(out.phases,
 			&pressurePhase{name: c, cell: c, dur: sz.cellDur[c], rate: cellRate(c, sz.rate)},
 			&pressurePhase{name: c + "/recovery", cell: c, recovery: true, dur: sz.recovery, rate: sz.rate})
@@ -266,7 +271,7 @@ WHERE NOT active AND strpos(slot_name, $1) > 0`, s.schema)
 		// pool cell's connections takes a moment).
 		var stopFault func()
 		if !ph.recovery {
-			stopFault, err = startFault(ctx, e, s, ph, &rate, sz)
+			stopFault, err = startFault(ctx, e, s, ph, &rate, sz, relays)
 			if err != nil {
 				return out, fmt.Errorf("%s: %w", ph.name, err)
 			}
@@ -333,6 +338,14 @@ WHERE NOT active AND strpos(slot_name, $1) > 0`, s.schema)
 	out.tapDrops = dest.tapDrops()
 	out.badMsgs = dest.badMsgs.Load()
 	out.serverLog = cluster.Log()
+	for _, ph := range out.phases {
+		if tk := ph.takeover; tk != nil {
+			if at := out.l.firstArrivalAfter(tk.at.UnixNano()); at != 0 {
+				tk.firstEvent = time.Duration(at - tk.at.UnixNano())
+			}
+			ph.note("%s", tk.line())
+		}
+	}
 	out.compute(sz)
 	for _, st := range out.stats {
 		e.logf("pressure/%s: %s", kind, st.line())
@@ -488,6 +501,7 @@ func (o *pressureOutcome) sample(ctx context.Context, e *env, s space, relays []
 		_ = e.admin.QueryRow(qctx, `SELECT n_dead_tup, n_live_tup, autovacuum_count FROM pg_stat_user_tables
 WHERE schemaname = $1 AND relname = 'outbox_events'`, s.schema).Scan(&tk.dead, &tk.live, &tk.autovac)
 		cancel()
+		tk.srv = readClaimStatements(ctx, e)
 		if countConn != nil {
 			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			if err := countConn.QueryRow(qctx, "SELECT count(*) FROM "+s.schema+".outbox_events WHERE published_at IS NULL").Scan(&tk.pending); err != nil {
@@ -516,7 +530,7 @@ func shorten(s string, n int) string {
 }
 
 // startFault starts the cell's fault and returns the function that ends it.
-func startFault(ctx context.Context, e *env, s space, ph *pressurePhase, rate *atomic.Int64, sz pressureSizes) (func(), error) {
+func startFault(ctx context.Context, e *env, s space, ph *pressurePhase, rate *atomic.Int64, sz pressureSizes, relays []*pressureRelay) (func(), error) {
 	switch ph.cell {
 	case "clean":
 		return func() {}, nil
@@ -550,6 +564,8 @@ func startFault(ctx context.Context, e *env, s space, ph *pressurePhase, rate *a
 		return startKiller(ctx, e, s, ph, sz.killEvery)
 	case "pool":
 		return holdPool(ctx, e, ph, sz.poolFree)
+	case "takeover":
+		return startTakeover(ctx, e, s, ph, relays)
 	}
 	return nil, fmt.Errorf("unknown cell %q", ph.cell)
 }
@@ -721,4 +737,25 @@ END $$`); err != nil {
 			_ = c.Close(context.WithoutCancel(ctx))
 		}
 	}, nil
+}
+
+// claimStatements are the cumulative figures of the relays' incremental
+// claims (the statements that start "WITH fresh AS (": fastClaimSQL) in
+// pg_stat_statements: how many, the buffers they touched (hit or read) and
+// the server's execution time. Unlike the relays' own round-trip times,
+// the buffers do not grow with the machine's load: they say whether a claim
+// reads more as the phase goes on.
+type claimStatements struct {
+	calls, blocks, execMs float64
+}
+
+// readClaimStatements reads them (zero when the extension is missing).
+func readClaimStatements(ctx context.Context, e *env) claimStatements {
+	var cs claimStatements
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_ = e.admin.QueryRow(qctx, `SELECT coalesce(sum(calls), 0)::float8, coalesce(sum(shared_blks_hit + shared_blks_read), 0)::float8,
+	coalesce(sum(total_exec_time), 0)::float8
+FROM pg_stat_statements WHERE query LIKE 'WITH fresh AS (%'`).Scan(&cs.calls, &cs.blocks, &cs.execMs)
+	return cs
 }
