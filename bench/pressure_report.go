@@ -40,7 +40,7 @@ type phaseStats struct {
 	claimFirst       float64 // ms, mean claim in the first window of the phase
 	claimLast        float64 // ms, in the last window
 	claimWindow      time.Duration
-	claimBufFirst    float64 // buffers per incremental claim (pg_stat_statements), first window
+	claimBufFirst    float64 // buffers of the incremental claims per event they claimed (pg_stat_statements), first window
 	claimBufLast     float64 // ... last window
 	claimSrvFirst    float64 // ms of the server's execution per incremental claim, first window
 	claimSrvLast     float64 // ... last window
@@ -76,7 +76,7 @@ func (st phaseStats) line() string {
 		s += fmt.Sprintf(", recovered in %s", recoveredString(st.recoveredIn))
 	}
 	if !math.IsNaN(st.claimBufFirst) {
-		s += fmt.Sprintf(", claim buffers %.0f→%.0f, server %.2f→%.2f ms", st.claimBufFirst, st.claimBufLast, st.claimSrvFirst, st.claimSrvLast)
+		s += fmt.Sprintf(", claim buffers/event %.1f→%.1f, server %.2f→%.2f ms/claim", st.claimBufFirst, st.claimBufLast, st.claimSrvFirst, st.claimSrvLast)
 	}
 	if st.takeovers > 0 || st.noStreamer > 0 || st.cdcLeft > 0 {
 		s += fmt.Sprintf(", takeovers %d, no streamer %d s, left to the safety net %.0f", st.takeovers, st.noStreamer, st.cdcLeft)
@@ -326,7 +326,7 @@ func ofRelays(f sumCount) tickSum {
 
 // claimBuffersOf and claimServerOf read the incremental claim's figures
 // from pg_stat_statements: buffers (hit and read) and execution time (ms).
-func claimBuffersOf(tk pressureTick) (float64, float64) { return tk.srv.blocks, tk.srv.calls }
+func claimBuffersOf(tk pressureTick) (float64, float64) { return tk.srv.blocks, tk.srv.rows - tk.srv.calls }
 func claimServerOf(tk pressureTick) (float64, float64)  { return tk.srv.execMs, tk.srv.calls }
 
 // meanPer is the mean of the sum per count between two ticks.
@@ -593,7 +593,7 @@ func pressureResults(runs []*pressureOutcome, sz pressureSizes, walLevel string)
 						Note: fmt.Sprintf("mean claim %.2f ms in the first %s, %.2f ms in the last (the relays' outbox_db_statement_seconds{statement=\"claim\"})",
 							st.claimFirst, st.claimWindow, st.claimLast)},
 					Result{Scenario: base + "/claim-buffers-last-vs-first", Ratio: f(st.claimBufLast / st.claimBufFirst), RatioOf: "its first window",
-						Note: fmt.Sprintf("buffers (hit or read) per incremental claim, pg_stat_statements: %.0f in the first %s, %.0f in the last; the server's execution %.2f ms → %.2f ms per claim",
+						Note: fmt.Sprintf("buffers (hit or read) of the incremental claims per event claimed, pg_stat_statements: %.1f in the first %s, %.1f in the last; the server's execution %.2f ms → %.2f ms per claim",
 							st.claimBufFirst, st.claimWindow, st.claimBufLast, st.claimSrvFirst, st.claimSrvLast)},
 					Result{Scenario: base + "/dead-rows", Value: f(float64(st.deadMax)), Unit: "n_dead_tup max",
 						Note: fmt.Sprintf("outbox_events, pg_stat_user_tables; %d at the end of the cell", st.deadEnd)})
@@ -657,7 +657,7 @@ func (st phaseStats) note(kind, walLevel string) string {
 	if !math.IsNaN(st.claimMean) {
 		parts = append(parts, fmt.Sprintf("claim %.2f ms mean (%.2f first, %.2f last %s), mark %.2f ms, %.0f background full scans (%.0f ms mean)", st.claimMean, st.claimFirst, st.claimLast, st.claimWindow, st.markMean, st.fullScans, st.fullMean))
 		if !math.IsNaN(st.claimBufFirst) {
-			parts = append(parts, fmt.Sprintf("incremental claim in pg_stat_statements: %.0f → %.0f buffers, %.2f → %.2f ms on the server (first → last %s)",
+			parts = append(parts, fmt.Sprintf("incremental claims in pg_stat_statements: %.1f → %.1f buffers per event claimed, %.2f → %.2f ms per claim on the server (first → last %s)",
 				st.claimBufFirst, st.claimBufLast, st.claimSrvFirst, st.claimSrvLast, st.claimWindow))
 		}
 	}

@@ -743,10 +743,11 @@ END $$`); err != nil {
 // claims (the statements that start "WITH fresh AS (": fastClaimSQL) in
 // pg_stat_statements: how many, the buffers they touched (hit or read) and
 // the server's execution time. Unlike the relays' own round-trip times,
-// the buffers do not grow with the machine's load: they say whether a claim
-// reads more as the phase goes on.
+// the buffers do not grow with the machine's load: per claimed event, they
+// say whether a claim reads more as the phase goes on (per claim, they
+// follow the batch's size, which follows the backlog).
 type claimStatements struct {
-	calls, blocks, execMs float64
+	calls, rows, blocks, execMs float64 // rows: returned, the claimed events and one row of the cursor's per call
 }
 
 // readClaimStatements reads them (zero when the extension is missing).
@@ -754,8 +755,8 @@ func readClaimStatements(ctx context.Context, e *env) claimStatements {
 	var cs claimStatements
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_ = e.admin.QueryRow(qctx, `SELECT coalesce(sum(calls), 0)::float8, coalesce(sum(shared_blks_hit + shared_blks_read), 0)::float8,
-	coalesce(sum(total_exec_time), 0)::float8
-FROM pg_stat_statements WHERE query LIKE 'WITH fresh AS (%'`).Scan(&cs.calls, &cs.blocks, &cs.execMs)
+	_ = e.admin.QueryRow(qctx, `SELECT coalesce(sum(calls), 0)::float8, coalesce(sum(rows), 0)::float8,
+	coalesce(sum(shared_blks_hit + shared_blks_read), 0)::float8, coalesce(sum(total_exec_time), 0)::float8
+FROM pg_stat_statements WHERE query LIKE 'WITH fresh AS (%'`).Scan(&cs.calls, &cs.rows, &cs.blocks, &cs.execMs)
 	return cs
 }
