@@ -116,6 +116,10 @@ func secureCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
 // checkWorks probes and publishes one event with cfg, expecting success.
 func checkWorks(t *testing.T, cfg outboxkafka.Config) {
 	t.Helper()
+	// The callers' short delivery time-out is for the failing cases, which
+	// wait for it whole; a publish that works must not fail because the
+	// machine is loaded.
+	cfg.DeliveryTimeout = time.Minute
 	p, err := outboxkafka.NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
