@@ -2,6 +2,7 @@ package sideeffect
 
 import (
 	"crypto/sha256"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // Mode says what the provider offers to make a retried call safe. It decides
@@ -179,10 +181,10 @@ type Config struct {
 // Caller makes one external call per key safely: see the package
 // documentation. It is safe for concurrent use, by any number of processes.
 type Caller struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	t    string // the table, quoted
-	ops  string // the audit log, quoted
+	db  pgtx.DB
+	cfg Config
+	t   string // the table, quoted
+	ops string // the audit log, quoted
 }
 
 // New returns a Caller over pool, which must reach a schema migrated by
@@ -191,6 +193,22 @@ func New(pool *pgxpool.Pool, cfg Config) (*Caller, error) {
 	if pool == nil {
 		return nil, errors.New("sideeffect: New needs a pool")
 	}
+	return newCaller(pgtx.Pool(pool), cfg)
+}
+
+// NewSQL returns a Caller over db, a database/sql database (the one sqlx,
+// GORM, bun or ent hand out, over any PostgreSQL driver), which must reach
+// a schema migrated by outboxmigrate (version 7 or later). It is the same
+// Caller as New's: the same table, statements, states and errors; its
+// transactions are database/sql ones.
+func NewSQL(db *sql.DB, cfg Config) (*Caller, error) {
+	if db == nil {
+		return nil, errors.New("sideeffect: NewSQL needs a database")
+	}
+	return newCaller(pgtx.Database(db), cfg)
+}
+
+func newCaller(db pgtx.DB, cfg Config) (*Caller, error) {
 	if err := checkName("Config.Name", cfg.Name); err != nil {
 		return nil, err
 	}
@@ -244,7 +262,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Caller, error) {
 	if cfg.Lease <= cfg.CallTimeout {
 		return nil, fmt.Errorf("sideeffect: Config.Lease (%s) must exceed Config.CallTimeout (%s): a call must end before its claim does", cfg.Lease, cfg.CallTimeout)
 	}
-	return &Caller{pool: pool, cfg: cfg, t: s.Table("side_effects"), ops: s.Table("outbox_operations")}, nil
+	return &Caller{db: db, cfg: cfg, t: s.Table("side_effects"), ops: s.Table("outbox_operations")}, nil
 }
 
 // Name is the Caller's Config.Name.
