@@ -40,9 +40,15 @@ var (
 
 // AdminConfig configures an Admin.
 type AdminConfig struct {
-	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to
+	// Schema is the PostgreSQL schema holding the outbox tables, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the outbox tables: the one Schema value an
+	// application gives every component's config (see outbox.Schema). Setting
+	// it and Schema to different names is refused (ErrSchemaConflict).
+	// Defaults to Schema, then "outbox".
+	Tables Schema
 	// Observer receives clean-up measurements (a CleanupObserver, such as
 	// outboxprom.Metrics). Optional.
 	Observer CleanupObserver
@@ -86,9 +92,9 @@ func NewSQLAdmin(db *sql.DB, cfg AdminConfig) (*Admin, error) {
 }
 
 func newAdmin(db pgtx.DB, cfg AdminConfig) (*Admin, error) {
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("outbox: admin: %w", err)
 	}
 	return &Admin{db: db, schema: s, obs: cfg.Observer, t: adminTables{
 		events:     s.Table("outbox_events"),

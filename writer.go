@@ -20,9 +20,15 @@ const MaxPayloadBytesDefault = 1 << 20
 
 // WriterConfig configures a Writer.
 type WriterConfig struct {
-	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to
+	// Schema is the PostgreSQL schema holding the outbox tables, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the outbox tables: the one Schema value an
+	// application gives every component's config (see outbox.Schema). Setting
+	// it and Schema to different names is refused (ErrSchemaConflict).
+	// Defaults to Schema, then "outbox".
+	Tables Schema
 	// MaxPayloadBytes is the largest payload accepted. Defaults to
 	// MaxPayloadBytesDefault (1 MiB). The database's write functions have a
 	// limit of their own, 1 MiB unless the tables' owner raised it
@@ -53,9 +59,9 @@ type Writer struct {
 
 // NewWriter validates cfg and returns a Writer.
 func NewWriter(cfg WriterConfig) (*Writer, error) {
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("outbox: writer: %w", err)
 	}
 	if cfg.MaxPayloadBytes < 0 {
 		return nil, fmt.Errorf("outbox: MaxPayloadBytes %d is negative", cfg.MaxPayloadBytes)

@@ -123,9 +123,15 @@ func scanAggregate(row pgtx.Row) (AggregateInfo, error) {
 
 // AdminConfig configures an Admin.
 type AdminConfig struct {
-	// Schema is the PostgreSQL schema holding the inbox tables. Defaults to
+	// Schema is the PostgreSQL schema holding the inbox tables, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the inbox tables: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 }
 
 // Admin is the operator's API of the inboxes of a schema, for every
@@ -160,9 +166,9 @@ func NewSQLAdmin(db *sql.DB, cfg AdminConfig) (*Admin, error) {
 }
 
 func newAdmin(db pgtx.DB, cfg AdminConfig) (*Admin, error) {
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("inbox: admin: %w", err)
 	}
 	marks := s.Table("inbox_aggregates")
 	return &Admin{db: db, schema: s, marks: marks, operations: s.Table("outbox_operations"), lockMark: lockMarkSQL(marks)}, nil

@@ -128,9 +128,15 @@ type Config struct {
 	// Consumer names the consumer; each consumer has its own inbox rows and
 	// high-water marks. Required.
 	Consumer string
-	// Schema is the PostgreSQL schema holding the inbox tables. Defaults to
+	// Schema is the PostgreSQL schema holding the inbox tables, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the inbox tables: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 	// Upcasters upgrade old payloads before HandleMessage hands a message to
 	// its effect. Optional.
 	Upcasters *Upcasters
@@ -305,9 +311,9 @@ func newInbox(db pgtx.DB, sqlDB bool, cfg Config) (*Inbox, error) {
 	if cfg.Consumer == "" {
 		return nil, errors.New("inbox: Config.Consumer is required")
 	}
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("inbox: %w", err)
 	}
 	if cfg.StartReason == "" {
 		cfg.StartReason = StartReasonDefault

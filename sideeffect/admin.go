@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/pgtx"
 )
@@ -28,9 +29,15 @@ var (
 
 // AdminConfig configures an Admin.
 type AdminConfig struct {
-	// Schema is the PostgreSQL schema holding the side_effects table.
-	// Defaults to "outbox".
+	// Schema is the PostgreSQL schema holding the side_effects table, as a
+	// plain string: the older field, kept working; prefer Tables. Defaults
+	// to "outbox".
 	Schema string
+	// Tables is the schema holding the side_effects table: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 }
 
 // Admin is the operator's API over the side-effect attempts of a schema, for
@@ -60,9 +67,9 @@ func NewSQLAdmin(db *sql.DB, cfg AdminConfig) (*Admin, error) {
 }
 
 func newAdmin(db pgtx.DB, cfg AdminConfig) (*Admin, error) {
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sideeffect: admin: %w", err)
 	}
 	return &Admin{db: db, schema: s, t: s.Table("side_effects"), ops: s.Table("outbox_operations")}, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -123,8 +124,14 @@ type Config struct {
 	// per name; metrics and status are by name. Required.
 	Name string
 	// Schema is the PostgreSQL schema holding the side_effects table
-	// (created by outboxmigrate, migration 7). Defaults to "outbox".
+	// (created by outboxmigrate, migration 7), as a plain string: the older
+	// field, kept working; prefer Tables. Defaults to "outbox".
 	Schema string
+	// Tables is the schema holding the side_effects table: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 	// Mode is what the provider offers. Required.
 	Mode Mode
 	// Lookup asks the provider what happened to a key. Required for
@@ -212,9 +219,9 @@ func newCaller(db pgtx.DB, cfg Config) (*Caller, error) {
 	if err := checkName("Config.Name", cfg.Name); err != nil {
 		return nil, err
 	}
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sideeffect: %w", err)
 	}
 	switch cfg.Mode {
 	case Idempotent:
