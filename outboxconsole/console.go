@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/inbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
 // Defaults for Config.

@@ -75,8 +75,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/inbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/sideeffect"
 )
 
