@@ -64,6 +64,15 @@
 // written before the change (still in the outbox, or replayed) are applied by
 // the same, current code.
 //
+// # database/sql
+//
+// An application built on database/sql (sqlx, GORM, bun, ent, any
+// PostgreSQL driver) builds its inbox with [NewSQL] over its *sql.DB and
+// delivers with [Inbox.HandleSQL] or [Inbox.HandleMessageSQL]: the effect
+// receives the delivery's *sql.Tx. [Inbox.SeedSQLTx] seeds in the caller's
+// *sql.Tx, and [NewSQLAdmin] is the Admin over a *sql.DB. The statements,
+// outcomes and errors are the pgx path's.
+//
 // # Metrics
 //
 // Config.Observer is told the outcome of every delivery; package outboxprom
