@@ -36,7 +36,7 @@ func forKinds(t *testing.T, test func(t *testing.T, k txKind)) {
 	}
 }
 
-// db is a database/sql database over pool, closed when the test ends.
+// sqlDB is a database/sql database over pool, closed when the test ends.
 func sqlDB(t *testing.T, pool *pgxpool.Pool) *sql.DB {
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = db.Close() })

@@ -168,12 +168,25 @@ func applyOne(ctx context.Context, db Conn, s pgident.Schema, table string, m Mi
 func Version(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, schema string) (int, error) {
+	return VersionComponents(ctx, db, schema, ComponentsAll)
+}
+
+// VersionComponents is Version for an install of some of the components:
+// for ComponentsConsumer, the highest consumer step applied to schema
+// (ConsumerMigrations), 0 when none is.
+func VersionComponents(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, schema string, c Components) (int, error) {
 	s, err := pgident.NewSchema(schema)
 	if err != nil {
 		return 0, err
 	}
+	_, table, err := c.steps()
+	if err != nil {
+		return 0, err
+	}
 	var v int
-	err = db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+s.Table(migrationsTable)).Scan(&v)
+	err = db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+s.Table(table)).Scan(&v)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table / schema
 		return 0, nil

@@ -66,6 +66,10 @@ func TestMigrateOnlyConsumer(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "the consumer side is up to date") {
 		t.Fatalf("second migrate --only consumer: exit %d, %q", code, stdout)
 	}
+	// The consumer side's commands work on such a schema.
+	if _, stderr, code := runOutbox(t, nil, "inbox", "status", "--schema", schema); code != 0 {
+		t.Fatalf("inbox status on a consumer-only schema: exit %d: %s", code, stderr)
+	}
 
 	stdout, _, code = runOutbox(t, nil, "migrate", "--only", "consumer", "--print", "--schema", "shop")
 	if code != 0 || !strings.Contains(stdout, "consumer-side migrations for schema shop") || !strings.Contains(stdout, "FUNCTION inbox_claim") ||
