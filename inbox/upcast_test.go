@@ -262,7 +262,11 @@ func TestReplayOfV1EventsAfterAV2Change(t *testing.T) {
 // does not cover the gap is not.
 func TestSkippedEventsDoNotLeaveAGap(t *testing.T) {
 	t.Parallel()
-	_, handle, effects := setup(t)
+	forKinds(t, testSkippedEventsDoNotLeaveAGap)
+}
+
+func testSkippedEventsDoNotLeaveAGap(t *testing.T, k txKind) {
+	_, handle, effects := setup(t, k)
 	m1 := msg("o1", 1)
 	m4 := msg("o1", 4)
 	m4.SkippedFrom = 3 // 3 skipped, but 2 is still missing
