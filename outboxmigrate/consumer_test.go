@@ -70,7 +70,7 @@ func describeConsumerSide(t *testing.T, pool *pgxpool.Pool, schema string) strin
 	for _, table := range consumerTables {
 		rel := schema + "." + table
 		q(`SELECT 'column ' || attname || ' ' || format_type(atttypid, atttypmod) || CASE WHEN attnotnull THEN ' not null' ELSE '' END
-	|| coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '') || CASE WHEN attidentity <> '' THEN ' identity ' || attidentity ELSE '' END
+	|| coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '') || CASE WHEN attidentity <> '' THEN ' identity ' || attidentity::text ELSE '' END
 FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, rel)
 		q(`SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) || CASE WHEN convalidated THEN '' ELSE ' (not validated)' END
