@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // Errors of the operator API. They are wrapped with the event id.
@@ -38,9 +40,15 @@ var (
 
 // AdminConfig configures an Admin.
 type AdminConfig struct {
-	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to
+	// Schema is the PostgreSQL schema holding the outbox tables, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the outbox tables: the one Schema value an
+	// application gives every component's config (see outbox.Schema). Setting
+	// it and Schema to different names is refused (ErrSchemaConflict).
+	// Defaults to Schema, then "outbox".
+	Tables Schema
 	// Observer receives clean-up measurements (a CleanupObserver, such as
 	// outboxprom.Metrics). Optional.
 	Observer CleanupObserver
@@ -54,7 +62,7 @@ type AdminConfig struct {
 // It needs the schema at migration version 11 or later (Cleanup and Replay
 // call functions that migration installs).
 type Admin struct {
-	pool   *pgxpool.Pool
+	db     pgtx.DB
 	schema pgident.Schema
 	obs    CleanupObserver
 	t      adminTables
@@ -69,11 +77,26 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 	if pool == nil {
 		return nil, errors.New("outbox: NewAdmin needs a pool")
 	}
-	s, err := pgident.NewSchema(cfg.Schema)
-	if err != nil {
-		return nil, err
+	return newAdmin(pgtx.Pool(pool), cfg)
+}
+
+// NewSQLAdmin returns an Admin over db, a database/sql database (the one
+// sqlx, GORM, bun or ent hand out, over any PostgreSQL driver). It is the
+// same Admin as NewAdmin's: the same statements, results and errors; its
+// transactions are database/sql ones.
+func NewSQLAdmin(db *sql.DB, cfg AdminConfig) (*Admin, error) {
+	if db == nil {
+		return nil, errors.New("outbox: NewSQLAdmin needs a database")
 	}
-	return &Admin{pool: pool, schema: s, obs: cfg.Observer, t: adminTables{
+	return newAdmin(pgtx.Database(db), cfg)
+}
+
+func newAdmin(db pgtx.DB, cfg AdminConfig) (*Admin, error) {
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: admin: %w", err)
+	}
+	return &Admin{db: db, schema: s, obs: cfg.Observer, t: adminTables{
 		events:     s.Table("outbox_events"),
 		relays:     s.Table("outbox_relays"),
 		operations: s.Table("outbox_operations"),
@@ -211,6 +234,11 @@ type Operation struct {
 var ownTables = []string{"outbox_events", "outbox_aggregates", "processed_events", "inbox_aggregates",
 	"outbox_relays", "outbox_operations", "outbox_schema_migrations"}
 
+// ownTablesList is ownTables as one comma-separated text parameter
+// (string_to_array), which every driver passes, where a []string needs
+// one that encodes arrays.
+var ownTablesList = strings.Join(ownTables, ",")
+
 // backlogColumns aggregates unsettled rows e into a Backlog.
 const backlogColumns = `count(*) FILTER (WHERE e.quarantined_at IS NULL),
 	count(*) FILTER (WHERE e.quarantined_at IS NULL AND e.attempt_count > 0),
@@ -229,7 +257,7 @@ func (b *Backlog) scanArgs() []any {
 // published in the last minute, never with the settled history kept.
 func (a *Admin) Status(ctx context.Context) (Status, error) {
 	st := Status{Schema: a.schema.Name()}
-	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err := a.db.BeginFunc(ctx, pgtx.TxOptions{RepeatableRead: true, ReadOnly: true}, func(tx pgtx.Querier) error {
 		if err := tx.QueryRow(ctx, `SELECT now(), coalesce((SELECT max(version) FROM `+a.t.migrations+`), 0)`).Scan(&st.At, &st.MigrationVersion); err != nil {
 			return fmt.Errorf("read schema version: %w", err)
 		}
@@ -311,12 +339,7 @@ WHERE q.quarantined_at IS NOT NULL AND q.published_at IS NULL`).Scan(&st.Blocked
 	return st, nil
 }
 
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-func (a *Admin) relays(ctx context.Context, q querier) ([]RelayInfo, error) {
+func (a *Admin) relays(ctx context.Context, q pgtx.Querier) ([]RelayInfo, error) {
 	// ack_durability (migration 010) is read through to_jsonb, which works
 	// on a schema without the column too.
 	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at, expires_at > now(),
@@ -325,7 +348,7 @@ FROM `+a.t.relays+` r ORDER BY relay_id`)
 	if err != nil {
 		return nil, fmt.Errorf("read relays: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RelayInfo, error) {
+	out, err := pgtx.Collect(rows, func(row pgtx.Row) (RelayInfo, error) {
 		var r RelayInfo
 		var ack []byte
 		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive, &ack)
@@ -344,15 +367,15 @@ FROM `+a.t.relays+` r ORDER BY relay_id`)
 	return out, nil
 }
 
-func (a *Admin) sizes(ctx context.Context, q querier) ([]TableSize, []IndexSize, error) {
+func (a *Admin) sizes(ctx context.Context, q pgtx.Querier) ([]TableSize, []IndexSize, error) {
 	rows, err := q.Query(ctx, `SELECT c.relname, c.reltuples::bigint, pg_relation_size(c.oid), pg_indexes_size(c.oid), pg_total_relation_size(c.oid)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname = ANY($2)
-ORDER BY c.relname`, a.schema.Name(), ownTables)
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname = ANY(string_to_array($2, ','))
+ORDER BY c.relname`, a.schema.Name(), ownTablesList)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read table sizes: %w", err)
 	}
-	tables, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (TableSize, error) {
+	tables, err := pgtx.Collect(rows, func(row pgtx.Row) (TableSize, error) {
 		var t TableSize
 		return t, row.Scan(&t.Table, &t.Rows, &t.HeapBytes, &t.IndexBytes, &t.TotalBytes)
 	})
@@ -364,12 +387,12 @@ FROM pg_index x
 JOIN pg_class i ON i.oid = x.indexrelid
 JOIN pg_class t ON t.oid = x.indrelid
 JOIN pg_namespace n ON n.oid = t.relnamespace
-WHERE n.nspname = $1 AND t.relname = ANY($2)
-ORDER BY t.relname, i.relname`, a.schema.Name(), ownTables)
+WHERE n.nspname = $1 AND t.relname = ANY(string_to_array($2, ','))
+ORDER BY t.relname, i.relname`, a.schema.Name(), ownTablesList)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read index sizes: %w", err)
 	}
-	indexes, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (IndexSize, error) {
+	indexes, err := pgtx.Collect(rows, func(row pgtx.Row) (IndexSize, error) {
 		var i IndexSize
 		return i, row.Scan(&i.Index, &i.Table, &i.Bytes)
 	})
@@ -379,13 +402,13 @@ ORDER BY t.relname, i.relname`, a.schema.Name(), ownTables)
 	return tables, indexes, nil
 }
 
-func (a *Admin) operations(ctx context.Context, q querier, limit int) ([]Operation, error) {
+func (a *Admin) operations(ctx context.Context, q pgtx.Querier, limit int) ([]Operation, error) {
 	rows, err := q.Query(ctx, `SELECT operation_id, at, action, actor, event_id, coalesce(reason, ''), detail
 FROM `+a.t.operations+` ORDER BY operation_id DESC LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read operations: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, scanOperation)
+	out, err := pgtx.Collect(rows, scanOperation)
 	if err != nil {
 		return nil, fmt.Errorf("read operations: %w", err)
 	}
@@ -408,22 +431,23 @@ type Gauges struct {
 // transaction.
 func (a *Admin) Gauges(ctx context.Context) (Gauges, error) {
 	g := Gauges{TableBytes: map[string]int64{}}
-	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err := a.db.BeginFunc(ctx, pgtx.TxOptions{ReadOnly: true}, func(tx pgtx.Querier) error {
 		if err := tx.QueryRow(ctx, `SELECT `+backlogColumns+`, (SELECT count(*) FROM `+a.t.relays+` WHERE expires_at > now())
 FROM `+a.t.events+` e WHERE e.published_at IS NULL`).Scan(append(g.Backlog.scanArgs(), &g.RelaysAlive)...); err != nil {
 			return fmt.Errorf("read backlog: %w", err)
 		}
 		rows, err := tx.Query(ctx, `SELECT c.relname, pg_total_relation_size(c.oid)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname = ANY($2)`, a.schema.Name(), ownTables)
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname = ANY(string_to_array($2, ','))`, a.schema.Name(), ownTablesList)
 		if err != nil {
 			return fmt.Errorf("read table sizes: %w", err)
 		}
-		var name string
-		var size int64
-		_, err = pgx.ForEachRow(rows, []any{&name, &size}, func() error {
+		_, err = pgtx.Collect(rows, func(row pgtx.Row) (struct{}, error) {
+			var name string
+			var size int64
+			err := row.Scan(&name, &size)
 			g.TableBytes[name] = size
-			return nil
+			return struct{}{}, err
 		})
 		if err != nil {
 			return fmt.Errorf("read table sizes: %w", err)
@@ -498,7 +522,7 @@ const eventInfoColumns = `e.event_id, e.aggregate_type, e.aggregate_id, e.aggreg
 	e.occurred_at, e.attempt_count, coalesce(e.last_error, ''), e.quarantined_at, e.published_at, e.skipped_at,
 	coalesce(e.skipped_by, ''), coalesce(e.skip_reason, '')`
 
-func scanEventInfo(row pgx.Row, extra ...any) (EventInfo, error) {
+func scanEventInfo(row pgtx.Row, extra ...any) (EventInfo, error) {
 	var e EventInfo
 	err := row.Scan(append([]any{&e.ID, &e.AggregateType, &e.AggregateID, &e.Sequence, &e.Type, &e.SchemaVersion,
 		&e.OccurredAt, &e.Attempts, &e.LastError, &e.QuarantinedAt, &e.PublishedAt, &e.SkippedAt,
@@ -558,7 +582,7 @@ func (a *Admin) ListQuarantined(ctx context.Context, f QuarantineFilter) ([]Even
 	}
 	// The preview is cut in SQL, so a large payload is not read whole;
 	// a jsonb payload is cut as its text, a bytea one as its bytes.
-	rows, err := a.pool.Query(ctx, `SELECT `+eventInfoColumns+`,
+	rows, err := a.db.Query(ctx, `SELECT `+eventInfoColumns+`,
 	(SELECT count(*) FROM `+a.t.events+` p WHERE p.published_at IS NULL AND p.aggregate_type = e.aggregate_type
 	   AND p.aggregate_id = e.aggregate_id AND p.aggregate_sequence > e.aggregate_sequence),
 	CASE WHEN $3 = 0 THEN NULL
@@ -571,7 +595,7 @@ LIMIT $2`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list quarantined: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (EventInfo, error) {
+	out, err := pgtx.Collect(rows, func(row pgtx.Row) (EventInfo, error) {
 		var blocked int64
 		var preview []byte
 		e, err := scanEventInfo(row, &blocked, &preview)
@@ -589,7 +613,7 @@ LIMIT $2`, args...)
 
 // Event returns one event's state.
 func (a *Admin) Event(ctx context.Context, id uuid.UUID) (EventInfo, error) {
-	e, err := scanEventInfo(a.pool.QueryRow(ctx, `SELECT `+eventInfoColumns+` FROM `+a.t.events+` e WHERE e.event_id = $1`, id))
+	e, err := scanEventInfo(a.db.QueryRow(ctx, `SELECT `+eventInfoColumns+` FROM `+a.t.events+` e WHERE e.event_id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return EventInfo{}, fmt.Errorf("outbox: event %s: %w", id, ErrEventNotFound)
 	}
@@ -600,7 +624,7 @@ func (a *Admin) Event(ctx context.Context, id uuid.UUID) (EventInfo, error) {
 }
 
 // lockQuarantined locks the event's row in tx and checks it is quarantined.
-func (a *Admin) lockQuarantined(ctx context.Context, tx pgx.Tx, id uuid.UUID) (EventInfo, error) {
+func (a *Admin) lockQuarantined(ctx context.Context, tx pgtx.Querier, id uuid.UUID) (EventInfo, error) {
 	e, err := scanEventInfo(tx.QueryRow(ctx, `SELECT `+eventInfoColumns+` FROM `+a.t.events+` e WHERE e.event_id = $1 FOR UPDATE`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, fmt.Errorf("event %s: %w", id, ErrEventNotFound)
@@ -635,7 +659,7 @@ func (n laneNeighbour) String() string {
 // (before true: the lowest such sequence, the lane's head) or after it (the
 // next one). An event never goes from settled back to unsettled and writers
 // only append, so "none before" stays true once read.
-func (a *Admin) neighbour(ctx context.Context, tx pgx.Tx, e EventInfo, before bool) (*laneNeighbour, error) {
+func (a *Admin) neighbour(ctx context.Context, tx pgtx.Querier, e EventInfo, before bool) (*laneNeighbour, error) {
 	cond, order := "p.aggregate_sequence < $3", "p.aggregate_sequence"
 	if !before {
 		cond = "p.aggregate_sequence > $3"
@@ -667,7 +691,7 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, by string) (EventInfo, 
 		return EventInfo{}, fmt.Errorf("outbox: retry event %s: %w", id, ErrActorRequired)
 	}
 	var e EventInfo
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+	err := a.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
 		var err error
 		if e, err = a.lockQuarantined(ctx, tx, id); err != nil {
 			return err
@@ -727,7 +751,7 @@ func (a *Admin) Skip(ctx context.Context, id uuid.UUID, by, reason string) (Even
 		return EventInfo{}, fmt.Errorf("outbox: skip event %s: %w", id, ErrActorRequired)
 	}
 	var e EventInfo
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+	err := a.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
 		locked, err := a.lockQuarantined(ctx, tx, id)
 		if err != nil {
 			return err
@@ -790,7 +814,7 @@ VALUES ('skip', $1, $2, $3, jsonb_build_object('aggregate_type', $4::text, 'aggr
 // wake notifies the schema's relays, so that a retried or unblocked lane
 // moves now rather than at the next poll. A failure only delays that.
 func (a *Admin) wake(ctx context.Context) {
-	_, _ = a.pool.Exec(ctx, "SELECT pg_notify($1, '')", NotifyChannel(a.schema.Name()))
+	_, _ = a.db.Exec(ctx, "SELECT pg_notify($1, '')", NotifyChannel(a.schema.Name()))
 }
 
 // Cleanup deletes settled events past cfg.OlderThan and, with
@@ -802,7 +826,7 @@ func (a *Admin) Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, 
 	if err := cfg.validate(); err != nil {
 		return CleanupResult{}, err
 	}
-	res, err := newCleaner(a.pool, a.schema, a.obs).run(ctx, cfg)
+	res, err := newCleaner(a.db, a.schema, a.obs).run(ctx, cfg)
 	if err != nil {
 		return res, fmt.Errorf("outbox: clean-up of schema %s: %w", a.schema.Name(), err)
 	}

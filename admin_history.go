@@ -2,10 +2,11 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // MinuteCount is the number of events published in one minute.
@@ -23,7 +24,7 @@ type MinuteCount struct {
 // the events published in that hour, never with the history kept or the
 // backlog.
 func (a *Admin) PublishedPerMinute(ctx context.Context) ([]MinuteCount, error) {
-	rows, err := a.pool.Query(ctx, `WITH m AS (SELECT date_trunc('minute', now()) AS now_minute)
+	rows, err := a.db.Query(ctx, `WITH m AS (SELECT date_trunc('minute', now()) AS now_minute)
 SELECT s.minute, coalesce(c.n, 0)
 FROM m CROSS JOIN generate_series(m.now_minute - interval '60 minutes', m.now_minute, interval '1 minute') AS s(minute)
 LEFT JOIN (
@@ -36,7 +37,7 @@ ORDER BY s.minute`)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: published per minute: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (MinuteCount, error) {
+	out, err := pgtx.Collect(rows, func(row pgtx.Row) (MinuteCount, error) {
 		var c MinuteCount
 		err := row.Scan(&c.Minute, &c.Published)
 		c.Minute = c.Minute.UTC()
@@ -78,20 +79,26 @@ FROM `+a.t.operations+` ORDER BY operation_id DESC LIMIT $1`, []any{f.Limit}
 		q, args = `SELECT operation_id, at, action, actor, event_id, coalesce(reason, ''), detail
 FROM `+a.t.operations+` WHERE operation_id < $2 ORDER BY operation_id DESC LIMIT $1`, []any{f.Limit, f.Before}
 	}
-	rows, err := a.pool.Query(ctx, q, args...)
+	rows, err := a.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: operations: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, scanOperation)
+	out, err := pgtx.Collect(rows, scanOperation)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: operations: %w", err)
 	}
 	return out, nil
 }
 
-func scanOperation(row pgx.CollectableRow) (Operation, error) {
+func scanOperation(row pgtx.Row) (Operation, error) {
 	var o Operation
-	err := row.Scan(&o.ID, &o.At, &o.Action, &o.Actor, &o.EventID, &o.Reason, &o.Detail)
+	var detail []byte // jsonb: raw JSON on every driver
+	err := row.Scan(&o.ID, &o.At, &o.Action, &o.Actor, &o.EventID, &o.Reason, &detail)
 	o.At = o.At.UTC()
+	if err == nil && len(detail) > 0 && string(detail) != "null" {
+		if jerr := json.Unmarshal(detail, &o.Detail); jerr != nil {
+			return o, fmt.Errorf("operation %d: detail: %w", o.ID, jerr)
+		}
+	}
 	return o, err
 }

@@ -19,10 +19,14 @@ import (
 // their minute, and leaves out skipped events and older ones.
 func TestPublishedPerMinuteCountsTheLastHour(t *testing.T) {
 	t.Parallel()
+	forAdminKinds(t, testPublishedPerMinuteCountsTheLastHour)
+}
+
+func testPublishedPerMinuteCountsTheLastHour(t *testing.T, k adminKind) {
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	w := newWriter(t, schema)
-	admin := newAdmin(t, pool, schema)
+	admin := k.newAdmin(t, pool, schema)
 	writeEvents(t, pool, w, 7, 1) // agg-0..agg-6
 	// Settle them by hand at chosen times: 3 five minutes ago, 2 fifty-nine
 	// minutes ago, 1 sixty-one minutes ago (too old), 1 skipped just now.
@@ -98,10 +102,14 @@ func quarantineAll(t *testing.T, schema string, admin *outbox.Admin, n int, refu
 // the payload's start, cut in SQL.
 func TestListQuarantinedPagesAndPreviews(t *testing.T) {
 	t.Parallel()
+	forAdminKinds(t, testListQuarantinedPagesAndPreviews)
+}
+
+func testListQuarantinedPagesAndPreviews(t *testing.T, k adminKind) {
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	w := newWriter(t, schema)
-	admin := newAdmin(t, pool, schema)
+	admin := k.newAdmin(t, pool, schema)
 	writeEvents(t, pool, w, 7, 2)
 	quarantineAll(t, schema, admin, 7, func(string) bool { return true })
 	all, err := admin.ListQuarantined(ctx, outbox.QuarantineFilter{})
@@ -145,10 +153,14 @@ func TestListQuarantinedPagesAndPreviews(t *testing.T) {
 // at a time.
 func TestOperationsPages(t *testing.T) {
 	t.Parallel()
+	forAdminKinds(t, testOperationsPages)
+}
+
+func testOperationsPages(t *testing.T, k adminKind) {
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	w := newWriter(t, schema)
-	admin := newAdmin(t, pool, schema)
+	admin := k.newAdmin(t, pool, schema)
 	writeEvents(t, pool, w, 5, 1)
 	quarantineAll(t, schema, admin, 5, func(string) bool { return true })
 	q, err := admin.ListQuarantined(ctx, outbox.QuarantineFilter{})
@@ -172,6 +184,9 @@ func TestOperationsPages(t *testing.T) {
 		}
 		for _, o := range ops {
 			reasons = append(reasons, o.Reason)
+			if o.Action != "skip" || o.Detail["aggregate_type"] != "order" || o.EventID == nil {
+				t.Fatalf("operation %+v: want a skip of an order event, its detail decoded", o)
+			}
 		}
 		f.Before = ops[len(ops)-1].ID
 	}

@@ -39,7 +39,9 @@ func (o adminOperator) Skip(id uuid.UUID, reason string) error {
 // one; a retry is accepted anywhere. See operatortest.LanePositions.
 func TestAdminSkipAndRetryAtAnyPosition(t *testing.T) {
 	t.Parallel()
-	operatortest.LanePositions(t, func(t *testing.T, pool *pgxpool.Pool, schema string) operatortest.Operator {
-		return adminOperator{t: t, admin: newAdmin(t, pool, schema)}
+	forAdminKinds(t, func(t *testing.T, k adminKind) {
+		operatortest.LanePositions(t, func(t *testing.T, pool *pgxpool.Pool, schema string) operatortest.Operator {
+			return adminOperator{t: t, admin: k.newAdmin(t, pool, schema)}
+		})
 	})
 }

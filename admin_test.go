@@ -227,9 +227,13 @@ func TestRetryReturnsEventToItsLane(t *testing.T) {
 // quarantined, a skip without a reason or an actor.
 func TestAdminRefusesBadRequests(t *testing.T) {
 	t.Parallel()
+	forAdminKinds(t, testAdminRefusesBadRequests)
+}
+
+func testAdminRefusesBadRequests(t *testing.T, k adminKind) {
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
-	admin := newAdmin(t, pool, schema)
+	admin := k.newAdmin(t, pool, schema)
 	recs := writeEvents(t, pool, newWriter(t, schema), 1, 1)
 	pending := recs[0].ID
 	unknown := uuid.New()
@@ -378,14 +382,15 @@ func (c *cleanupCounter) ObserveCleanup(o outbox.CleanupObservation) {
 // small batches, then through the relay's periodic clean-up.
 func TestCleanupDeletesOnlySettledRowsPastTheHorizon(t *testing.T) {
 	t.Parallel()
+	forAdminKinds(t, testCleanupDeletesOnlySettledRowsPastTheHorizon)
+}
+
+func testCleanupDeletesOnlySettledRowsPastTheHorizon(t *testing.T, k adminKind) {
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	keep, keepInbox := seedCleanupRows(t, pool, schema, 25)
 	var obs cleanupCounter
-	admin, err := outbox.NewAdmin(pool, outbox.AdminConfig{Schema: schema, Observer: &obs})
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin := k.newAdminWith(t, pool, outbox.AdminConfig{Tables: outbox.Schema(schema), Observer: &obs})
 	var progress []outbox.CleanupProgress
 	res, err := admin.Cleanup(ctx, outbox.CleanupConfig{OlderThan: time.Hour, InboxOlderThan: time.Hour, BatchSize: 10,
 		Progress: func(p outbox.CleanupProgress) { progress = append(progress, p) }})

@@ -6,10 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgoutbox/outbox/internal/failpoint"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // CleanupBatchSizeDefault is the default number of rows one clean-up
@@ -86,17 +85,17 @@ func (c CleanupConfig) validate() error {
 
 // cleaner deletes rows past their horizon in bounded batches.
 type cleaner struct {
-	pool         *pgxpool.Pool
+	db           pgtx.DB
 	obs          CleanupObserver
 	deleteEvents string
 	deleteInbox  string
 }
 
-func newCleaner(pool *pgxpool.Pool, s pgident.Schema, obs CleanupObserver) *cleaner {
+func newCleaner(db pgtx.DB, s pgident.Schema, obs CleanupObserver) *cleaner {
 	processed := s.Table("processed_events")
 	return &cleaner{
-		pool: pool,
-		obs:  obs,
+		db:  db,
+		obs: obs,
 		// Settled rows only: published_at < horizon excludes every unpublished
 		// (and so every quarantined) row. The batch walks
 		// outbox_published_at_idx from the oldest and locks its rows (SKIP
@@ -173,19 +172,14 @@ func (c *cleaner) table(ctx context.Context, cfg CleanupConfig, table, query str
 // failpoint sits between the DELETE and the COMMIT: a crash there rolls the
 // batch back whole.
 func (c *cleaner) batch(ctx context.Context, query string, horizon time.Duration, n int) (int, error) {
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var deleted int64
-	if err := tx.QueryRow(ctx, query, horizon.Microseconds(), n).Scan(&deleted); err != nil {
-		return 0, err
-	}
-	if err := failpoint.Hit("cleanup/mid-batch"); err != nil {
-		return 0, err
-	}
-	if err := tx.Commit(ctx); err != nil {
+	err := c.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
+		if err := tx.QueryRow(ctx, query, horizon.Microseconds(), n).Scan(&deleted); err != nil {
+			return err
+		}
+		return failpoint.Hit("cleanup/mid-batch")
+	})
+	if err != nil {
 		return 0, err
 	}
 	return int(deleted), nil

@@ -79,5 +79,9 @@
 // # Schema
 //
 // Package outboxmigrate creates the tables in a configurable schema ("outbox"
-// by default); `outbox migrate` does the same from the command line.
+// by default); `outbox migrate` does the same from the command line
+// (`--only consumer` for a consumer's own database). Give every component
+// the same schema with one [Schema] value, in its config's Tables field;
+// the older Schema string fields still work, and a config naming two
+// different schemas is refused ([ErrSchemaConflict]).
 package outbox

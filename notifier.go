@@ -21,9 +21,15 @@ const (
 
 // NotifierConfig configures a Notifier.
 type NotifierConfig struct {
-	// Schema is the PostgreSQL schema whose relays are woken. Defaults to
+	// Schema is the PostgreSQL schema whose relays are woken, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the outbox tables, whose relays are
+	// woken: the one Schema value an application gives every component's
+	// config (see outbox.Schema). Setting it and Schema to different names
+	// is refused (ErrSchemaConflict). Defaults to Schema, then "outbox".
+	Tables Schema
 	// Timeout bounds each NOTIFY. Defaults to NotifyTimeoutDefault.
 	Timeout time.Duration
 	// Interval is the shortest time between the start of two NOTIFYs: under
@@ -80,9 +86,9 @@ func NewNotifier(db Execer, cfg NotifierConfig) (*Notifier, error) {
 	if db == nil {
 		return nil, fmt.Errorf("outbox: NewNotifier needs a database")
 	}
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("outbox: notifier: %w", err)
 	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("outbox: notifier Timeout %s is negative", cfg.Timeout)

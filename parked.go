@@ -60,6 +60,7 @@ import (
 
 	backoffpkg "github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // parkedAvailableAt is the available_at of a parked event: never due.
@@ -145,7 +146,7 @@ WHERE published_at IS NULL AND aggregate_type = $1 AND aggregate_id = $2 AND ava
 }
 
 // unparkTx unparks the lane of aggregate (typ, id) in tx (see unparkSQL).
-func unparkTx(ctx context.Context, tx pgx.Tx, s pgident.Schema, typ, id string) error {
+func unparkTx(ctx context.Context, tx pgtx.Querier, s pgident.Schema, typ, id string) error {
 	flag, events := unparkSQL(s)
 	if _, err := tx.Exec(ctx, flag, typ, id); err != nil {
 		return fmt.Errorf("unpark lane: %w", err)

@@ -51,9 +51,15 @@ const (
 type RelayConfig struct {
 	// Publisher sends claimed events to the destination. Required.
 	Publisher Publisher
-	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to
+	// Schema is the PostgreSQL schema holding the outbox tables, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the outbox tables: the one Schema value an
+	// application gives every component's config (see outbox.Schema). Setting
+	// it and Schema to different names is refused (ErrSchemaConflict).
+	// Defaults to Schema, then "outbox".
+	Tables Schema
 	// ID names this relay in claimed_by. Defaults to host-pid-random.
 	ID string
 	// BatchSize is the most events claimed per round trip. Defaults to
@@ -362,9 +368,9 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("outbox: relay: %w", err)
 	}
 	obs, err := detectObservers(cfg.Observer)
 	if err != nil {

@@ -15,6 +15,13 @@ import (
 	"github.com/pgoutbox/outbox/internal/failpoint"
 )
 
+// querier is what the relay's queries need: a pool, a connection or a
+// transaction of pgx.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // claimedEvent is a claimed row.
 type claimedEvent struct {
 	Message

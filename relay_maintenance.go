@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // dbFailureReadyAfter is how long batches must keep failing on the database
@@ -140,7 +141,7 @@ func (r *Relay) heartbeat(ctx context.Context) {
 // cleanupLoop runs the configured clean-up at start and then every
 // CleanupInterval until ctx ends.
 func (r *Relay) cleanupLoop(ctx context.Context) {
-	c := newCleaner(r.pool, r.schema, r.obs.cleanup)
+	c := newCleaner(pgtx.Pool(r.pool), r.schema, r.obs.cleanup)
 	for {
 		res, err := c.run(ctx, r.cfg.Cleanup)
 		switch {

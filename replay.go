@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // Defaults for ReplayConfig.
@@ -114,7 +115,7 @@ func (c ReplayConfig) filter() (string, []any) {
 func (a *Admin) ReplayCount(ctx context.Context, cfg ReplayConfig) (int64, error) {
 	where, args := cfg.filter()
 	var n int64
-	if err := a.pool.QueryRow(ctx, `SELECT count(*) FROM `+a.t.events+` e WHERE `+where, args...).Scan(&n); err != nil {
+	if err := a.db.QueryRow(ctx, `SELECT count(*) FROM `+a.t.events+` e WHERE `+where, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: count events to replay: %w", err)
 	}
 	return n, nil
@@ -171,8 +172,8 @@ func (a *Admin) Replay(ctx context.Context, pub Publisher, cfg ReplayConfig) (Re
 	}
 	detail, _ := json.Marshal(filters)
 	var opID int64
-	if err := a.pool.QueryRow(ctx, `INSERT INTO `+a.t.operations+` (action, actor, detail) VALUES ('replay', $1, $2) RETURNING operation_id`,
-		cfg.By, detail).Scan(&opID); err != nil {
+	if err := a.db.QueryRow(ctx, `INSERT INTO `+a.t.operations+` (action, actor, detail) VALUES ('replay', $1, $2::text::jsonb) RETURNING operation_id`,
+		cfg.By, string(detail)).Scan(&opID); err != nil {
 		return res, fmt.Errorf("outbox: replay: record operation: %w", err)
 	}
 
@@ -184,7 +185,7 @@ func (a *Admin) Replay(ctx context.Context, pub Publisher, cfg ReplayConfig) (Re
 	}
 	// replay_finished (migration 011) writes the outcome into this replay's
 	// own audit row, once: the operator role may not update the audit log.
-	if _, uerr := a.pool.Exec(context.WithoutCancel(ctx), `SELECT `+a.schema.Quoted()+`.replay_finished($1, $2, $3, $4)`,
+	if _, uerr := a.db.Exec(context.WithoutCancel(ctx), `SELECT `+a.schema.Quoted()+`.replay_finished($1, $2, $3, $4)`,
 		opID, res.Events, res.Aggregates, outcome); uerr != nil && err == nil {
 		err = fmt.Errorf("record operation: %w", uerr)
 	}
@@ -218,11 +219,11 @@ WHERE ` + where
 		if last != nil {
 			q, qargs = next, append(qargs, last.typ, last.id, last.seq)
 		}
-		rows, err := a.pool.Query(ctx, q, qargs...)
+		rows, err := a.db.Query(ctx, q, qargs...)
 		if err != nil {
 			return fmt.Errorf("read events: %w", err)
 		}
-		page, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Message, error) {
+		page, err := pgtx.Collect(rows, func(row pgtx.Row) (Message, error) {
 			var r messageRow
 			if err := row.Scan(r.dest()...); err != nil {
 				return Message{}, err

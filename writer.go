@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // MaxPayloadBytesDefault is the default limit on an event's payload size.
@@ -20,9 +21,15 @@ const MaxPayloadBytesDefault = 1 << 20
 
 // WriterConfig configures a Writer.
 type WriterConfig struct {
-	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to
+	// Schema is the PostgreSQL schema holding the outbox tables, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the outbox tables: the one Schema value an
+	// application gives every component's config (see outbox.Schema). Setting
+	// it and Schema to different names is refused (ErrSchemaConflict).
+	// Defaults to Schema, then "outbox".
+	Tables Schema
 	// MaxPayloadBytes is the largest payload accepted. Defaults to
 	// MaxPayloadBytesDefault (1 MiB). The database's write functions have a
 	// limit of their own, 1 MiB unless the tables' owner raised it
@@ -53,9 +60,9 @@ type Writer struct {
 
 // NewWriter validates cfg and returns a Writer.
 func NewWriter(cfg WriterConfig) (*Writer, error) {
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("outbox: writer: %w", err)
 	}
 	if cfg.MaxPayloadBytes < 0 {
 		return nil, fmt.Errorf("outbox: MaxPayloadBytes %d is negative", cfg.MaxPayloadBytes)
@@ -373,6 +380,21 @@ func insertOrderError(events []Event) error {
 // after deadlock_timeout). The transaction records what it holds in a
 // transaction-local setting (outbox.wrote).
 func (w *Writer) InsertTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]Recorded, error) {
+	return w.insert(ctx, pgtx.Pgx(tx), events)
+}
+
+// InsertSQLTx is InsertTx for a database/sql transaction, so that code built
+// on sqlx, GORM, bun or ent (with any PostgreSQL driver) records events in
+// its own transaction. The same rules apply: one call per transaction when
+// you can, and later calls only in aggregate order (ErrInsertOrder).
+func (w *Writer) InsertSQLTx(ctx context.Context, tx *sql.Tx, events ...Event) ([]Recorded, error) {
+	return w.insert(ctx, pgtx.SQL(tx), events)
+}
+
+// insert is InsertTx and InsertSQLTx: the same statements on either kind of
+// transaction (package pgtx), as the inbox, the side effects and the Admins
+// run theirs.
+func (w *Writer) insert(ctx context.Context, tx pgtx.Querier, events []Event) ([]Recorded, error) {
 	tc := w.traceContext(ctx)
 	later := false
 	if len(events) == 1 {
@@ -394,42 +416,8 @@ func (w *Writer) InsertTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]Re
 		events, later = []Event{events[0]}, true
 		events[0].ID = p.id
 	}
-	return w.insertMany(events, later, tc, func(sql string, ids []uuid.UUID, args ...any) ([]Recorded, error) {
-		r, err := tx.Query(ctx, sql, args...)
-		if err != nil {
-			return nil, err
-		}
-		defer r.Close()
-		return collect(r, ids)
-	})
-}
-
-// InsertSQLTx is InsertTx for a database/sql transaction, so that code built
-// on sqlx, GORM, bun or ent (with any PostgreSQL driver) records events in
-// its own transaction. The same rules apply: one call per transaction when
-// you can, and later calls only in aggregate order (ErrInsertOrder).
-func (w *Writer) InsertSQLTx(ctx context.Context, tx *sql.Tx, events ...Event) ([]Recorded, error) {
-	tc := w.traceContext(ctx)
-	later := false
-	if len(events) == 1 {
-		p, err := w.prepareOne(&events[0], tc)
-		if err != nil {
-			return nil, err
-		}
-		var rec Recorded
-		err = tx.QueryRowContext(ctx, w.insertOne, p.args[:]...).Scan(&rec.ID, &rec.Sequence, &rec.OccurredAt)
-		if err == nil {
-			rec.OccurredAt = rec.OccurredAt.UTC()
-			return []Recorded{rec}, nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return nil, fmt.Errorf("outbox: insert events: %w", err)
-		}
-		events, later = []Event{events[0]}, true
-		events[0].ID = p.id
-	}
 	return w.insertMany(events, later, tc, func(q string, ids []uuid.UUID, args ...any) ([]Recorded, error) {
-		r, err := tx.QueryContext(ctx, q, args...)
+		r, err := tx.Query(ctx, q, args...)
 		if err != nil {
 			return nil, err
 		}

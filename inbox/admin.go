@@ -2,6 +2,8 @@ package inbox
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -9,7 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // Errors of the start and operator API. They are wrapped with the aggregate.
@@ -95,7 +99,7 @@ const aggregateColumns = `consumer_name, aggregate_type, aggregate_id, last_sequ
 	start_kind, coalesce(start_prior_mark, 0), coalesce(start_mark, 0), started_at, coalesce(start_reason, ''), coalesce(start_by, ''),
 	waiting_since, coalesce(waiting_for, 0), coalesce(waiting_seen, 0), coalesce(extract(epoch FROM now() - waiting_since), 0)::float8`
 
-func scanAggregate(row pgx.Row) (AggregateInfo, error) {
+func scanAggregate(row pgtx.Row) (AggregateInfo, error) {
 	var a AggregateInfo
 	var kind *string
 	var s Start
@@ -120,9 +124,15 @@ func scanAggregate(row pgx.Row) (AggregateInfo, error) {
 
 // AdminConfig configures an Admin.
 type AdminConfig struct {
-	// Schema is the PostgreSQL schema holding the inbox tables. Defaults to
+	// Schema is the PostgreSQL schema holding the inbox tables, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the inbox tables: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 }
 
 // Admin is the operator's API of the inboxes of a schema, for every
@@ -132,7 +142,7 @@ type AdminConfig struct {
 //
 // It needs the schema at migration version 4 or later.
 type Admin struct {
-	pool       *pgxpool.Pool
+	db         pgtx.DB
 	schema     pgident.Schema
 	marks      string
 	operations string
@@ -144,12 +154,25 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 	if pool == nil {
 		return nil, errors.New("inbox: NewAdmin needs a pool")
 	}
-	s, err := pgident.NewSchema(cfg.Schema)
+	return newAdmin(pgtx.Pool(pool), cfg)
+}
+
+// NewSQLAdmin returns an Admin over db, a database/sql database (sqlx,
+// GORM, bun, ent): the same Admin as NewAdmin's, over database/sql.
+func NewSQLAdmin(db *sql.DB, cfg AdminConfig) (*Admin, error) {
+	if db == nil {
+		return nil, errors.New("inbox: NewSQLAdmin needs a database")
+	}
+	return newAdmin(pgtx.Database(db), cfg)
+}
+
+func newAdmin(db pgtx.DB, cfg AdminConfig) (*Admin, error) {
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("inbox: admin: %w", err)
 	}
 	marks := s.Table("inbox_aggregates")
-	return &Admin{pool: pool, schema: s, marks: marks, operations: s.Table("outbox_operations"), lockMark: lockMarkSQL(marks)}, nil
+	return &Admin{db: db, schema: s, marks: marks, operations: s.Table("outbox_operations"), lockMark: lockMarkSQL(marks)}, nil
 }
 
 // Schema is the schema the Admin works on.
@@ -159,7 +182,7 @@ func (a *Admin) Schema() string { return a.schema.Name() }
 // start and its wait. It returns ErrAggregateNotFound when the consumer
 // never saw an event of the aggregate.
 func (a *Admin) Aggregate(ctx context.Context, consumer, aggregateType, aggregateID string) (AggregateInfo, error) {
-	info, err := scanAggregate(a.pool.QueryRow(ctx, `SELECT `+aggregateColumns+` FROM `+a.marks+`
+	info, err := scanAggregate(a.db.QueryRow(ctx, `SELECT `+aggregateColumns+` FROM `+a.marks+`
 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3`, consumer, aggregateType, aggregateID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return AggregateInfo{}, fmt.Errorf("inbox: consumer %s, aggregate %s/%s: %w", consumer, aggregateType, aggregateID, ErrAggregateNotFound)
@@ -242,7 +265,7 @@ func (a *Admin) Waiting(ctx context.Context, f WaitingFilter) (WaitingReport, er
 		args = append(args, c.Since, c.Consumer, c.AggregateType, c.AggregateID)
 	}
 	rep := WaitingReport{Consumers: []ConsumerWaiting{}, Aggregates: []AggregateInfo{}}
-	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err := a.db.BeginFunc(ctx, pgtx.TxOptions{RepeatableRead: true, ReadOnly: true}, func(tx pgtx.Querier) error {
 		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
 			return err
 		}
@@ -254,7 +277,7 @@ GROUP BY consumer_name ORDER BY consumer_name`, f.Consumer, f.AggregateType)
 		if err != nil {
 			return err
 		}
-		rep.Consumers, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ConsumerWaiting, error) {
+		rep.Consumers, err = pgtx.Collect(rows, func(row pgtx.Row) (ConsumerWaiting, error) {
 			var c ConsumerWaiting
 			return c, row.Scan(&c.Consumer, &c.Waiting, &c.OldestWaitSeconds)
 		})
@@ -268,7 +291,7 @@ LIMIT $3`, args...)
 		if err != nil {
 			return err
 		}
-		rep.Aggregates, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (AggregateInfo, error) { return scanAggregate(row) })
+		rep.Aggregates, err = pgtx.Collect(rows, func(row pgtx.Row) (AggregateInfo, error) { return scanAggregate(row) })
 		return err
 	})
 	if err != nil {
@@ -288,7 +311,7 @@ const GaugesMaxConsumers = 1000
 // waiting rows on the partial index: its cost grows with the consumers and
 // the waits, not with the aggregates.
 func (a *Admin) Gauges(ctx context.Context) ([]ConsumerWaiting, error) {
-	rows, err := a.pool.Query(ctx, `WITH RECURSIVE c AS (
+	rows, err := a.db.Query(ctx, `WITH RECURSIVE c AS (
 	(SELECT consumer_name FROM `+a.marks+` ORDER BY consumer_name LIMIT 1)
 	UNION ALL
 	SELECT (SELECT m.consumer_name FROM `+a.marks+` m WHERE m.consumer_name > c.consumer_name ORDER BY m.consumer_name LIMIT 1)
@@ -302,7 +325,7 @@ ORDER BY c.consumer_name`, GaugesMaxConsumers)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: gauges of schema %s: %w", a.schema.Name(), err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ConsumerWaiting, error) {
+	out, err := pgtx.Collect(rows, func(row pgtx.Row) (ConsumerWaiting, error) {
 		var c ConsumerWaiting
 		return c, row.Scan(&c.Consumer, &c.Waiting, &c.OldestWaitSeconds)
 	})
@@ -358,7 +381,7 @@ func (a *Admin) Resolve(ctx context.Context, r Resolution) (AggregateInfo, error
 		return AggregateInfo{}, fmt.Errorf("inbox: resolve %s: %w", what, ErrActorRequired)
 	}
 	var out AggregateInfo
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+	err := a.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
 		if r.To > 0 {
 			// Create the mark of an aggregate never seen, so that it can be
 			// set explicitly; rolled back with the rest on refusal.
@@ -397,8 +420,12 @@ RETURNING `+aggregateColumns, r.Consumer, r.AggregateType, r.AggregateID, to, r.
 		if w := before.Wait; w != nil {
 			detail["waiting_since"], detail["waiting_for"], detail["waiting_seen"] = w.Since, w.Expected, w.Seen
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO `+a.operations+` (action, actor, reason, detail) VALUES ('inbox_resolve', $1, $2, $3)`,
-			r.By, r.Reason, detail)
+		b, err := json.Marshal(detail)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+a.operations+` (action, actor, reason, detail) VALUES ('inbox_resolve', $1, $2, $3::text::jsonb)`,
+			r.By, r.Reason, string(b))
 		return err
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"log"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/inbox"
@@ -162,4 +164,45 @@ func ExampleInbox_SeedTx() {
 	// #41 duplicate
 	// #43 early
 	// #42 applied
+}
+
+// A consumer built on database/sql (sqlx, GORM, bun, ent): NewSQL takes its
+// *sql.DB, and the effect runs in the delivery's *sql.Tx, which sqlx wraps
+// as &sqlx.Tx{Tx: tx} and GORM opens with
+// gorm.Open(postgres.New(postgres.Config{Conn: tx})). The pgx stdlib driver
+// here; any PostgreSQL driver does.
+func ExampleInbox_HandleSQL() {
+	ctx := context.Background()
+	pool, schema, drop := exampleSchema(ctx, "example_sql")
+	defer drop()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+schema+".stock (sku text PRIMARY KEY, reserved int NOT NULL)"); err != nil {
+		log.Fatal(err)
+	}
+
+	in, err := inbox.NewSQL(db, inbox.Config{Tables: outbox.Schema(schema), Consumer: "inventory"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	m := outbox.Message{ID: uuid.New(), AggregateType: "order", AggregateID: "o-1", Sequence: 1, Type: "OrderCreated"}
+	for range 2 { // delivered twice: applied once
+		outcome, err := in.HandleSQL(ctx, m, func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "INSERT INTO "+schema+".stock VALUES ('sku-1', 1) ON CONFLICT (sku) DO UPDATE SET reserved = stock.reserved + 1")
+			return err
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(outcome)
+	}
+	var reserved int
+	if err := db.QueryRowContext(ctx, "SELECT reserved FROM "+schema+".stock").Scan(&reserved); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("reserved", reserved)
+	// Output:
+	// applied
+	// duplicate
+	// reserved 1
 }

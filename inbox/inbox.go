@@ -64,6 +64,15 @@
 // written before the change (still in the outbox, or replayed) are applied by
 // the same, current code.
 //
+// # database/sql
+//
+// An application built on database/sql (sqlx, GORM, bun, ent, any
+// PostgreSQL driver) builds its inbox with [NewSQL] over its *sql.DB and
+// delivers with [Inbox.HandleSQL] or [Inbox.HandleMessageSQL]: the effect
+// receives the delivery's *sql.Tx. [Inbox.SeedSQLTx] seeds in the caller's
+// *sql.Tx, and [NewSQLAdmin] is the Admin over a *sql.DB. The statements,
+// outcomes and errors are the pgx path's.
+//
 // # Metrics
 //
 // Config.Observer is told the outcome of every delivery; package outboxprom
@@ -82,6 +91,7 @@ package inbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -92,6 +102,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 	"github.com/pgoutbox/outbox/internal/tracing"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -126,9 +137,15 @@ type Config struct {
 	// Consumer names the consumer; each consumer has its own inbox rows and
 	// high-water marks. Required.
 	Consumer string
-	// Schema is the PostgreSQL schema holding the inbox tables. Defaults to
+	// Schema is the PostgreSQL schema holding the inbox tables, as a plain
+	// string: the older field, kept working; prefer Tables. Defaults to
 	// "outbox".
 	Schema string
+	// Tables is the schema holding the inbox tables: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 	// Upcasters upgrade old payloads before HandleMessage hands a message to
 	// its effect. Optional.
 	Upcasters *Upcasters
@@ -254,7 +271,8 @@ type HandleObservation struct {
 // concurrent use; deliveries of the same aggregate serialise on their
 // high-water mark row.
 type Inbox struct {
-	pool        *pgxpool.Pool
+	db          pgtx.DB
+	sqlDB       bool // built by NewSQL: its deliveries run in database/sql transactions
 	consumer    string
 	up          *Upcasters
 	observer    Observer
@@ -277,17 +295,34 @@ type Inbox struct {
 	marks       string
 }
 
-// New returns an Inbox over pool.
+// New returns an Inbox over pool, whose Handle and HandleMessage run each
+// delivery in a pgx transaction.
 func New(pool *pgxpool.Pool, cfg Config) (*Inbox, error) {
 	if pool == nil {
 		return nil, errors.New("inbox: New needs a pool")
 	}
+	return newInbox(pgtx.Pool(pool), false, cfg)
+}
+
+// NewSQL returns an Inbox over db, a database/sql database (the one sqlx,
+// GORM, bun or ent hand out, over any PostgreSQL driver), whose HandleSQL
+// and HandleMessageSQL run each delivery in a database/sql transaction. It
+// is the same inbox as New's: the same tables, statements, outcomes and
+// errors; only the kind of transaction the effect receives differs.
+func NewSQL(db *sql.DB, cfg Config) (*Inbox, error) {
+	if db == nil {
+		return nil, errors.New("inbox: NewSQL needs a database")
+	}
+	return newInbox(pgtx.Database(db), true, cfg)
+}
+
+func newInbox(db pgtx.DB, sqlDB bool, cfg Config) (*Inbox, error) {
 	if cfg.Consumer == "" {
 		return nil, errors.New("inbox: Config.Consumer is required")
 	}
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("inbox: %w", err)
 	}
 	if cfg.StartReason == "" {
 		cfg.StartReason = StartReasonDefault
@@ -304,7 +339,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Inbox, error) {
 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3`
 	const clearWait = `, waiting_since = NULL, waiting_for = NULL, waiting_seen = NULL`
 	return &Inbox{
-		pool:        pool,
+		db:          db,
+		sqlDB:       sqlDB,
 		marks:       marks,
 		consumer:    cfg.Consumer,
 		up:          cfg.Upcasters,
@@ -355,7 +391,7 @@ type markState struct {
 	started     bool
 }
 
-func lockMark(ctx context.Context, tx pgx.Tx, sql, consumer, aggregateType, aggregateID string) (markState, error) {
+func lockMark(ctx context.Context, tx pgtx.Querier, sql, consumer, aggregateType, aggregateID string) (markState, error) {
 	var m markState
 	err := tx.QueryRow(ctx, sql, consumer, aggregateType, aggregateID).Scan(&m.last, &m.waitingSeen, &m.waitedSecs, &m.started)
 	return m, err
@@ -381,7 +417,7 @@ func (in *Inbox) StartPoint(ctx context.Context) (time.Time, error) {
 	var at time.Time
 	var err error
 	for range 3 { // a concurrent first recording committed after our snapshot: read again
-		err = in.pool.QueryRow(ctx, in.recordStart, in.consumer).Scan(&at)
+		err = in.db.QueryRow(ctx, in.recordStart, in.consumer).Scan(&at)
 		if !errors.Is(err, pgx.ErrNoRows) {
 			break
 		}
@@ -413,8 +449,38 @@ func (in *Inbox) Consumer() string { return in.consumer }
 // transaction with the inbox rows. apply runs inside that transaction and
 // must do all its database work through tx; when it returns an error, nothing
 // is committed and Handle returns that error (the caller should let the
-// broker redeliver). See the package documentation for the outcomes.
+// broker redeliver). See the package documentation for the outcomes. Handle
+// needs an Inbox built by New; one built by NewSQL has HandleSQL.
 func (in *Inbox) Handle(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgx.Tx) error) (Outcome, error) {
+	if in.sqlDB {
+		return 0, errKind("Handle", "NewSQL", "HandleSQL")
+	}
+	return in.handleObserved(ctx, msg, func(ctx context.Context, tx pgtx.Querier) error {
+		t, _ := pgtx.PgxOf(tx)
+		return apply(ctx, t)
+	})
+}
+
+// HandleSQL is Handle for an Inbox built by NewSQL: the delivery runs in a
+// database/sql transaction, which apply receives, with the same outcomes
+// and errors as Handle.
+func (in *Inbox) HandleSQL(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx *sql.Tx) error) (Outcome, error) {
+	if !in.sqlDB {
+		return 0, errKind("HandleSQL", "New", "Handle")
+	}
+	return in.handleObserved(ctx, msg, func(ctx context.Context, tx pgtx.Querier) error {
+		t, _ := pgtx.SQLOf(tx)
+		return apply(ctx, t)
+	})
+}
+
+// errKind is the error of a Handle method called on an Inbox built for the
+// other kind of transaction.
+func errKind(method, builtBy, instead string) error {
+	return fmt.Errorf("inbox: %s on an Inbox built by %s, whose deliveries run in the other kind of transaction: call %s", method, builtBy, instead)
+}
+
+func (in *Inbox) handleObserved(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgtx.Querier) error) (Outcome, error) {
 	start := time.Now()
 	ctx, span := in.startSpan(ctx, msg)
 	outcome, err := in.handle(ctx, msg, apply)
@@ -429,6 +495,29 @@ func (in *Inbox) Handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 // order, in one transaction with the inbox rows. An upcaster's error is
 // returned without touching the database (the broker should redeliver).
 func (in *Inbox) HandleMessage(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgx.Tx, msg outbox.Message) error) (Outcome, error) {
+	if in.sqlDB {
+		return 0, errKind("HandleMessage", "NewSQL", "HandleMessageSQL")
+	}
+	return in.handleUpcast(ctx, msg, func(ctx context.Context, tx pgtx.Querier, msg outbox.Message) error {
+		t, _ := pgtx.PgxOf(tx)
+		return apply(ctx, t, msg)
+	})
+}
+
+// HandleMessageSQL is HandleMessage for an Inbox built by NewSQL: the
+// effect receives the upgraded message and the delivery's database/sql
+// transaction.
+func (in *Inbox) HandleMessageSQL(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx *sql.Tx, msg outbox.Message) error) (Outcome, error) {
+	if !in.sqlDB {
+		return 0, errKind("HandleMessageSQL", "New", "HandleMessage")
+	}
+	return in.handleUpcast(ctx, msg, func(ctx context.Context, tx pgtx.Querier, msg outbox.Message) error {
+		t, _ := pgtx.SQLOf(tx)
+		return apply(ctx, t, msg)
+	})
+}
+
+func (in *Inbox) handleUpcast(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgtx.Querier, msg outbox.Message) error) (Outcome, error) {
 	start := time.Now()
 	ctx, span := in.startSpan(ctx, msg)
 	upgraded, err := in.up.Upcast(msg)
@@ -437,7 +526,7 @@ func (in *Inbox) HandleMessage(ctx context.Context, msg outbox.Message, apply fu
 		in.observe(msg, start, 0, err)
 		return 0, err
 	}
-	outcome, err := in.handle(ctx, upgraded, func(ctx context.Context, tx pgx.Tx) error { return apply(ctx, tx, upgraded) })
+	outcome, err := in.handle(ctx, upgraded, func(ctx context.Context, tx pgtx.Querier) error { return apply(ctx, tx, upgraded) })
 	endSpan(span, outcome, err)
 	in.observe(msg, start, outcome, err)
 	return outcome, err
@@ -456,7 +545,7 @@ func (in *Inbox) observe(msg outbox.Message, start time.Time, outcome Outcome, e
 	})
 }
 
-func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgx.Tx) error) (Outcome, error) {
+func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx context.Context, tx pgtx.Querier) error) (Outcome, error) {
 	if msg.AggregateType == "" || msg.AggregateID == "" || msg.Sequence < 1 {
 		return 0, fmt.Errorf("inbox: message %s lacks its aggregate type, id or sequence", msg.ID)
 	}
@@ -470,7 +559,7 @@ func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 		}
 	}
 	var outcome Outcome
-	err := pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
+	err := in.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
 		mark, err := lockMark(ctx, tx, in.lockMark, in.consumer, msg.AggregateType, msg.AggregateID)
 		if err != nil {
 			return fmt.Errorf("inbox: lock high-water mark: %w", err)
@@ -547,11 +636,10 @@ func (in *Inbox) handle(ctx context.Context, msg outbox.Message, apply func(ctx 
 // expected last+1 and saw msg. The record is for monitoring only (a crash
 // losing it is repaired by the next early delivery), so its commit does not
 // wait for the WAL flush. One round trip.
-func (in *Inbox) recordWait(ctx context.Context, tx pgx.Tx, msg outbox.Message, last int64) error {
-	b := &pgx.Batch{}
-	b.Queue(`SET LOCAL synchronous_commit TO off`)
-	b.Queue(in.wait, in.consumer, msg.AggregateType, msg.AggregateID, last+1, msg.Sequence)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+func (in *Inbox) recordWait(ctx context.Context, tx pgtx.Querier, msg outbox.Message, last int64) error {
+	err := tx.ExecAll(ctx, pgtx.Stmt{SQL: `SET LOCAL synchronous_commit TO off`},
+		pgtx.Stmt{SQL: in.wait, Args: []any{in.consumer, msg.AggregateType, msg.AggregateID, last + 1, msg.Sequence}})
+	if err != nil {
 		return fmt.Errorf("inbox: record wait: %w", err)
 	}
 	return nil
@@ -562,8 +650,8 @@ func (in *Inbox) recordWait(ctx context.Context, tx pgx.Tx, msg outbox.Message, 
 // (later deliveries of them are Duplicate) and the next one applied is
 // lastApplied+1. See SeedTx.
 func (in *Inbox) Seed(ctx context.Context, aggregateType, aggregateID string, lastApplied int64, reason string) error {
-	return pgx.BeginFunc(ctx, in.pool, func(tx pgx.Tx) error {
-		return in.SeedTx(ctx, tx, aggregateType, aggregateID, lastApplied, reason)
+	return in.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
+		return in.seedTx(ctx, tx, aggregateType, aggregateID, lastApplied, reason)
 	})
 }
 
@@ -585,6 +673,17 @@ func (in *Inbox) Seed(ctx context.Context, aggregateType, aggregateID string, la
 // start_mark 0), and the aggregate is then strict even under
 // Config.StartAtFirstSeen: it waits for sequence 1 whatever it sees first.
 func (in *Inbox) SeedTx(ctx context.Context, tx pgx.Tx, aggregateType, aggregateID string, lastApplied int64, reason string) error {
+	return in.seedTx(ctx, pgtx.Pgx(tx), aggregateType, aggregateID, lastApplied, reason)
+}
+
+// SeedSQLTx is SeedTx for a database/sql transaction (sqlx, GORM, bun, ent),
+// with the same rules and errors. It works on an Inbox built by New or by
+// NewSQL: the transaction is the caller's.
+func (in *Inbox) SeedSQLTx(ctx context.Context, tx *sql.Tx, aggregateType, aggregateID string, lastApplied int64, reason string) error {
+	return in.seedTx(ctx, pgtx.SQL(tx), aggregateType, aggregateID, lastApplied, reason)
+}
+
+func (in *Inbox) seedTx(ctx context.Context, tx pgtx.Querier, aggregateType, aggregateID string, lastApplied int64, reason string) error {
 	switch {
 	case aggregateType == "" || aggregateID == "":
 		return errors.New("inbox: seed: the aggregate type and id are required")
@@ -621,7 +720,7 @@ var errRollback = errors.New("inbox: rollback")
 // applied (0 when none).
 func (in *Inbox) LastSequence(ctx context.Context, aggregateType, aggregateID string) (int64, error) {
 	var last int64
-	err := in.pool.QueryRow(ctx, `SELECT coalesce((SELECT last_sequence FROM `+in.marks+`
+	err := in.db.QueryRow(ctx, `SELECT coalesce((SELECT last_sequence FROM `+in.marks+`
 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3), 0)`, in.consumer, aggregateType, aggregateID).Scan(&last)
 	return last, err
 }

@@ -7,28 +7,26 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/inbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
-func setup(t *testing.T) (*inbox.Inbox, func(outbox.Message) (inbox.Outcome, error), func() int) {
+// setup is an inbox of kind k over a schema of its own, with an effects
+// table: handle delivers a message whose effect inserts a row there,
+// effects counts the rows.
+func setup(t *testing.T, k txKind) (*inbox.Inbox, func(outbox.Message) (inbox.Outcome, error), func() int) {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".effects (event_id uuid, seq bigint)"); err != nil {
 		t.Fatal(err)
 	}
-	in, err := inbox.New(pool, inbox.Config{Schema: schema, Consumer: "c1"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	in := k.newInbox(t, pool, inbox.Config{Tables: outbox.Schema(schema), Consumer: "c1"})
 	handle := func(m outbox.Message) (inbox.Outcome, error) {
-		return in.Handle(ctx, m, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, "INSERT INTO "+schema+".effects VALUES ($1, $2)", m.ID, m.Sequence)
-			return err
+		return k.handle(ctx, in, m, func(ctx context.Context, exec execFunc) error {
+			return exec(ctx, "INSERT INTO "+schema+".effects VALUES ($1, $2)", m.ID, m.Sequence)
 		})
 	}
 	effects := func() int {
@@ -47,7 +45,11 @@ func msg(id string, seq int64) outbox.Message {
 
 func TestDuplicatesAppliedOnce(t *testing.T) {
 	t.Parallel()
-	in, handle, effects := setup(t)
+	forKinds(t, testDuplicatesAppliedOnce)
+}
+
+func testDuplicatesAppliedOnce(t *testing.T, k txKind) {
+	in, handle, effects := setup(t, k)
 	m1, m2 := msg("o1", 1), msg("o1", 2)
 	for i, c := range []struct {
 		m    outbox.Message
@@ -69,7 +71,11 @@ func TestDuplicatesAppliedOnce(t *testing.T) {
 
 func TestOutOfOrderIsNotApplied(t *testing.T) {
 	t.Parallel()
-	_, handle, effects := setup(t)
+	forKinds(t, testOutOfOrderIsNotApplied)
+}
+
+func testOutOfOrderIsNotApplied(t *testing.T, k txKind) {
+	_, handle, effects := setup(t, k)
 	m1, m2, m3 := msg("o1", 1), msg("o1", 2), msg("o1", 3)
 	if got, _ := handle(m3); got != inbox.Early {
 		t.Fatalf("seq 3 first: %v, want early", got)
@@ -96,11 +102,15 @@ func TestOutOfOrderIsNotApplied(t *testing.T) {
 
 func TestEffectErrorRollsBackInboxRow(t *testing.T) {
 	t.Parallel()
+	forKinds(t, testEffectErrorRollsBackInboxRow)
+}
+
+func testEffectErrorRollsBackInboxRow(t *testing.T, k txKind) {
 	ctx := context.Background()
-	in, handle, effects := setup(t)
+	in, handle, effects := setup(t, k)
 	m := msg("o1", 1)
 	boom := errors.New("effect failed")
-	if _, err := in.Handle(ctx, m, func(ctx context.Context, tx pgx.Tx) error { return boom }); !errors.Is(err, boom) {
+	if _, err := k.handle(ctx, in, m, func(context.Context, execFunc) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("error %v, want the effect's", err)
 	}
 	// Nothing was recorded: the redelivery applies.
@@ -116,7 +126,11 @@ func TestEffectErrorRollsBackInboxRow(t *testing.T) {
 // at once: each is applied exactly once.
 func TestConcurrentDuplicateDeliveries(t *testing.T) {
 	t.Parallel()
-	_, handle, effects := setup(t)
+	forKinds(t, testConcurrentDuplicateDeliveries)
+}
+
+func testConcurrentDuplicateDeliveries(t *testing.T, k txKind) {
+	_, handle, effects := setup(t, k)
 	msgs := []outbox.Message{msg("o1", 1), msg("o1", 2), msg("o1", 3), msg("o2", 1)}
 	var wg sync.WaitGroup
 	var mu sync.Mutex

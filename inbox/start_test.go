@@ -17,13 +17,22 @@ import (
 // startBundle is an inbox over a schema of its own, with an effects table and
 // the inbox Admin.
 type startBundle struct {
+	kind   txKind
 	pool   *pgxpool.Pool
 	schema string
 	in     *inbox.Inbox
 	admin  *inbox.Admin
 }
 
+// setupStart is setupStartKind on pgx.
 func setupStart(t *testing.T, cfg inbox.Config) *startBundle {
+	t.Helper()
+	return setupStartKind(t, txKinds[0], cfg)
+}
+
+// setupStartKind is a bundle whose inbox and Admin run on transactions of
+// kind k.
+func setupStartKind(t *testing.T, k txKind, cfg inbox.Config) *startBundle {
 	t.Helper()
 	pool, schema := outboxtest.Schema(t)
 	if _, err := pool.Exec(context.Background(), "CREATE TABLE "+schema+".effects (event_id uuid, seq bigint)"); err != nil {
@@ -33,22 +42,15 @@ func setupStart(t *testing.T, cfg inbox.Config) *startBundle {
 	if cfg.Consumer == "" {
 		cfg.Consumer = "c1"
 	}
-	in, err := inbox.New(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := inbox.NewAdmin(pool, inbox.AdminConfig{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &startBundle{pool: pool, schema: schema, in: in, admin: admin}
+	in := k.newInbox(t, pool, cfg)
+	admin := k.newAdmin(t, pool, inbox.AdminConfig{Tables: outbox.Schema(schema)})
+	return &startBundle{kind: k, pool: pool, schema: schema, in: in, admin: admin}
 }
 
 func (b *startBundle) deliver(t *testing.T, m outbox.Message, want inbox.Outcome) {
 	t.Helper()
-	got, err := b.in.Handle(context.Background(), m, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, "INSERT INTO "+b.schema+".effects VALUES ($1, $2)", m.ID, m.Sequence)
-		return err
+	got, err := b.kind.handle(context.Background(), b.in, m, func(ctx context.Context, exec execFunc) error {
+		return exec(ctx, "INSERT INTO "+b.schema+".effects VALUES ($1, $2)", m.ID, m.Sequence)
 	})
 	if err != nil || got != want {
 		t.Fatalf("deliver %s #%d: %v, %v; want %v", m.AggregateID, m.Sequence, got, err, want)
@@ -95,7 +97,11 @@ func equalSeqs(a, b []int64) bool {
 // start recorded; after that, the aggregate is as strict as ever.
 func TestStartAtFirstSeen(t *testing.T) {
 	t.Parallel()
-	b := setupStart(t, inbox.Config{StartAtFirstSeen: true, StartReason: "billing v2 deployed; history not needed"})
+	forKinds(t, testStartAtFirstSeen)
+}
+
+func testStartAtFirstSeen(t *testing.T, k txKind) {
+	b := setupStartKind(t, k, inbox.Config{StartAtFirstSeen: true, StartReason: "billing v2 deployed; history not needed"})
 	before := time.Now().Add(-time.Minute)
 
 	b.deliver(t, msg("o1", 5), inbox.Applied)
@@ -129,19 +135,14 @@ func TestStartAtFirstSeen(t *testing.T) {
 	// A consumer that ran strict first (its aggregate waiting) and then
 	// restarts with StartAtFirstSeen starts that aggregate too, ending its
 	// wait; the default reason is recorded.
-	strict, err := inbox.New(b.pool, inbox.Config{Schema: b.schema, Consumer: "c2"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	noEffect := func(context.Context, execFunc) error { return nil }
+	strict := k.newInbox(t, b.pool, inbox.Config{Schema: b.schema, Consumer: "c2"})
 	m := msg("o3", 7)
-	if got, err := strict.Handle(context.Background(), m, func(context.Context, pgx.Tx) error { return nil }); err != nil || got != inbox.Early {
+	if got, err := k.handle(context.Background(), strict, m, noEffect); err != nil || got != inbox.Early {
 		t.Fatalf("strict consumer, first event #7: %v, %v; want early", got, err)
 	}
-	lenient, err := inbox.New(b.pool, inbox.Config{Schema: b.schema, Consumer: "c2", StartAtFirstSeen: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, err := lenient.Handle(context.Background(), m, func(context.Context, pgx.Tx) error { return nil }); err != nil || got != inbox.Applied {
+	lenient := k.newInbox(t, b.pool, inbox.Config{Schema: b.schema, Consumer: "c2", StartAtFirstSeen: true})
+	if got, err := k.handle(context.Background(), lenient, m, noEffect); err != nil || got != inbox.Applied {
 		t.Fatalf("restarted with StartAtFirstSeen, #7: %v, %v; want applied", got, err)
 	}
 	o3, err := b.admin.Aggregate(context.Background(), "c2", "order", "o3")
@@ -171,14 +172,18 @@ func TestDefaultStaysStrict(t *testing.T) {
 // drops what is at or below the seed as duplicates, and records the seed.
 func TestSeed(t *testing.T) {
 	t.Parallel()
+	forKinds(t, testSeed)
+}
+
+func testSeed(t *testing.T, k txKind) {
 	ctx := context.Background()
-	b := setupStart(t, inbox.Config{})
+	b := setupStartKind(t, k, inbox.Config{})
 
 	// Seeded in the caller's transaction with its snapshot: a rollback
 	// leaves no mark.
 	boom := errors.New("snapshot restore failed")
-	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		if err := b.in.SeedTx(ctx, tx, "order", "o1", 10, "restored from snapshot S-1"); err != nil {
+	err := k.inTx(ctx, t, b.pool, func(tx callerTx) error {
+		if err := tx.seed(ctx, b.in, "order", "o1", 10, "restored from snapshot S-1"); err != nil {
 			return err
 		}
 		return boom
@@ -189,11 +194,11 @@ func TestSeed(t *testing.T) {
 	if last, err := b.in.LastSequence(ctx, "order", "o1"); err != nil || last != 0 {
 		t.Fatalf("after a rolled-back seed, mark %d, %v; want 0", last, err)
 	}
-	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "INSERT INTO "+b.schema+".effects VALUES (gen_random_uuid(), 0)"); err != nil { // the snapshot's state
+	err = k.inTx(ctx, t, b.pool, func(tx callerTx) error {
+		if err := tx.exec(ctx, "INSERT INTO "+b.schema+".effects VALUES (gen_random_uuid(), 0)"); err != nil { // the snapshot's state
 			return err
 		}
-		return b.in.SeedTx(ctx, tx, "order", "o1", 10, "restored from snapshot S-1")
+		return tx.seed(ctx, b.in, "order", "o1", 10, "restored from snapshot S-1")
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -241,8 +246,12 @@ func TestSeed(t *testing.T) {
 // lower sequence seen lowers "seen", and applying clears it.
 func TestEarlyRecordsTheWait(t *testing.T) {
 	t.Parallel()
+	forKinds(t, testEarlyRecordsTheWait)
+}
+
+func testEarlyRecordsTheWait(t *testing.T, k txKind) {
 	ctx := context.Background()
-	b := setupStart(t, inbox.Config{})
+	b := setupStartKind(t, k, inbox.Config{})
 	b.deliver(t, msg("o1", 1), inbox.Applied)
 	if o1 := b.aggregate(t, "o1"); o1.Wait != nil {
 		t.Fatalf("o1 waits %+v before any gap", o1.Wait)
@@ -288,8 +297,12 @@ func TestEarlyRecordsTheWait(t *testing.T) {
 // the audit log, and what makes no sense is refused.
 func TestResolve(t *testing.T) {
 	t.Parallel()
+	forKinds(t, testResolve)
+}
+
+func testResolve(t *testing.T, k txKind) {
 	ctx := context.Background()
-	b := setupStart(t, inbox.Config{})
+	b := setupStartKind(t, k, inbox.Config{})
 	b.deliver(t, msg("o1", 1), inbox.Applied)
 	b.deliver(t, msg("o1", 2), inbox.Applied)
 	b.deliver(t, msg("o1", 6), inbox.Early)

@@ -262,7 +262,11 @@ func TestReplayOfV1EventsAfterAV2Change(t *testing.T) {
 // does not cover the gap is not.
 func TestSkippedEventsDoNotLeaveAGap(t *testing.T) {
 	t.Parallel()
-	_, handle, effects := setup(t)
+	forKinds(t, testSkippedEventsDoNotLeaveAGap)
+}
+
+func testSkippedEventsDoNotLeaveAGap(t *testing.T, k txKind) {
+	_, handle, effects := setup(t, k)
 	m1 := msg("o1", 1)
 	m4 := msg("o1", 4)
 	m4.SkippedFrom = 3 // 3 skipped, but 2 is still missing
@@ -299,23 +303,38 @@ func (c *outcomeCounter) ObserveHandle(o inbox.HandleObservation) {
 	c.got[o.Consumer+"/"+o.EventType+"/"+key]++
 }
 
+// TestObserverSeesEveryOutcome, through HandleMessage (HandleMessageSQL) and
+// with an upcaster, on both kinds of transaction.
 func TestObserverSeesEveryOutcome(t *testing.T) {
 	t.Parallel()
+	forKinds(t, testObserverSeesEveryOutcome)
+}
+
+func testObserverSeesEveryOutcome(t *testing.T, k txKind) {
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	obs := &outcomeCounter{got: map[string]int{}}
-	in, err := inbox.New(pool, inbox.Config{Schema: schema, Consumer: "c", Observer: obs})
-	if err != nil {
-		t.Fatal(err)
+	up := &inbox.Upcasters{}
+	up.MustRegister("T", 1, func(p []byte) ([]byte, error) { return []byte(`{"v":2}`), nil })
+	in := k.newInbox(t, pool, inbox.Config{Schema: schema, Consumer: "c", Observer: obs, Upcasters: up})
+	var seen []string
+	noop := func(_ context.Context, _ execFunc, m outbox.Message) error {
+		seen = append(seen, fmt.Sprintf("%d:%s", m.SchemaVersion, m.Payload))
+		return nil
 	}
-	noop := func(context.Context, pgx.Tx) error { return nil }
 	m1, m2, m3 := msg("o1", 1), msg("o1", 2), msg("o1", 3)
+	for _, m := range []*outbox.Message{&m1, &m2, &m3} {
+		m.SchemaVersion, m.Payload = 1, []byte(`{"v":1}`)
+	}
 	for _, m := range []outbox.Message{m1, m1, m3, m2} {
-		if _, err := in.Handle(ctx, m, noop); err != nil {
+		if _, err := k.handleMessage(ctx, in, m, noop); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := in.Handle(ctx, m3, func(context.Context, pgx.Tx) error { return errors.New("boom") }); err == nil {
+	if got := fmt.Sprint(seen); got != `[2:{"v":2} 2:{"v":2}]` {
+		t.Fatalf("the effect saw %s, want the two applied messages upgraded to version 2", got)
+	}
+	if _, err := k.handleMessage(ctx, in, m3, func(context.Context, execFunc, outbox.Message) error { return errors.New("boom") }); err == nil {
 		t.Fatal("effect error lost")
 	}
 	want := "map[c/T/applied:2 c/T/duplicate:1 c/T/early:1 c/T/error:1]"

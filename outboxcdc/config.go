@@ -46,8 +46,14 @@ type Config struct {
 	// Pool runs the set-up statements (publication, slot) and the slot
 	// checks. Required.
 	Pool *pgxpool.Pool
-	// Schema is the schema holding the outbox tables. Defaults to "outbox".
+	// Schema is the schema holding the outbox tables, as a plain string:
+	// the older field, kept working; prefer Tables. Defaults to "outbox".
 	Schema string
+	// Tables is the schema holding the outbox tables: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 	// Group names the relay group: the relays of one group share one slot
 	// (one streams, the others stand by). Defaults to GroupDefault.
 	Group string
@@ -121,6 +127,9 @@ func (c Config) withDefaults() Config {
 		c.Group = GroupDefault
 	}
 	if c.Schema == "" {
+		c.Schema = string(c.Tables)
+	}
+	if c.Schema == "" {
 		c.Schema = pgident.DefaultSchema
 	}
 	if c.Slot == "" {
@@ -173,8 +182,8 @@ func (c Config) validate() error {
 }
 
 func (c Config) validateNames() error {
-	if _, err := pgident.NewSchema(c.Schema); err != nil {
-		return err
+	if _, err := pgident.Pick(string(c.Tables), c.Schema); err != nil {
+		return fmt.Errorf("outboxcdc: %w", err)
 	}
 	for _, n := range []struct{ what, name string }{{"slot", c.Slot}, {"publication", c.Publication}} {
 		if err := validName(n.name); err != nil {

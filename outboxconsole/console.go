@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/inbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
 // Defaults for Config.
@@ -32,8 +33,14 @@ const TokenMinLength = 16
 type Config struct {
 	// Pool is the database. Required.
 	Pool *pgxpool.Pool
-	// Schema is the schema of the outbox tables. Defaults to "outbox".
+	// Schema is the schema of the outbox tables, as a plain string: the
+	// older field, kept working; prefer Tables. Defaults to "outbox".
 	Schema string
+	// Tables is the schema holding the outbox tables: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 	// InboxSchema is the schema of the inbox tables, whose consumers the
 	// console shows. Defaults to Schema.
 	InboxSchema string
@@ -110,9 +117,11 @@ func New(cfg Config) (http.Handler, error) {
 			return nil, err
 		}
 	}
-	if cfg.Schema == "" {
-		cfg.Schema = "outbox"
+	schema, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("outboxconsole: %w", err)
 	}
+	cfg.Schema = schema.Name()
 	if cfg.InboxSchema == "" {
 		cfg.InboxSchema = cfg.Schema
 	}

@@ -11,6 +11,11 @@
 // (with that tool's search_path pointing at the schema), or print the SQL
 // for one schema with [SQL] or `outbox migrate --print`.
 //
+// A consumer with a database of its own installs only the consumer side
+// there (the inbox, side-effect and audit-log tables, the SQL inbox
+// functions) with [MigrateComponents] and [ComponentsConsumer] (`outbox
+// migrate --only consumer`); [SQLComponents] prints that script.
+//
 // [Grants] returns the GRANT statements that give the application (writer),
 // the relay and the operator's commands each their own least-privilege role
 // on a schema (`outbox migrate --print-grants`).

@@ -17,7 +17,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql consumer/*.sql
 var files embed.FS
 
 // Migration is one versioned migration file.
@@ -31,8 +31,10 @@ type Migration struct {
 }
 
 // All returns every embedded migration in version order.
-func All() []Migration {
-	entries, err := fs.ReadDir(files, "migrations")
+func All() []Migration { return readDir("migrations") }
+
+func readDir(dir string) []Migration {
+	entries, err := fs.ReadDir(files, dir)
 	if err != nil {
 		panic(err) // embedded at build time
 	}
@@ -47,7 +49,7 @@ func All() []Migration {
 		if err != nil {
 			panic("migration file without version: " + e.Name())
 		}
-		text, err := files.ReadFile(path.Join("migrations", e.Name()))
+		text, err := files.ReadFile(path.Join(dir, e.Name()))
 		if err != nil {
 			panic(err)
 		}
@@ -82,15 +84,29 @@ const migrationsTable = "outbox_schema_migrations"
 
 // Migrate creates schema (pgident.DefaultSchema when empty) if needed and
 // applies every migration it does not have yet. It is idempotent and safe to
-// run from several processes at once.
+// run from several processes at once. It installs every component
+// (ComponentsAll); see MigrateComponents for a consumer's database.
 func Migrate(ctx context.Context, db Conn, schema string) (Result, error) {
+	return MigrateComponents(ctx, db, schema, ComponentsAll)
+}
+
+// MigrateComponents is Migrate for some of the components: ComponentsAll
+// (Migrate), or ComponentsConsumer, the consumer side only, for a
+// consumer's own database. Result.Current is the version of what it
+// installs: the latest migration's for ComponentsAll, the consumer install's
+// latest step's (see ConsumerMigrations) for ComponentsConsumer.
+func MigrateComponents(ctx context.Context, db Conn, schema string, c Components) (Result, error) {
 	s, err := pgident.NewSchema(schema)
 	if err != nil {
 		return Result{}, err
 	}
+	steps, table, err := c.steps()
+	if err != nil {
+		return Result{}, err
+	}
 	var res Result
-	for _, m := range All() {
-		applied, err := applyOne(ctx, db, s, m)
+	for _, m := range steps {
+		applied, err := applyOne(ctx, db, s, table, m)
 		if err != nil {
 			return res, fmt.Errorf("migrate %s to version %d (%s): %w", s.Name(), m.Version, m.Name, err)
 		}
@@ -102,7 +118,7 @@ func Migrate(ctx context.Context, db Conn, schema string) (Result, error) {
 	return res, nil
 }
 
-func applyOne(ctx context.Context, db Conn, s pgident.Schema, m Migration) (applied bool, err error) {
+func applyOne(ctx context.Context, db Conn, s pgident.Schema, table string, m Migration) (applied bool, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, err
@@ -122,14 +138,14 @@ func applyOne(ctx context.Context, db Conn, s pgident.Schema, m Migration) (appl
 	if _, err = tx.Exec(ctx, "SET LOCAL search_path TO "+s.Quoted()); err != nil {
 		return false, err
 	}
-	if _, err = tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+migrationsTable+` (
+	if _, err = tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
 		version    integer     PRIMARY KEY,
 		name       text        NOT NULL,
 		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return false, err
 	}
 	var exists bool
-	if err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+migrationsTable+` WHERE version = $1)`, m.Version).Scan(&exists); err != nil {
+	if err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+` WHERE version = $1)`, m.Version).Scan(&exists); err != nil {
 		return false, err
 	}
 	if exists {
@@ -142,7 +158,7 @@ func applyOne(ctx context.Context, db Conn, s pgident.Schema, m Migration) (appl
 		}
 		return false, err
 	}
-	if _, err = tx.Exec(ctx, `INSERT INTO `+migrationsTable+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+	if _, err = tx.Exec(ctx, `INSERT INTO `+table+` (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
 		return false, err
 	}
 	return true, tx.Commit(ctx)
@@ -152,12 +168,25 @@ func applyOne(ctx context.Context, db Conn, s pgident.Schema, m Migration) (appl
 func Version(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, schema string) (int, error) {
+	return VersionComponents(ctx, db, schema, ComponentsAll)
+}
+
+// VersionComponents is Version for an install of some of the components:
+// for ComponentsConsumer, the highest consumer step applied to schema
+// (ConsumerMigrations), 0 when none is.
+func VersionComponents(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, schema string, c Components) (int, error) {
 	s, err := pgident.NewSchema(schema)
 	if err != nil {
 		return 0, err
 	}
+	_, table, err := c.steps()
+	if err != nil {
+		return 0, err
+	}
 	var v int
-	err = db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+s.Table(migrationsTable)).Scan(&v)
+	err = db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+s.Table(table)).Scan(&v)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table / schema
 		return 0, nil
@@ -167,16 +196,27 @@ func Version(ctx context.Context, db interface {
 
 // SQL returns the migrations as one script for schema, for teams that apply
 // SQL with their own tools. The script is idempotent.
-func SQL(schema string) (string, error) {
+func SQL(schema string) (string, error) { return SQLComponents(schema, ComponentsAll) }
+
+// SQLComponents is SQL for some of the components (see MigrateComponents).
+func SQLComponents(schema string, c Components) (string, error) {
 	s, err := pgident.NewSchema(schema)
 	if err != nil {
 		return "", err
 	}
+	steps, table, err := c.steps()
+	if err != nil {
+		return "", err
+	}
+	what := "outbox migrations"
+	if c == ComponentsConsumer {
+		what = "outbox consumer-side migrations"
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "-- outbox migrations for schema %s\nBEGIN;\nCREATE SCHEMA IF NOT EXISTS %s;\nSET LOCAL search_path TO %s;\n", s.Name(), s.Quoted(), s.Quoted())
-	fmt.Fprintf(&b, "CREATE TABLE IF NOT EXISTS %s (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());\n", migrationsTable)
-	for _, m := range All() {
-		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\nINSERT INTO %s (version, name) VALUES (%d, '%s') ON CONFLICT DO NOTHING;\n", m.Version, m.Name, m.SQL, migrationsTable, m.Version, m.Name)
+	fmt.Fprintf(&b, "-- %s for schema %s\nBEGIN;\nCREATE SCHEMA IF NOT EXISTS %s;\nSET LOCAL search_path TO %s;\n", what, s.Name(), s.Quoted(), s.Quoted())
+	fmt.Fprintf(&b, "CREATE TABLE IF NOT EXISTS %s (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());\n", table)
+	for _, m := range steps {
+		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\nINSERT INTO %s (version, name) VALUES (%d, '%s') ON CONFLICT DO NOTHING;\n", m.Version, m.Name, m.SQL, table, m.Version, m.Name)
 	}
 	b.WriteString("COMMIT;\n")
 	return b.String(), nil

@@ -76,6 +76,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/inbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/sideeffect"
 )
 
@@ -87,8 +88,15 @@ const (
 
 // Config configures Metrics.
 type Config struct {
-	// Schema is the value of the schema label. Defaults to "outbox".
+	// Schema is the value of the schema label, as a plain string: the
+	// older field, kept working; prefer Tables. Defaults to "outbox".
 	Schema string
+	// Tables is the schema the metrics are of, the value of the schema
+	// label: the one outbox.Schema value an application gives every
+	// component's config. Setting it and Schema to different names is
+	// refused (outbox.ErrSchemaConflict). Defaults to Schema, then
+	// "outbox".
+	Tables outbox.Schema
 	// Admin, when set, is sampled for the database gauges. Optional.
 	Admin *outbox.Admin
 	// Inbox, when set, is sampled for the inbox gauges (aggregates waiting
@@ -162,9 +170,11 @@ var (
 
 // New returns Metrics for cfg. Nothing is registered yet.
 func New(cfg Config) (*Metrics, error) {
-	if cfg.Schema == "" {
-		cfg.Schema = "outbox"
+	schema, err := pgident.PickName(string(cfg.Tables), cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("outboxprom: %w", err)
 	}
+	cfg.Schema = outbox.Schema(schema).Name()
 	if cfg.GaugesMaxAge < 0 || cfg.GaugesTimeout < 0 {
 		return nil, errors.New("outboxprom: GaugesMaxAge and GaugesTimeout must not be negative")
 	}

@@ -2,7 +2,9 @@ package sideeffect
 
 import (
 	"context"
+	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -10,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // Errors of the operator API.
@@ -25,16 +29,22 @@ var (
 
 // AdminConfig configures an Admin.
 type AdminConfig struct {
-	// Schema is the PostgreSQL schema holding the side_effects table.
-	// Defaults to "outbox".
+	// Schema is the PostgreSQL schema holding the side_effects table, as a
+	// plain string: the older field, kept working; prefer Tables. Defaults
+	// to "outbox".
 	Schema string
+	// Tables is the schema holding the side_effects table: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 }
 
 // Admin is the operator's API over the side-effect attempts of a schema, for
 // every name: what `outbox status` shows and package outboxprom samples,
 // and the resolution of parked attempts. It is safe for concurrent use.
 type Admin struct {
-	pool   *pgxpool.Pool
+	db     pgtx.DB
 	schema pgident.Schema
 	t, ops string
 }
@@ -44,11 +54,24 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 	if pool == nil {
 		return nil, errors.New("sideeffect: NewAdmin needs a pool")
 	}
-	s, err := pgident.NewSchema(cfg.Schema)
-	if err != nil {
-		return nil, err
+	return newAdmin(pgtx.Pool(pool), cfg)
+}
+
+// NewSQLAdmin returns an Admin over db, a database/sql database (sqlx,
+// GORM, bun, ent): the same Admin as NewAdmin's, over database/sql.
+func NewSQLAdmin(db *sql.DB, cfg AdminConfig) (*Admin, error) {
+	if db == nil {
+		return nil, errors.New("sideeffect: NewSQLAdmin needs a database")
 	}
-	return &Admin{pool: pool, schema: s, t: s.Table("side_effects"), ops: s.Table("outbox_operations")}, nil
+	return newAdmin(pgtx.Database(db), cfg)
+}
+
+func newAdmin(db pgtx.DB, cfg AdminConfig) (*Admin, error) {
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("sideeffect: admin: %w", err)
+	}
+	return &Admin{db: db, schema: s, t: s.Table("side_effects"), ops: s.Table("outbox_operations")}, nil
 }
 
 // Schema is the schema the Admin works on.
@@ -58,7 +81,7 @@ func (a *Admin) Schema() string { return a.schema.Name() }
 // version 7 or later).
 func (a *Admin) Exists(ctx context.Context) (bool, error) {
 	var ok bool
-	err := a.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, a.t).Scan(&ok)
+	err := a.db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, a.t).Scan(&ok)
 	return ok, err
 }
 
@@ -105,7 +128,7 @@ const attemptColumns = `name, key, mode, state, coalesce(state = 'started' AND l
 	coalesce(last_error, ''), coalesce(resolved_via, ''), parked_at, coalesce(park_reason, ''), operator_retry,
 	operator_at, coalesce(operator_by, ''), coalesce(operator_reason, '')`
 
-func scanAttempt(row pgx.Row) (Attempt, error) {
+func scanAttempt(row pgtx.Row) (Attempt, error) {
 	var at Attempt
 	var fp []byte
 	var opAt *time.Time
@@ -133,7 +156,7 @@ func scanAttempt(row pgx.Row) (Attempt, error) {
 
 // Attempt returns the attempt of name and key, or ErrNotFound.
 func (a *Admin) Attempt(ctx context.Context, name, key string) (Attempt, error) {
-	at, err := scanAttempt(a.pool.QueryRow(ctx, `SELECT `+attemptColumns+` FROM `+a.t+` WHERE name = $1 AND key = $2`, name, key))
+	at, err := scanAttempt(a.db.QueryRow(ctx, `SELECT `+attemptColumns+` FROM `+a.t+` WHERE name = $1 AND key = $2`, name, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Attempt{}, fmt.Errorf("sideeffect %s, key %s: %w", name, key, ErrNotFound)
 	}
@@ -168,7 +191,7 @@ const GaugesMaxNames = 1000
 // attempts: its cost grows with the names and the open attempts, not with
 // the finished ones.
 func (a *Admin) Gauges(ctx context.Context) ([]Gauges, error) {
-	rows, err := a.pool.Query(ctx, `WITH RECURSIVE n AS (
+	rows, err := a.db.Query(ctx, `WITH RECURSIVE n AS (
 	(SELECT name FROM `+a.t+` ORDER BY name LIMIT 1)
 	UNION ALL
 	SELECT (SELECT s.name FROM `+a.t+` s WHERE s.name > n.name ORDER BY s.name LIMIT 1)
@@ -187,7 +210,7 @@ ORDER BY n.name`, GaugesMaxNames)
 	if err != nil {
 		return nil, fmt.Errorf("sideeffect: gauges of schema %s: %w", a.schema.Name(), err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Gauges, error) {
+	out, err := pgtx.Collect(rows, func(row pgtx.Row) (Gauges, error) {
 		var g Gauges
 		return g, row.Scan(&g.Name, &g.Started, &g.Unknown, &g.OldestUnknownAgeSeconds, &g.Parked)
 	})
@@ -235,14 +258,14 @@ func (a *Admin) Parked(ctx context.Context, f ParkedFilter) (ParkedPage, error) 
 	if f.After != nil {
 		after = *f.After
 	}
-	rows, err := a.pool.Query(ctx, `SELECT `+attemptColumns+` FROM `+a.t+`
+	rows, err := a.db.Query(ctx, `SELECT `+attemptColumns+` FROM `+a.t+`
 WHERE state = 'parked' AND ($1 = '' OR name = $1) AND (parked_at, name, key) > ($2, $3, $4)
 ORDER BY parked_at, name, key
 LIMIT $5`, f.Name, after.ParkedAt, after.Name, after.Key, f.Limit+1)
 	if err != nil {
 		return ParkedPage{}, fmt.Errorf("sideeffect: parked attempts of schema %s: %w", a.schema.Name(), err)
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) { return scanAttempt(row) })
+	list, err := pgtx.Collect(rows, func(row pgtx.Row) (Attempt, error) { return scanAttempt(row) })
 	if err != nil {
 		return ParkedPage{}, fmt.Errorf("sideeffect: parked attempts of schema %s: %w", a.schema.Name(), err)
 	}
@@ -285,7 +308,7 @@ func (a *Admin) Status(ctx context.Context, parkedLimit int) (Status, error) {
 		return st, err
 	}
 	byName := map[string]NameStatus{}
-	rows, err := a.pool.Query(ctx, `SELECT name, now(), count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE state = 'failed'),
+	rows, err := a.db.Query(ctx, `SELECT name, now(), count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE state = 'failed'),
 	coalesce(sum(blind_retries), 0)
 FROM `+a.t+` GROUP BY name ORDER BY name`)
 	if err != nil {
@@ -308,7 +331,7 @@ FROM `+a.t+` GROUP BY name ORDER BY name`)
 		st.Names = append(st.Names, ns)
 	}
 	if st.At.IsZero() {
-		if err := a.pool.QueryRow(ctx, `SELECT now()`).Scan(&st.At); err != nil {
+		if err := a.db.QueryRow(ctx, `SELECT now()`).Scan(&st.At); err != nil {
 			return st, err
 		}
 	}
@@ -366,7 +389,7 @@ func (a *Admin) Resolve(ctx context.Context, r Resolution) (Attempt, error) {
 		return Attempt{}, fmt.Errorf("%s: %w", what, ErrActorRequired)
 	}
 	var out Attempt
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+	err := a.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
 		before, err := scanAttempt(tx.QueryRow(ctx, `SELECT `+attemptColumns+` FROM `+a.t+` WHERE name = $1 AND key = $2 FOR UPDATE`, r.Name, r.Key))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
@@ -399,7 +422,11 @@ func (a *Admin) Resolve(ctx context.Context, r Resolution) (Attempt, error) {
 		if before.ParkReason != "" {
 			detail["park_reason"] = before.ParkReason
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO `+a.ops+` (action, actor, reason, detail) VALUES ('sideeffect_resolve', $1, $2, $3)`, r.By, r.Reason, detail)
+		b, err := json.Marshal(detail)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+a.ops+` (action, actor, reason, detail) VALUES ('sideeffect_resolve', $1, $2, $3::text::jsonb)`, r.By, r.Reason, string(b))
 		return err
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/outbox/internal/failpoint"
 	"github.com/pgoutbox/outbox/internal/pgretry"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // Failpoints of Do (OUTBOX_FAILPOINTS, for chaos tests): after the claim
@@ -138,7 +139,7 @@ func (c *Caller) claim(ctx context.Context, key string, fp []byte) (claim, *Resu
 	for range 3 {
 		var token int64
 		sent := c.cfg.Clock()
-		err := c.pool.QueryRow(ctx, `INSERT INTO `+c.t+` AS s
+		err := c.db.QueryRow(ctx, `INSERT INTO `+c.t+` AS s
 	(name, key, mode, state, fingerprint, attempts, lease_until, next_check_at, last_attempt_at)
 VALUES ($1, $2, $3, 'started', $4, 1, now() + make_interval(secs => $5), now() + make_interval(secs => $5), now())
 ON CONFLICT (name, key) DO NOTHING
@@ -151,7 +152,7 @@ RETURNING lease_token`, c.cfg.Name, key, c.cfg.Mode.String(), fp, secs(c.cfg.Lea
 		}
 		// A final outcome never changes: answer it without a transaction
 		// (the common case of a redelivery).
-		if cur, err := c.readCurrent(ctx, c.pool, key, ""); err == nil && (cur.state == Succeeded || cur.state == Failed) {
+		if cur, err := c.readCurrent(ctx, c.db, key, ""); err == nil && (cur.state == Succeeded || cur.state == Failed) {
 			res := cur.result(key)
 			if !bytes.Equal(cur.fingerprint, fp) {
 				return claim{}, &res, ErrFingerprintMismatch
@@ -165,7 +166,7 @@ RETURNING lease_token`, c.cfg.Name, key, c.cfg.Mode.String(), fp, secs(c.cfg.Lea
 		var gone bool
 		var after error      // decided and written: returned once committed
 		sent = c.cfg.Clock() // the claim's now() is the transaction's start, later
-		err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		err = c.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
 			cur, err := c.lockCurrent(ctx, tx, key)
 			if errors.Is(err, pgx.ErrNoRows) {
 				gone = true // deleted after a NotSent call: insert again
@@ -195,13 +196,11 @@ RETURNING lease_token`, c.cfg.Name, key, c.cfg.Mode.String(), fp, secs(c.cfg.Lea
 	return claim{}, nil, errors.New("the attempt kept disappearing while being claimed")
 }
 
-func (c *Caller) lockCurrent(ctx context.Context, tx pgx.Tx, key string) (current, error) {
+func (c *Caller) lockCurrent(ctx context.Context, tx pgtx.Querier, key string) (current, error) {
 	return c.readCurrent(ctx, tx, key, " FOR UPDATE")
 }
 
-func (c *Caller) readCurrent(ctx context.Context, db interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, key, lock string) (current, error) {
+func (c *Caller) readCurrent(ctx context.Context, db pgtx.Querier, key, lock string) (current, error) {
 	var cur current
 	err := db.QueryRow(ctx, `SELECT state, fingerprint, response, coalesce(last_error, ''), attempts, checks,
 	coalesce(lease_until > now(), false),
@@ -216,7 +215,7 @@ FROM `+c.t+` WHERE name = $1 AND key = $2`+lock, c.cfg.Name, key).Scan(
 // decide reads an existing attempt: it returns the Result that makes a call
 // needless or impossible (replay, in progress, parked, refused), or claims
 // the attempt for a lookup or a call.
-func (c *Caller) decide(ctx context.Context, tx pgx.Tx, key string, fp []byte, cur current) (claim, *Result, error) {
+func (c *Caller) decide(ctx context.Context, tx pgtx.Querier, key string, fp []byte, cur current) (claim, *Result, error) {
 	res := cur.result(key)
 	if !bytes.Equal(cur.fingerprint, fp) {
 		return claim{}, &res, ErrFingerprintMismatch
@@ -392,7 +391,7 @@ func (c *Caller) lookupBeforeCall(ctx context.Context, cl *claim) (Result, bool,
 	rctx, cancel := c.recordCtx(ctx)
 	defer cancel()
 	sent := c.cfg.Clock()
-	err := c.pool.QueryRow(rctx, `UPDATE `+c.t+` SET attempts = attempts + 1, last_attempt_at = now(),
+	err := c.db.QueryRow(rctx, `UPDATE `+c.t+` SET attempts = attempts + 1, last_attempt_at = now(),
 	lease_until = now() + make_interval(secs => $4), next_check_at = now() + make_interval(secs => $4), updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'
 RETURNING attempts`, c.cfg.Name, cl.key, cl.token, secs(c.cfg.Lease)).Scan(&cl.attempts)
@@ -469,14 +468,14 @@ func (c *Caller) record(ctx context.Context, cl claim, o outcome) (Result, error
 	// under this token, in the state written, finds the first attempt's
 	// write, which committed unseen.
 	err := pgretry.Do(rctx, c.realTime(cl.leaseEnd), func(ctx context.Context, a pgretry.Attempt) error {
-		err := c.pool.QueryRow(ctx, `UPDATE `+c.t+` SET state = $4, response = coalesce($5, response), last_error = $6, resolved_via = $7,
+		err := c.db.QueryRow(ctx, `UPDATE `+c.t+` SET state = $4, response = coalesce($5, response), last_error = $6, resolved_via = $7,
 	lease_until = NULL, next_check_at = now() + make_interval(secs => $8),
 	unknown_since = CASE WHEN $4 = 'unknown' THEN coalesce(unknown_since, now()) ELSE unknown_since END, updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'
 RETURNING attempts, checks, coalesce(extract(epoch FROM now() - unknown_since), 0)::float8`,
 			c.cfg.Name, cl.key, cl.token, string(o.state), o.response, lastErr, via, next).Scan(&res.Attempts, &checks, &age)
 		if errors.Is(err, pgx.ErrNoRows) && a.Retried() {
-			err = c.pool.QueryRow(ctx, `SELECT attempts, checks, coalesce(extract(epoch FROM now() - unknown_since), 0)::float8 FROM `+c.t+`
+			err = c.db.QueryRow(ctx, `SELECT attempts, checks, coalesce(extract(epoch FROM now() - unknown_since), 0)::float8 FROM `+c.t+`
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = $4`,
 				c.cfg.Name, cl.key, cl.token, string(o.state)).Scan(&res.Attempts, &checks, &age)
 		}
@@ -521,14 +520,14 @@ func (c *Caller) recordNotSent(ctx context.Context, cl claim, callErr error) err
 	defer cancel()
 	var err error
 	if cl.fresh {
-		_, err = c.pool.Exec(rctx, `DELETE FROM `+c.t+` WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`,
+		_, err = c.db.Exec(rctx, `DELETE FROM `+c.t+` WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`,
 			c.cfg.Name, cl.key, cl.token)
 	} else {
 		blind := 0
 		if cl.blind {
 			blind = 1
 		}
-		_, err = c.pool.Exec(rctx, `UPDATE `+c.t+` SET state = 'unknown', attempts = attempts - 1, blind_retries = blind_retries - $4,
+		_, err = c.db.Exec(rctx, `UPDATE `+c.t+` SET state = 'unknown', attempts = attempts - 1, blind_retries = blind_retries - $4,
 	last_error = $5, lease_until = NULL, next_check_at = now() + make_interval(secs => $6), updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`,
 			c.cfg.Name, cl.key, cl.token, blind, "not sent: "+callErr.Error(), secs(c.backoff(cl.checks)))

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // ReconcileReport says what one ReconcileOnce did.
@@ -80,7 +80,7 @@ func (c *Caller) ReconcileOnce(ctx context.Context) (ReconcileReport, error) {
 		addCheck = 1
 	}
 	sent := time.Now()
-	rows, err := c.pool.Query(ctx, `WITH due AS (
+	rows, err := c.db.Query(ctx, `WITH due AS (
 	SELECT name, key FROM `+c.t+`
 	WHERE name = $1 AND state IN ('started', 'unknown') AND next_check_at <= now()
 	ORDER BY next_check_at
@@ -96,7 +96,7 @@ RETURNING s.key, s.lease_token, s.attempts, s.checks, extract(epoch FROM now() -
 	if err != nil {
 		return rep, fmt.Errorf("sideeffect %s: claim attempts due for a check: %w", c.cfg.Name, err)
 	}
-	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (due, error) {
+	claimed, err := pgtx.Collect(rows, func(row pgtx.Row) (due, error) {
 		d := due{claim: claim{leaseEnd: c.granted(sent)}}
 		return d, row.Scan(&d.key, &d.token, &d.attempts, &d.checks, &d.ageSeconds, &d.retry)
 	})
@@ -133,7 +133,7 @@ func (c *Caller) reconcileOne(ctx context.Context, d due, rep *ReconcileReport) 
 	if !lookup {
 		// Nothing to ask: unknown until its caller's next Do, or the bound.
 		wait := max(c.cfg.MaxAge-time.Duration(d.ageSeconds*float64(time.Second)), time.Second)
-		_, err := c.pool.Exec(ctx, `UPDATE `+c.t+` SET state = 'unknown', lease_until = NULL,
+		_, err := c.db.Exec(ctx, `UPDATE `+c.t+` SET state = 'unknown', lease_until = NULL,
 	next_check_at = now() + make_interval(secs => $4), updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`, c.cfg.Name, d.key, d.token, secs(wait))
 		if err != nil {
@@ -180,7 +180,7 @@ WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`, c.cfg.
 func (c *Caller) deferCheck(ctx context.Context, d due, rep *ReconcileReport) error {
 	rctx, cancel := c.recordCtx(ctx)
 	defer cancel()
-	_, err := c.pool.Exec(rctx, `UPDATE `+c.t+` SET state = 'unknown', lease_until = NULL, next_check_at = now(),
+	_, err := c.db.Exec(rctx, `UPDATE `+c.t+` SET state = 'unknown', lease_until = NULL, next_check_at = now(),
 	checks = greatest(checks - 1, 0), updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`, c.cfg.Name, d.key, d.token)
 	if err != nil {
@@ -194,14 +194,14 @@ WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`, c.cfg.
 func (c *Caller) park(ctx context.Context, cl claim, from State, reason string) (bool, error) {
 	rctx, cancel := c.recordCtx(ctx)
 	defer cancel()
-	tag, err := c.pool.Exec(rctx, `UPDATE `+c.t+` SET state = 'parked', parked_at = now(), park_reason = $5,
+	n, err := c.db.Exec(rctx, `UPDATE `+c.t+` SET state = 'parked', parked_at = now(), park_reason = $5,
 	unknown_since = coalesce(unknown_since, now()), lease_until = NULL, next_check_at = NULL,
 	lease_token = lease_token + 1, updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = $4`, c.cfg.Name, cl.key, cl.token, string(from), reason)
 	if err != nil {
 		return false, fmt.Errorf("park the attempt: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return false, nil
 	}
 	c.observe(Observation{Op: OpPark, Reason: reason})

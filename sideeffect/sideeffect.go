@@ -2,17 +2,20 @@ package sideeffect
 
 import (
 	"crypto/sha256"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 	"unicode/utf8"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // Mode says what the provider offers to make a retried call safe. It decides
@@ -121,8 +124,14 @@ type Config struct {
 	// per name; metrics and status are by name. Required.
 	Name string
 	// Schema is the PostgreSQL schema holding the side_effects table
-	// (created by outboxmigrate, migration 7). Defaults to "outbox".
+	// (created by outboxmigrate, migration 7), as a plain string: the older
+	// field, kept working; prefer Tables. Defaults to "outbox".
 	Schema string
+	// Tables is the schema holding the side_effects table: the one outbox.Schema value
+	// an application gives every component's config. Setting it and Schema
+	// to different names is refused (outbox.ErrSchemaConflict). Defaults to
+	// Schema, then "outbox".
+	Tables outbox.Schema
 	// Mode is what the provider offers. Required.
 	Mode Mode
 	// Lookup asks the provider what happened to a key. Required for
@@ -179,10 +188,10 @@ type Config struct {
 // Caller makes one external call per key safely: see the package
 // documentation. It is safe for concurrent use, by any number of processes.
 type Caller struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	t    string // the table, quoted
-	ops  string // the audit log, quoted
+	db  pgtx.DB
+	cfg Config
+	t   string // the table, quoted
+	ops string // the audit log, quoted
 }
 
 // New returns a Caller over pool, which must reach a schema migrated by
@@ -191,12 +200,28 @@ func New(pool *pgxpool.Pool, cfg Config) (*Caller, error) {
 	if pool == nil {
 		return nil, errors.New("sideeffect: New needs a pool")
 	}
+	return newCaller(pgtx.Pool(pool), cfg)
+}
+
+// NewSQL returns a Caller over db, a database/sql database (the one sqlx,
+// GORM, bun or ent hand out, over any PostgreSQL driver), which must reach
+// a schema migrated by outboxmigrate (version 7 or later). It is the same
+// Caller as New's: the same table, statements, states and errors; its
+// transactions are database/sql ones.
+func NewSQL(db *sql.DB, cfg Config) (*Caller, error) {
+	if db == nil {
+		return nil, errors.New("sideeffect: NewSQL needs a database")
+	}
+	return newCaller(pgtx.Database(db), cfg)
+}
+
+func newCaller(db pgtx.DB, cfg Config) (*Caller, error) {
 	if err := checkName("Config.Name", cfg.Name); err != nil {
 		return nil, err
 	}
-	s, err := pgident.NewSchema(cfg.Schema)
+	s, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sideeffect: %w", err)
 	}
 	switch cfg.Mode {
 	case Idempotent:
@@ -244,7 +269,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Caller, error) {
 	if cfg.Lease <= cfg.CallTimeout {
 		return nil, fmt.Errorf("sideeffect: Config.Lease (%s) must exceed Config.CallTimeout (%s): a call must end before its claim does", cfg.Lease, cfg.CallTimeout)
 	}
-	return &Caller{pool: pool, cfg: cfg, t: s.Table("side_effects"), ops: s.Table("outbox_operations")}, nil
+	return &Caller{db: db, cfg: cfg, t: s.Table("side_effects"), ops: s.Table("outbox_operations")}, nil
 }
 
 // Name is the Caller's Config.Name.

@@ -13,12 +13,14 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/sideeffect"
 )
 
 // bundle is one test's database, provider and caller.
 type bundle struct {
+	kind   txKind
 	pool   *pgxpool.Pool
 	schema string
 	p      *fakeProvider
@@ -26,15 +28,20 @@ type bundle struct {
 	admin  *sideeffect.Admin
 }
 
+// setup is setupKind on pgx.
 func setup(t *testing.T, mode sideeffect.Mode) *bundle {
+	t.Helper()
+	return setupKind(t, mode, txKinds[0])
+}
+
+// setupKind is a bundle whose Callers and Admin run on transactions of kind
+// k. It marks the test parallel.
+func setupKind(t *testing.T, mode sideeffect.Mode, k txKind) *bundle {
 	t.Helper()
 	t.Parallel()
 	pool, schema := outboxtest.Schema(t)
-	admin, err := sideeffect.NewAdmin(pool, sideeffect.AdminConfig{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &bundle{pool: pool, schema: schema, p: newFakeProvider(t, mode), obs: &recorder{}, admin: admin}
+	admin := k.newAdmin(t, pool, sideeffect.AdminConfig{Tables: outbox.Schema(schema)})
+	return &bundle{kind: k, pool: pool, schema: schema, p: newFakeProvider(t, mode), obs: &recorder{}, admin: admin}
 }
 
 // caller returns a Caller of the bundle's mode; edit adjusts its Config.
@@ -48,11 +55,7 @@ func (b *bundle) caller(t *testing.T, edit func(*sideeffect.Config)) *sideeffect
 	if edit != nil {
 		edit(&cfg)
 	}
-	c, err := sideeffect.New(b.pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return b.kind.newCaller(t, b.pool, cfg)
 }
 
 func (b *bundle) attempt(t *testing.T, key string) sideeffect.Attempt {
@@ -120,7 +123,12 @@ func mustState(t *testing.T, res sideeffect.Result, want sideeffect.State) {
 // Idempotent provider: the provider charges, then the response times out.
 // The retry uses the same key and gets the stored response: one charge.
 func TestIdempotentTimeoutAfterCommitThenRetryChargesOnce(t *testing.T) {
-	b := setup(t, sideeffect.Idempotent)
+	t.Parallel()
+	forKinds(t, testIdempotentTimeoutAfterCommitThenRetryChargesOnce)
+}
+
+func testIdempotentTimeoutAfterCommitThenRetryChargesOnce(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Idempotent, k)
 	ctx := context.Background()
 	c := b.caller(t, nil)
 	key := uuid.NewString()
@@ -162,7 +170,12 @@ func TestIdempotentTimeoutAfterCommitThenRetryChargesOnce(t *testing.T) {
 // reconciler finds the charge by key and records it; the next Do replays
 // it without calling again.
 func TestQueryableReconcilerResolvesTimeoutAfterCommit(t *testing.T) {
-	b := setup(t, sideeffect.Queryable)
+	t.Parallel()
+	forKinds(t, testQueryableReconcilerResolvesTimeoutAfterCommit)
+}
+
+func testQueryableReconcilerResolvesTimeoutAfterCommit(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Queryable, k)
 	ctx := context.Background()
 	c := b.caller(t, nil)
 	key := uuid.NewString()
@@ -256,7 +269,12 @@ func TestQueryableDoLooksUpBeforeRetrying(t *testing.T) {
 // Neither: without BlindRetry an unknown attempt is parked; with it, the
 // retry charges again and the duplicate is counted.
 func TestNeitherParksOrCountsBlindRetries(t *testing.T) {
-	b := setup(t, sideeffect.Neither)
+	t.Parallel()
+	forKinds(t, testNeitherParksOrCountsBlindRetries)
+}
+
+func testNeitherParksOrCountsBlindRetries(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Neither, k)
 	ctx := context.Background()
 
 	parking := b.caller(t, nil)
@@ -309,7 +327,12 @@ func TestNeitherParksOrCountsBlindRetries(t *testing.T) {
 // then the attempt is parked with its reason; an operator's retry lets the
 // next Do call again, recorded with who and why.
 func TestReconcilerParksPastTheBoundAndOperatorRetries(t *testing.T) {
-	b := setup(t, sideeffect.Idempotent)
+	t.Parallel()
+	forKinds(t, testReconcilerParksPastTheBoundAndOperatorRetries)
+}
+
+func testReconcilerParksPastTheBoundAndOperatorRetries(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Idempotent, k)
 	ctx := context.Background()
 	var failLookups atomic.Bool
 	failLookups.Store(true)
@@ -388,7 +411,12 @@ WHERE action = 'sideeffect_resolve' AND actor = 'alice' AND detail->>'key' = $1 
 // Two (here eight) consumers handle the same event at once: exactly one
 // calls, the others find the attempt in progress or its outcome.
 func TestConcurrentDoCallsOnce(t *testing.T) {
-	b := setup(t, sideeffect.Neither) // no dedup at the provider: a second call would show
+	t.Parallel()
+	forKinds(t, testConcurrentDoCallsOnce)
+}
+
+func testConcurrentDoCallsOnce(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Neither, k) // no dedup at the provider: a second call would show
 	ctx := context.Background()
 	key := uuid.NewString()
 	inner, req := b.p.call(900)
@@ -431,7 +459,12 @@ func TestConcurrentDoCallsOnce(t *testing.T) {
 
 // A retry with another request under the same key is a programming error.
 func TestFingerprintMismatchRefused(t *testing.T) {
-	b := setup(t, sideeffect.Idempotent)
+	t.Parallel()
+	forKinds(t, testFingerprintMismatchRefused)
+}
+
+func testFingerprintMismatchRefused(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Idempotent, k)
 	ctx := context.Background()
 	c := b.caller(t, nil)
 	key := uuid.NewString()
@@ -462,7 +495,12 @@ func TestFingerprintMismatchRefused(t *testing.T) {
 
 // A definite refusal is recorded as failed and never called again.
 func TestRejectedIsFinal(t *testing.T) {
-	b := setup(t, sideeffect.Idempotent)
+	t.Parallel()
+	forKinds(t, testRejectedIsFinal)
+}
+
+func testRejectedIsFinal(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Idempotent, k)
 	ctx := context.Background()
 	c := b.caller(t, nil)
 	key := uuid.NewString()
@@ -484,7 +522,12 @@ func TestRejectedIsFinal(t *testing.T) {
 // A call that never left records nothing against the provider: the next Do
 // calls again, and no attempt is counted for it.
 func TestNotSentLeavesNoAttempt(t *testing.T) {
-	b := setup(t, sideeffect.Neither)
+	t.Parallel()
+	forKinds(t, testNotSentLeavesNoAttempt)
+}
+
+func testNotSentLeavesNoAttempt(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Neither, k)
 	ctx := context.Background()
 	c := b.caller(t, nil)
 	key := uuid.NewString()
@@ -591,7 +634,12 @@ func TestReconcilerExpiredLeaseAndNotFound(t *testing.T) {
 // Admin.Parked pages through parked attempts, oldest first, without gaps
 // or repeats.
 func TestParkedPagination(t *testing.T) {
-	b := setup(t, sideeffect.Neither)
+	t.Parallel()
+	forKinds(t, testParkedPagination)
+}
+
+func testParkedPagination(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Neither, k)
 	ctx := context.Background()
 	c := b.caller(t, nil)
 	call, req := b.p.call(1)
@@ -793,7 +841,12 @@ func TestBoundAppliesBeforeAnyCallOrLookup(t *testing.T) {
 // An operator who checked with the provider settles a parked attempt as
 // succeeded, with the response; Do then replays it and never calls.
 func TestOperatorResolvesParkedAsSucceeded(t *testing.T) {
-	b := setup(t, sideeffect.Neither)
+	t.Parallel()
+	forKinds(t, testOperatorResolvesParkedAsSucceeded)
+}
+
+func testOperatorResolvesParkedAsSucceeded(t *testing.T, k txKind) {
+	b := setupKind(t, sideeffect.Neither, k)
 	ctx := context.Background()
 	c := b.caller(t, nil)
 	key := uuid.NewString()

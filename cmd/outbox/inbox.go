@@ -42,7 +42,7 @@ func openInboxAdmin(ctx context.Context, common cli.Common) (*inbox.Admin, *pgxp
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := requireLatestSchema(ctx, pool, common.Schema); err != nil {
+	if err := requireConsumerSchema(ctx, pool, common.Schema); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}

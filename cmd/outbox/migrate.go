@@ -9,10 +9,12 @@ import (
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
-const migrateUsage = `migrate [--database-url URL] [--schema NAME] [--status [--json] | --print | --print-grants [--writer-role R] [--relay-role R] [--operator-role R] [--consumer-role R]]
+const migrateUsage = `migrate [--database-url URL] [--schema NAME] [--only consumer] [--status [--json] | --print | --print-grants [--writer-role R] [--relay-role R] [--operator-role R] [--consumer-role R]]
 
 Creates the schema's outbox tables or applies the migrations it lacks (idempotent; safe from
-several processes at once). --status only reads: the version the schema is at, the migrations
+several processes at once). --only consumer installs (or, with --print, prints) only the
+consumer side, for a consumer's own database: the inbox, side-effect and audit-log tables and
+the SQL inbox functions, no outbox_events; a later migrate without it adds the rest. --status only reads: the version the schema is at, the migrations
 applied (with when) and the ones this binary would apply; with --json as one JSON object
 (schema, version, latest_version, up_to_date, ahead, applied[{version, name, applied_at}],
 pending[{version, name}]). --print and --print-grants print SQL and touch no database.`
@@ -21,6 +23,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "migrate", migrateUsage)
 	var common cli.Common
 	common.Register(fs)
+	only := fs.String("only", "", "install only this component: consumer (the inbox, side effects and audit log, for a consumer's own database)")
 	print := fs.Bool("print", false, "print the SQL for the schema instead of applying it (for your own migration tool)")
 	status := fs.Bool("status", false, "only show the schema's version, the migrations applied and those this binary would apply; changes nothing")
 	asJSON := fs.Bool("json", false, "with --status: print it as JSON")
@@ -39,6 +42,16 @@ func runMigrate(ctx context.Context, args []string) error {
 	if *asJSON && !*status {
 		return cli.Usagef(fs, "--json goes with --status")
 	}
+	components := outboxmigrate.ComponentsAll
+	if *only != "" {
+		if *only != string(outboxmigrate.ComponentsConsumer) {
+			return cli.Usagef(fs, "--only takes %q, not %q", outboxmigrate.ComponentsConsumer, *only)
+		}
+		if *status || *printGrants {
+			return cli.Usagef(fs, "--only goes with a migrate or --print, not with --status or --print-grants")
+		}
+		components = outboxmigrate.ComponentsConsumer
+	}
 	if *printGrants {
 		text, err := outboxmigrate.Grants(common.Schema, roles)
 		if err != nil {
@@ -48,7 +61,7 @@ func runMigrate(ctx context.Context, args []string) error {
 		return nil
 	}
 	if *print {
-		text, err := outboxmigrate.SQL(common.Schema)
+		text, err := outboxmigrate.SQLComponents(common.Schema, components)
 		if err != nil {
 			return err
 		}
@@ -71,9 +84,17 @@ func runMigrate(ctx context.Context, args []string) error {
 		printMigrationStatus(os.Stdout, st)
 		return nil
 	}
-	res, err := outboxmigrate.Migrate(ctx, pool, common.Schema)
+	res, err := outboxmigrate.MigrateComponents(ctx, pool, common.Schema, components)
 	if err != nil {
 		return err
+	}
+	if components == outboxmigrate.ComponentsConsumer {
+		if len(res.Applied) == 0 {
+			fmt.Printf("schema %s: the consumer side is up to date (consumer version %d)\n", common.Schema, res.Current)
+		} else {
+			fmt.Printf("schema %s: the consumer side migrated to consumer version %d (applied %v)\n", common.Schema, res.Current, res.Applied)
+		}
+		return nil
 	}
 	if len(res.Applied) == 0 {
 		fmt.Printf("schema %s is up to date (version %d)\n", common.Schema, res.Current)

@@ -34,6 +34,28 @@ func requireLatestSchema(ctx context.Context, pool *pgxpool.Pool, schema string)
 	return nil
 }
 
+// requireConsumerSchema is requireLatestSchema for the consumer side's
+// commands: it also accepts a schema holding only the consumer side
+// (`outbox migrate --only consumer`), at this binary's latest consumer step.
+func requireConsumerSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	full := requireLatestSchema(ctx, pool, schema)
+	if full == nil {
+		return nil
+	}
+	v, err := outboxmigrate.VersionComponents(ctx, pool, schema, outboxmigrate.ComponentsConsumer)
+	if err != nil {
+		return fmt.Errorf("read consumer schema version of %s: %w", schema, err)
+	}
+	steps := outboxmigrate.ConsumerMigrations()
+	switch latest := steps[len(steps)-1].Version; {
+	case v == 0:
+		return full
+	case v < latest:
+		return fmt.Errorf("schema %s holds the consumer side at version %d, this binary needs %d: run 'outbox migrate --only consumer --schema %s'", schema, v, latest, schema)
+	}
+	return nil
+}
+
 // openAdmin connects, checks the schema and returns an Admin; close the
 // pool when done.
 func openAdmin(ctx context.Context, common cli.Common, obs outbox.CleanupObserver) (*outbox.Admin, *pgxpool.Pool, error) {

@@ -3,6 +3,7 @@
 package pgident
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 
@@ -47,3 +48,33 @@ func (s Schema) Quoted() string { return pgx.Identifier{s.name}.Sanitize() }
 
 // Table returns the quoted, schema-qualified name of table.
 func (s Schema) Table(table string) string { return pgx.Identifier{s.name, table}.Sanitize() }
+
+// ErrConflict: a config names its schema twice, in the shared field
+// (outbox.Schema) and in its own string field, and the two differ. It is
+// outbox.ErrSchemaConflict.
+var ErrConflict = errors.New("the schema is named twice, differently")
+
+// Pick returns the schema a config names: shared is its field of type
+// outbox.Schema (the value every config of an application shares), legacy
+// its older Schema string field. Either may be empty (both empty means
+// DefaultSchema); when both are set they must be the same name, else the
+// error wraps ErrConflict: neither silently wins.
+func Pick(shared, legacy string) (Schema, error) {
+	name, err := PickName(shared, legacy)
+	if err != nil {
+		return Schema{}, err
+	}
+	return NewSchema(name)
+}
+
+// PickName is Pick without the validation: the name chosen, "" when
+// neither is set (the caller applies its default).
+func PickName(shared, legacy string) (string, error) {
+	switch {
+	case shared == "":
+		return legacy, nil
+	case legacy == "" || legacy == shared:
+		return shared, nil
+	}
+	return "", fmt.Errorf("%w: Tables is %q but Schema is %q; set one of them (Schema is the older field, kept for compatibility)", ErrConflict, shared, legacy)
+}
