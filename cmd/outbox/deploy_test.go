@@ -480,7 +480,7 @@ func TestKubernetesManifestsMatchTheRelay(t *testing.T) {
 	}
 
 	// The Dockerfile's HEALTHCHECK, run against this relay.
-	hc := readDockerfile(t).healthcheck
+	hc := readDockerfile(t, "Dockerfile").healthcheck
 	target, err := url.Parse(hc[len(hc)-1])
 	if err != nil {
 		t.Fatal(err)
@@ -517,11 +517,11 @@ type dockerfile struct {
 	copies      []string // each COPY's destination
 }
 
-// readDockerfile parses the Dockerfile: instructions, continuation lines
-// joined, comments dropped; exec forms as JSON arrays.
-func readDockerfile(t *testing.T) dockerfile {
+// readDockerfile parses deploy/docker/<name>: instructions, continuation
+// lines joined, comments dropped; exec forms as JSON arrays.
+func readDockerfile(t *testing.T, name string) dockerfile {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(deployDir, "docker", "Dockerfile"))
+	b, err := os.ReadFile(filepath.Join(deployDir, "docker", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -585,11 +585,12 @@ func readDockerfile(t *testing.T) dockerfile {
 // empty base, run as a numeric user that is not root, serving the metrics
 // port it exposes (OUTBOX_METRICS_ADDR), whose /healthz its HEALTHCHECK
 // asks with the binary itself (scratch has no curl); it runs outbox relay
-// by default. (TestKubernetesManifestsMatchTheRelay runs that HEALTHCHECK
-// against a relay.)
+// by default; Dockerfile.prebuilt is its final stage alone.
+// (TestKubernetesManifestsMatchTheRelay runs that HEALTHCHECK against a
+// relay.)
 func TestDockerfileImage(t *testing.T) {
 	t.Parallel()
-	d := readDockerfile(t)
+	d := readDockerfile(t, "Dockerfile")
 	if len(d.froms) == 0 || (d.froms[len(d.froms)-1] != "scratch" && !strings.HasPrefix(d.froms[len(d.froms)-1], "gcr.io/distroless/static")) {
 		t.Errorf("the image's base is %v, want scratch or distroless/static", d.froms)
 	}
@@ -618,6 +619,15 @@ func TestDockerfileImage(t *testing.T) {
 		t.Errorf("HEALTHCHECK asks %q, want /healthz on 127.0.0.1:%d", hc[len(hc)-1], port)
 	}
 	flagArgs(t, "Dockerfile HEALTHCHECK", "healthcheck", hc[2:])
+
+	// Dockerfile.prebuilt is the final stage alone, the binary and the CA
+	// roots taken from the build context.
+	p := readDockerfile(t, "Dockerfile.prebuilt")
+	if !slices.Equal(p.froms, d.froms[len(d.froms)-1:]) || p.user != d.user || !maps.Equal(p.env, d.env) || !slices.Equal(p.expose, d.expose) ||
+		!slices.Equal(p.healthcheck, d.healthcheck) || !slices.Equal(p.entrypoint, d.entrypoint) || !slices.Equal(p.cmd, d.cmd) ||
+		!slices.Equal(p.copies, d.copies[len(d.copies)-len(p.copies):]) || len(p.runs) != 0 {
+		t.Errorf("Dockerfile.prebuilt is not Dockerfile's final stage:\n%+v\n%+v", p, d)
+	}
 }
 
 // systemdUnit is a unit file: section -> key -> values, in order.
