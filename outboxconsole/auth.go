@@ -36,7 +36,7 @@ func deriveKey(token string, salt []byte) []byte {
 }
 
 func (c *console) mac(parts ...string) []byte {
-	m := hmac.New(sha256.New, c.sessionKey)
+	m := hmac.New(sha256.New, c.macKey)
 	for _, p := range parts {
 		m.Write([]byte(p))
 		m.Write([]byte{0})
@@ -188,6 +188,10 @@ func (c *console) guard(next http.Handler) http.Handler {
 		if name, value, ok := c.session(r); ok {
 			r = r.WithContext(context.WithValue(r.Context(), operatorKey, operator{name: name, session: value}))
 		}
+		var ok bool
+		if r, ok = c.proxyIdentity(w, r); !ok {
+			return
+		}
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:
 			if c.loginRequired(r) {
@@ -258,11 +262,12 @@ func (c *console) guard(next http.Handler) http.Handler {
 	})
 }
 
-// loginRequired reports whether a GET needs a session it lacks: whenever
-// the console has a token and Config.PublicRead is off, for everything but
-// the login page and the static files (which hold no data).
+// loginRequired reports whether a GET needs a session (or the proxy's
+// identity) it lacks: whenever the console has a token or a proxy and
+// Config.PublicRead is off, for everything but the login page and the
+// static files (which hold no data).
 func (c *console) loginRequired(r *http.Request) bool {
-	if c.sessionKey == nil || c.cfg.PublicRead {
+	if (c.sessionKey == nil && !c.proxy.on()) || c.cfg.PublicRead {
 		return false
 	}
 	if _, ok := operatorOf(r); ok {

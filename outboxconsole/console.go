@@ -62,6 +62,22 @@ type Config struct {
 	AllowedHosts []string
 	// ReadOnly hides the actions and refuses every POST, token or not.
 	ReadOnly bool
+	// AuthProxyHeader, when set, names the header ("X-Forwarded-Email",
+	// "X-Forwarded-User") in which an authenticating reverse proxy in front
+	// of the console passes the signed-in operator. It replaces the token
+	// login (Token must then be empty): a request from a TrustedProxies
+	// address carrying the header is that operator, whose actions are
+	// recorded as "console:<value>"; without the header it has no
+	// operator (pages need one, unless PublicRead). A request from any
+	// other address carrying the header is refused (403), and a value
+	// that is not a name (two values, a control or invisible character,
+	// more than ProxyNameMaxLength bytes) is refused (400).
+	AuthProxyHeader string
+	// TrustedProxies are the proxies whose AuthProxyHeader is believed:
+	// addresses ("10.0.0.7", "::1") and networks ("10.0.0.0/24"), matched
+	// against the request's remote address (the TCP peer), never against
+	// X-Forwarded-For or Forwarded. Required with AuthProxyHeader.
+	TrustedProxies []string
 	// Publisher, when set, lets the console replay an aggregate's events
 	// (Admin.Replay). Without it, replay is not offered.
 	Publisher outbox.Publisher
@@ -104,6 +120,10 @@ type console struct {
 	cop        *http.CrossOriginProtection
 	revoked    revocations
 	throttle   loginThrottle
+	proxy      proxyAuth
+	// macKey keys the CSRF tokens (and the sessions' HMAC): the session
+	// key with a token, a random key with a proxy.
+	macKey []byte
 }
 
 // New returns the console's handler. It does not touch the database until
@@ -140,7 +160,11 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Token == "" {
+	proxy, err := newProxyAuth(cfg.AuthProxyHeader, cfg.TrustedProxies, cfg.Token)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Token == "" && !proxy.on() {
 		cfg.ReadOnly = true
 	}
 	admin, err := outbox.NewAdmin(cfg.Pool, outbox.AdminConfig{Schema: cfg.Schema})
@@ -161,13 +185,19 @@ func New(cfg Config) (http.Handler, error) {
 			return nil, fmt.Errorf("outboxconsole: Config.Origin: %w", err)
 		}
 	}
-	c := &console{cfg: cfg, admin: admin, inbox: inboxAdmin, log: cfg.Logger, hosts: hosts, cop: cop}
+	c := &console{cfg: cfg, admin: admin, inbox: inboxAdmin, log: cfg.Logger, hosts: hosts, cop: cop, proxy: proxy}
 	if cfg.Token != "" {
 		salt := make([]byte, 32)
 		if _, err := rand.Read(salt); err != nil {
 			return nil, err
 		}
 		c.sessionKey = deriveKey(cfg.Token, salt)
+		c.macKey = c.sessionKey
+	}
+	if proxy.on() {
+		if c.macKey, err = newMACKey(); err != nil {
+			return nil, err
+		}
 	}
 	if c.pages, err = parseTemplates(); err != nil {
 		return nil, err

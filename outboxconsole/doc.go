@@ -50,6 +50,17 @@
 // TokenMinDistinctBytes different values (CheckToken); it is compared in
 // constant time and never rendered or logged.
 //
+// Behind a reverse proxy that signs operators in, Config.AuthProxyHeader
+// (e.g. "X-Forwarded-Email") replaces the token login: a request whose
+// remote address (the TCP peer, never X-Forwarded-For or Forwarded) is in
+// Config.TrustedProxies and that carries the header is that operator, and
+// its actions are recorded as "console:<value>"; the forms' CSRF token is
+// an HMAC of that name. The header from any other address is refused
+// (403), and a value that is not a name (twice, a control or invisible
+// character, not UTF-8, over ProxyNameMaxLength bytes) too (400). A
+// request without it has no operator: no page (unless PublicRead), no
+// action.
+//
 // Every POST is checked before routing and before any database work, and
 // refused with 401 (no valid session, or a wrong token at login), 403
 // (read-only, cross-origin, or a missing or wrong CSRF token) or 400 (a
@@ -66,7 +77,7 @@
 // a filter with a NUL or bytes that are not UTF-8 is answered 400. The
 // static directory is not listed.
 //
-// Without a token, or with Config.ReadOnly, the console is read-only: the
-// action forms are not rendered and every POST is refused (but logging in
-// and out, when there is a token).
+// Without a token or a proxy, or with Config.ReadOnly, the console is
+// read-only: the action forms are not rendered and every POST is refused
+// (but logging in and out, when there is a token).
 package outboxconsole

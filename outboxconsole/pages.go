@@ -61,6 +61,10 @@ type pageData struct {
 	TypeFilter     string
 	ConsumerFilter string
 	First          bool
+
+	// ProxyHeader names the header a proxy passes the operator in, when
+	// the proxy's identity replaces the login.
+	ProxyHeader string
 }
 
 var funcs = template.FuncMap{
@@ -104,7 +108,7 @@ func (c *console) render(w http.ResponseWriter, r *http.Request, status int, pag
 	if c.cfg.Refresh > 0 && page != "login" && page != "error" {
 		d.Refresh = int(c.cfg.Refresh.Seconds())
 	}
-	d.CanLogin = c.sessionKey != nil
+	d.CanLogin, d.ProxyHeader = c.sessionKey != nil, c.proxy.header
 	if op, ok := operatorOf(r); ok {
 		d.Operator, d.CSRF = op.name, c.csrfToken(op.session)
 		if !c.cfg.ReadOnly {

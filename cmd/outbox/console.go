@@ -22,7 +22,7 @@ import (
 // the loopback interface only.
 const consoleListenDefault = "127.0.0.1:8089"
 
-const consoleUsage = `console [--listen ADDR] [--read-only] [--destination URL] [flags]
+const consoleUsage = `console [--listen ADDR] [--read-only] [--destination URL] [--auth-proxy-header H --trusted-proxy ADDR] [flags]
 
 Serves the operator console, a web application: backlog, oldest pending age, events
 published per minute over the last hour, relays and heartbeats, leases, aggregates blocked
@@ -34,8 +34,13 @@ The token is in env OUTBOX_CONSOLE_TOKEN (or in the file --token-file names), at
 bytes of at least 8 different values, never a flag: an operator logs in with it and a name,
 and every action is recorded in outbox_operations as console:<name>. With a token every page
 needs that login, unless --public-read (actions always do); failed logins are throttled and
-logging out ends the session on the server. Without a token the console is read-only, and
-then it serves only a loopback address unless both --read-only and --public-read are given.
+logging out ends the session on the server. Behind a reverse proxy that signs operators in
+(oauth2-proxy, SSO at the ingress), --auth-proxy-header X-Forwarded-Email replaces the token
+login: a request from a --trusted-proxy address (the TCP peer, never X-Forwarded-For) carrying
+that header is that operator, recorded as console:<value>; the same header from any other
+address is refused (403), and a value with a control or invisible character or over 256 bytes
+too (400). Without a token or a proxy the console is read-only, and then it serves only a
+loopback address unless both --read-only and --public-read are given.
 It answers only requests whose Host is one it serves (421 otherwise, against DNS
 rebinding): the --listen address (every local address and the machine's name when it listens
 on all of them; localhost too on a loopback one), the host of --origin, and each
@@ -66,6 +71,10 @@ func runConsole(ctx context.Context, args []string) error {
 	allowedHosts.Set(cli.Env("OUTBOX_CONSOLE_ALLOWED_HOSTS", "")) //nolint:errcheck // never fails
 	fs.Var(&allowedHosts, "allowed-host", "a `HOST` or HOST:PORT the console answers for besides the --listen address (repeat, or separate with commas; * allows any; env OUTBOX_CONSOLE_ALLOWED_HOSTS)")
 	publicRead := fs.Bool("public-read", envBool("OUTBOX_CONSOLE_PUBLIC_READ"), "serve the pages to anyone who reaches the console, without a login (actions still need one) (env OUTBOX_CONSOLE_PUBLIC_READ)")
+	authProxyHeader := fs.String("auth-proxy-header", cli.Env("OUTBOX_CONSOLE_AUTH_PROXY_HEADER", ""), "take the operator from this request `HEADER` set by an authenticating reverse proxy, e.g. X-Forwarded-Email, instead of the token login; believed only from a --trusted-proxy (env OUTBOX_CONSOLE_AUTH_PROXY_HEADER)")
+	var trustedProxies hostList
+	trustedProxies.Set(cli.Env("OUTBOX_CONSOLE_TRUSTED_PROXIES", "")) //nolint:errcheck // never fails
+	fs.Var(&trustedProxies, "trusted-proxy", "an `ADDR` or network (10.0.0.7, 10.0.0.0/24) of the proxy whose --auth-proxy-header is believed, matched against the connection's peer (repeat, or separate with commas; env OUTBOX_CONSOLE_TRUSTED_PROXIES)")
 	inboxSchema := fs.String("inbox-schema", cli.Env("OUTBOX_INBOX_SCHEMA", ""), "schema of the inbox tables whose consumers are shown (env OUTBOX_INBOX_SCHEMA; default: --schema)")
 	refresh := fs.Duration("refresh", outboxconsole.RefreshDefault, "how often pages reload themselves; 0 turns it off")
 	pageSize := fs.Int("page-size", outboxconsole.PageSizeDefault, "rows per list page")
@@ -83,6 +92,15 @@ func runConsole(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	proxy := *authProxyHeader != ""
+	switch {
+	case token != "" && proxy:
+		return errors.New("a console token and --auth-proxy-header are exclusive: the proxy's identity replaces the token login (unset OUTBOX_CONSOLE_TOKEN, or drop --auth-proxy-header)")
+	case proxy && len(trustedProxies) == 0:
+		return cli.Usagef(fs, "--auth-proxy-header needs --trusted-proxy: the addresses of the proxy, the only ones whose header is believed")
+	case !proxy && len(trustedProxies) > 0:
+		return cli.Usagef(fs, "--trusted-proxy without --auth-proxy-header: name the header the proxy passes the operator in")
+	}
 	if token != "" {
 		if err := outboxconsole.CheckToken(token); err != nil {
 			return fmt.Errorf("the console %s", strings.TrimPrefix(err.Error(), "outboxconsole: the "))
@@ -93,9 +111,9 @@ func runConsole(ctx context.Context, args []string) error {
 		return cli.Usagef(fs, "--listen %q: %v", *listen, err)
 	}
 	switch {
-	case token == "" && !loopback && !*readOnly:
-		return fmt.Errorf("refusing to serve the console on %s without a token: set OUTBOX_CONSOLE_TOKEN, pass --read-only --public-read, or listen on 127.0.0.1", *listen)
-	case token == "" && !loopback && !*publicRead:
+	case token == "" && !proxy && !loopback && !*readOnly:
+		return fmt.Errorf("refusing to serve the console on %s without a token: set OUTBOX_CONSOLE_TOKEN (or --auth-proxy-header behind a proxy that signs operators in), pass --read-only --public-read, or listen on 127.0.0.1", *listen)
+	case token == "" && !proxy && !loopback && !*publicRead:
 		return fmt.Errorf("refusing to serve the console's pages on %s to anyone without a login: set OUTBOX_CONSOLE_TOKEN, or pass --public-read to make them public", *listen)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -108,7 +126,7 @@ func runConsole(ctx context.Context, args []string) error {
 	// Replay is the console's only use of the destination: when it cannot
 	// be reached, the console serves without replay rather than not at all.
 	var pub outbox.Publisher
-	if dest.URL != "" && !*readOnly && token != "" {
+	if dest.URL != "" && !*readOnly && (token != "" || proxy) {
 		p, closePub, err := destination.Open(ctx, dest)
 		if err != nil {
 			log.Warn("replay disabled: the destination cannot be opened", "err", err)
@@ -128,6 +146,7 @@ func runConsole(ctx context.Context, args []string) error {
 	defer ln.Close()
 	hosts := append(listenHosts(ln.Addr().(*net.TCPAddr), log), allowedHosts...)
 	h, err := outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: common.Schema, InboxSchema: *inboxSchema, Token: token,
+		AuthProxyHeader: *authProxyHeader, TrustedProxies: trustedProxies,
 		ReadOnly: *readOnly, PublicRead: *publicRead, AllowedHosts: hosts, Publisher: pub, Origin: *origin, PageSize: *pageSize, Refresh: r, Logger: log})
 	if err != nil {
 		return err
@@ -136,11 +155,13 @@ func runConsole(ctx context.Context, args []string) error {
 	switch {
 	case *readOnly:
 		mode = "read-only"
+	case proxy:
+		mode = "actions need the proxy's " + http.CanonicalHeaderKey(*authProxyHeader)
 	case token == "":
 		mode = "read-only: no OUTBOX_CONSOLE_TOKEN"
 	}
 	pages := "need a login"
-	if token == "" || *publicRead {
+	if (token == "" && !proxy) || *publicRead {
 		pages = "public: anyone who reaches the console reads them"
 	}
 	log.Info("outbox console serving", "url", "http://"+ln.Addr().String()+"/", "schema", common.Schema, "mode", mode, "pages", pages,

@@ -21,6 +21,7 @@ func main() {
 		{Name: "demo", Summary: "run the order system end to end and check the invariants", Run: runDemo},
 		{Name: "asyncapi", Summary: "print the AsyncAPI 3 document of what a relay publishes (channels, CloudEvents headers, ordering key)", Run: runAsyncAPI},
 		{Name: "chaos", Summary: "run the order system as processes under injected faults and check I1-I5", Run: runChaos},
+		{Name: "healthcheck", Summary: "exit 0 when the relay's /healthz (or --url) answers: the HEALTHCHECK of an image without curl", Run: runHealthcheck},
 		{Name: "version", Summary: "print the module version, VCS commit, Go version and schema migration of this binary (also --version)", Run: runVersion},
 	})
 }

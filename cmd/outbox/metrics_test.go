@@ -37,9 +37,16 @@ var metricsAddrRE = regexp.MustCompile(`msg="metrics listening" addr=(\S+)`)
 
 func startRelayProcess(t *testing.T, args ...string) *relayProcess {
 	t.Helper()
+	return startRelayProcessEnv(t, append(os.Environ(), "DATABASE_URL="+outboxtest.DatabaseURL(), "OUTBOX_FAILPOINTS="), args...)
+}
+
+// startRelayProcessEnv is startRelayProcess with the relay's whole
+// environment given: env, nothing inherited.
+func startRelayProcessEnv(t *testing.T, env []string, args ...string) *relayProcess {
+	t.Helper()
 	p := &relayProcess{addr: make(chan string, 1), waitErr: make(chan error, 1)}
 	p.cmd = exec.Command(outboxBinary(t), append([]string{"relay"}, args...)...)
-	p.cmd.Env = append(os.Environ(), "DATABASE_URL="+outboxtest.DatabaseURL(), "OUTBOX_FAILPOINTS=")
+	p.cmd.Env = env
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
