@@ -95,7 +95,8 @@ func TestPagesNeedLogin(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1, 1, 2)
 	c := newClient(t, serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken}))
-	for _, path := range []string{"/", "/quarantine", "/inbox", "/operations"} {
+	for _, path := range []string{"/", "/quarantine", "/inbox", "/operations", "/events", "/events?event_type=PaymentCaptured",
+		"/events/" + f.quarantined[0].String(), "/events/" + f.quarantined[0].String() + "/payload", "/quarantine/bulk?action=retry&error=currency"} {
 		req, _ := http.NewRequest(http.MethodGet, c.srv.URL+path, nil)
 		resp, err := c.http.Do(req)
 		if err != nil {
