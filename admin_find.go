@@ -277,9 +277,10 @@ type EventTypePage struct {
 // FindEventsByType finds events of one type. There is no index on the
 // type: the search walks outbox_pending_lane_idx (unsettled events) or
 // outbox_published_at_idx (settled ones, newest first) from f.After, reads
-// at most f.ScanLimit entries and keeps those of the type, so a call costs
-// the same whatever the backlog and a rare type takes several calls over a
-// large one (each says how far it got).
+// at most f.ScanLimit entries (fewer when it finds f.Limit+1 events of the
+// type first) and keeps those of the type, so a call costs at most the same
+// whatever the backlog, and a rare type takes several calls over a large
+// one (each says how far it got).
 func (a *Admin) FindEventsByType(ctx context.Context, f EventTypeFilter) (EventTypePage, error) {
 	switch {
 	case f.EventType == "":
@@ -312,29 +313,34 @@ func (a *Admin) FindEventsByType(ctx context.Context, f EventTypeFilter) (EventT
 			where += " AND (e.aggregate_type, e.aggregate_id, e.aggregate_sequence) > ($2, $3, $4)"
 		}
 	}
-	// scan is the walk; the outer query keeps the events of the type (up
-	// to Limit+1, to know there are more) and the walk's last row, which
-	// says where it stopped. The limits are written in the statement, not
-	// passed: a cached generic plan would otherwise guess them, and might
-	// sort the whole backlog instead of walking the index.
-	rows, err := a.pool.Query(ctx, `WITH scan AS MATERIALIZED (
-	SELECT `+keys+`, e.event_id AS i, e.event_type = $1 AS hit FROM `+a.t.events+` e
-	WHERE `+where+`
-	ORDER BY `+order+`
-	LIMIT `+strconv.Itoa(f.ScanLimit)+`),
-numbered AS (SELECT sc.*, row_number() OVER (ORDER BY `+outer+`) AS n, count(*) OVER () AS total FROM scan sc)
-SELECT t, a, s, p, i, hit, n, total FROM numbered WHERE hit OR n = total ORDER BY n LIMIT `+strconv.Itoa(f.Limit+2), args...)
+	// sc is the walk, in the index's order; the outer query keeps the
+	// events of the type (up to Limit+1, to know there are more) and the
+	// walk's last row (no row after it), which says where it stopped. It
+	// streams: once Limit+1 events of the type are found, the walk stops
+	// there. The limits are written in the statement, not passed: a cached
+	// generic plan would otherwise guess them, and might sort the whole
+	// backlog instead of walking the index.
+	rows, err := a.pool.Query(ctx, `SELECT t, a, s, p, i, hit, n, last FROM (
+	SELECT sc.*, row_number() OVER w AS n, NOT lead(true, 1, false) OVER w AS last FROM (
+		SELECT `+keys+`, e.event_id AS i, e.event_type = $1 AS hit FROM `+a.t.events+` e
+		WHERE `+where+`
+		ORDER BY `+order+`
+		LIMIT `+strconv.Itoa(f.ScanLimit)+`) sc
+	WINDOW w AS (ORDER BY `+outer+`)) x
+WHERE hit OR last
+ORDER BY `+outer+`
+LIMIT `+strconv.Itoa(f.Limit+2), args...)
 	if err != nil {
 		return EventTypePage{}, fmt.Errorf("outbox: find events by type: %w", err)
 	}
 	type found struct {
-		cur      EventTypeCursor
-		hit      bool
-		n, total int64
+		cur       EventTypeCursor
+		hit, last bool
+		n         int64
 	}
 	walked, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (found, error) {
 		var r found
-		err := row.Scan(&r.cur.AggregateType, &r.cur.AggregateID, &r.cur.Sequence, &r.cur.PublishedAt, &r.cur.ID, &r.hit, &r.n, &r.total)
+		err := row.Scan(&r.cur.AggregateType, &r.cur.AggregateID, &r.cur.Sequence, &r.cur.PublishedAt, &r.cur.ID, &r.hit, &r.n, &r.last)
 		if !f.Settled {
 			r.cur.PublishedAt = time.Time{}
 		}
@@ -346,18 +352,19 @@ SELECT t, a, s, p, i, hit, n, total FROM numbered WHERE hit OR n = total ORDER B
 	var page EventTypePage
 	var hits []found
 	for _, r := range walked {
-		page.Scanned = int(r.total)
+		page.Scanned = int(r.n)
 		if r.hit {
 			hits = append(hits, r)
 		}
 	}
-	switch {
+	switch end := len(walked) - 1; {
 	case len(hits) > f.Limit:
 		hits = hits[:f.Limit]
 		c := hits[len(hits)-1].cur
-		page.Next = &c
-	case len(walked) > 0 && walked[len(walked)-1].n == walked[len(walked)-1].total && int(walked[len(walked)-1].total) == f.ScanLimit:
-		c := walked[len(walked)-1].cur
+		page.Next, page.Scanned = &c, int(hits[len(hits)-1].n)
+	case end >= 0 && walked[end].last && walked[end].n == int64(f.ScanLimit):
+		// The walk stopped at its limit, not at the end.
+		c := walked[end].cur
 		page.Next = &c
 	}
 	if len(hits) == 0 {
