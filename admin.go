@@ -36,6 +36,10 @@ var (
 	// names the earlier event; settle it first (retry or skip it, or wait
 	// until the relay publishes it).
 	ErrNotLaneHead = errors.New("an earlier event of its aggregate is not settled yet")
+	// ErrQuarantineChanged: RetrySeen or SkipSeen was refused because the
+	// event is quarantined, but not since the time the operator saw: it was
+	// retried and quarantined again meanwhile.
+	ErrQuarantineChanged = errors.New("event was quarantined again since it was seen")
 )
 
 // AdminConfig configures an Admin.
@@ -549,6 +553,46 @@ type QuarantineFilter struct {
 	// PreviewBytes, when positive, fills EventInfo.PayloadPreview with at
 	// most that many bytes of each event's payload. Defaults to none.
 	PreviewBytes int
+	// EventType, when set, lists only events of that type.
+	EventType string
+	// ErrorContains, when set, lists only events whose last error contains
+	// it, ignoring case.
+	ErrorContains string
+	// Through, when set, lists only the events at or before it in the
+	// list's order: what an operator saw in a preview, and nothing
+	// quarantined since (a bulk action applies to no more).
+	Through *QuarantineCursor
+}
+
+// where returns the conditions of f after the quarantine's own, as SQL on
+// alias e, with their arguments numbered from len(args)+1. A condition is
+// there only when set, so that the plan seeks (a cached generic plan of
+// "$n IS NULL OR ..." would filter instead).
+func (f QuarantineFilter) where(args []any) (string, []any) {
+	var b strings.Builder
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	if f.AggregateType != "" {
+		b.WriteString("\n  AND e.aggregate_type = " + arg(f.AggregateType))
+	}
+	if f.EventType != "" {
+		b.WriteString("\n  AND e.event_type = " + arg(f.EventType))
+	}
+	if f.ErrorContains != "" {
+		b.WriteString("\n  AND strpos(lower(coalesce(e.last_error, '')), lower(" + arg(f.ErrorContains) + ")) > 0")
+	}
+	if f.After != nil {
+		at, id := arg(f.After.QuarantinedAt), arg(f.After.ID)
+		b.WriteString("\n  AND (e.quarantined_at, e.event_id) > (" + at + ", " + id + ")")
+	}
+	if f.Through != nil {
+		// The bare bound lets the planner stop the index scan there.
+		at, id := arg(f.Through.QuarantinedAt), arg(f.Through.ID)
+		b.WriteString("\n  AND e.quarantined_at <= " + at + " AND (e.quarantined_at, e.event_id) <= (" + at + ", " + id + ")")
+	}
+	return b.String(), args
 }
 
 // QuarantineCursor is a position in ListQuarantined's order (quarantine
@@ -571,27 +615,19 @@ func (a *Admin) ListQuarantined(ctx context.Context, f QuarantineFilter) ([]Even
 	if f.Limit == 0 {
 		f.Limit = 100
 	}
-	// The cursor's condition is only there on later pages, so that the plan
-	// seeks to it (a cached generic plan of "$3 IS NULL OR ..." would
-	// filter instead).
-	args := []any{f.AggregateType, f.Limit, f.PreviewBytes}
-	after := ""
-	if f.After != nil {
-		after = "\n  AND (e.quarantined_at, e.event_id) > ($4, $5)"
-		args = append(args, f.After.QuarantinedAt, f.After.ID)
-	}
+	where, args := f.where([]any{f.Limit, f.PreviewBytes})
 	// The preview is cut in SQL, so a large payload is not read whole;
 	// a jsonb payload is cut as its text, a bytea one as its bytes.
 	rows, err := a.db.Query(ctx, `SELECT `+eventInfoColumns+`,
 	(SELECT count(*) FROM `+a.t.events+` p WHERE p.published_at IS NULL AND p.aggregate_type = e.aggregate_type
 	   AND p.aggregate_id = e.aggregate_id AND p.aggregate_sequence > e.aggregate_sequence),
-	CASE WHEN $3 = 0 THEN NULL
-	     WHEN e.payload IS NOT NULL THEN convert_to(left(e.payload::text, $3), 'UTF8')
-	     ELSE substring(e.payload_bytes FROM 1 FOR $3) END
+	CASE WHEN $2 = 0 THEN NULL
+	     WHEN e.payload IS NOT NULL THEN convert_to(left(e.payload::text, $2), 'UTF8')
+	     ELSE substring(e.payload_bytes FROM 1 FOR $2) END
 FROM `+a.t.events+` e
-WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL AND ($1 = '' OR e.aggregate_type = $1)`+after+`
+WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL`+where+`
 ORDER BY e.quarantined_at, e.event_id
-LIMIT $2`, args...)
+LIMIT $1`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list quarantined: %w", err)
 	}
@@ -611,6 +647,24 @@ LIMIT $2`, args...)
 	return out, nil
 }
 
+// CountQuarantined counts the quarantined events f selects (f.Limit and
+// f.PreviewBytes aside), up to upTo: it reads at most upTo entries of the
+// quarantine index, and a result of upTo means "upTo or more".
+func (a *Admin) CountQuarantined(ctx context.Context, f QuarantineFilter, upTo int64) (int64, error) {
+	if upTo <= 0 {
+		return 0, fmt.Errorf("outbox: count quarantined: bound %d is not positive", upTo)
+	}
+	where, args := f.where([]any{upTo})
+	var n int64
+	err := a.db.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+a.t.events+` e
+WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL`+where+`
+LIMIT $1) s`, args...).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: count quarantined: %w", err)
+	}
+	return n, nil
+}
+
 // Event returns one event's state.
 func (a *Admin) Event(ctx context.Context, id uuid.UUID) (EventInfo, error) {
 	e, err := scanEventInfo(a.db.QueryRow(ctx, `SELECT `+eventInfoColumns+` FROM `+a.t.events+` e WHERE e.event_id = $1`, id))
@@ -623,8 +677,9 @@ func (a *Admin) Event(ctx context.Context, id uuid.UUID) (EventInfo, error) {
 	return e, nil
 }
 
-// lockQuarantined locks the event's row in tx and checks it is quarantined.
-func (a *Admin) lockQuarantined(ctx context.Context, tx pgtx.Querier, id uuid.UUID) (EventInfo, error) {
+// lockQuarantined locks the event's row in tx and checks it is quarantined
+// (and, with seen, quarantined since then).
+func (a *Admin) lockQuarantined(ctx context.Context, tx pgtx.Querier, id uuid.UUID, seen *time.Time) (EventInfo, error) {
 	e, err := scanEventInfo(tx.QueryRow(ctx, `SELECT `+eventInfoColumns+` FROM `+a.t.events+` e WHERE e.event_id = $1 FOR UPDATE`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, fmt.Errorf("event %s: %w", id, ErrEventNotFound)
@@ -634,6 +689,10 @@ func (a *Admin) lockQuarantined(ctx context.Context, tx pgtx.Querier, id uuid.UU
 	}
 	if st := e.State(); st != "quarantined" {
 		return e, fmt.Errorf("event %s: %w (it is %s)", id, ErrNotQuarantined, st)
+	}
+	if seen != nil && !e.QuarantinedAt.Equal(*seen) {
+		return e, fmt.Errorf("event %s: %w (at %s; seen quarantined at %s)", id, ErrQuarantineChanged,
+			e.QuarantinedAt.Format(time.RFC3339Nano), seen.UTC().Format(time.RFC3339Nano))
 	}
 	return e, nil
 }
@@ -687,13 +746,26 @@ ORDER BY `+order+` LIMIT 1`, e.AggregateType, e.AggregateID, e.Sequence).Scan(&n
 // published, or skipped. by names who retries, for the audit log. It
 // returns the event as it was before the retry.
 func (a *Admin) Retry(ctx context.Context, id uuid.UUID, by string) (EventInfo, error) {
+	return a.retry(ctx, id, nil, by)
+}
+
+// RetrySeen is Retry of the quarantine an operator saw (the event id and
+// quarantine time of seen, as ListQuarantined returned them): it is refused
+// with ErrQuarantineChanged when the event was retried and quarantined
+// again since, and with ErrNotQuarantined when it is no longer
+// quarantined. A bulk action retries what its preview showed, no more.
+func (a *Admin) RetrySeen(ctx context.Context, seen QuarantineCursor, by string) (EventInfo, error) {
+	return a.retry(ctx, seen.ID, &seen.QuarantinedAt, by)
+}
+
+func (a *Admin) retry(ctx context.Context, id uuid.UUID, seen *time.Time, by string) (EventInfo, error) {
 	if by == "" {
 		return EventInfo{}, fmt.Errorf("outbox: retry event %s: %w", id, ErrActorRequired)
 	}
 	var e EventInfo
 	err := a.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
 		var err error
-		if e, err = a.lockQuarantined(ctx, tx, id); err != nil {
+		if e, err = a.lockQuarantined(ctx, tx, id, seen); err != nil {
 			return err
 		}
 		head, err := a.neighbour(ctx, tx, e, true)
@@ -744,6 +816,18 @@ VALUES ('retry', $1, $2, jsonb_build_object('attempt_count', $3::int, 'last_erro
 // published, and the relay would publish them first. Skip the earlier one
 // first, or retry it and let the relay publish it.
 func (a *Admin) Skip(ctx context.Context, id uuid.UUID, by, reason string) (EventInfo, error) {
+	return a.skip(ctx, id, nil, by, reason)
+}
+
+// SkipSeen is Skip of the quarantine an operator saw, as RetrySeen is
+// Retry's: refused with ErrQuarantineChanged when the event was retried and
+// quarantined again since seen. The rule of Skip holds: only the first
+// unsettled event of its aggregate can be skipped (ErrNotLaneHead).
+func (a *Admin) SkipSeen(ctx context.Context, seen QuarantineCursor, by, reason string) (EventInfo, error) {
+	return a.skip(ctx, seen.ID, &seen.QuarantinedAt, by, reason)
+}
+
+func (a *Admin) skip(ctx context.Context, id uuid.UUID, seen *time.Time, by, reason string) (EventInfo, error) {
 	switch {
 	case reason == "":
 		return EventInfo{}, fmt.Errorf("outbox: skip event %s: %w", id, ErrReasonRequired)
@@ -752,7 +836,7 @@ func (a *Admin) Skip(ctx context.Context, id uuid.UUID, by, reason string) (Even
 	}
 	var e EventInfo
 	err := a.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
-		locked, err := a.lockQuarantined(ctx, tx, id)
+		locked, err := a.lockQuarantined(ctx, tx, id, seen)
 		if err != nil {
 			return err
 		}

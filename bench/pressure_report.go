@@ -326,8 +326,10 @@ func ofRelays(f sumCount) tickSum {
 
 // claimBuffersOf and claimServerOf read the incremental claim's figures
 // from pg_stat_statements: buffers (hit and read) and execution time (ms).
-func claimBuffersOf(tk pressureTick) (float64, float64) { return tk.srv.blocks, tk.srv.rows - tk.srv.calls }
-func claimServerOf(tk pressureTick) (float64, float64)  { return tk.srv.execMs, tk.srv.calls }
+func claimBuffersOf(tk pressureTick) (float64, float64) {
+	return tk.srv.blocks, tk.srv.rows - tk.srv.calls
+}
+func claimServerOf(tk pressureTick) (float64, float64) { return tk.srv.execMs, tk.srv.calls }
 
 // meanPer is the mean of the sum per count between two ticks.
 func meanPer(a, b pressureTick, f tickSum) float64 {

@@ -56,9 +56,9 @@ type pressureTick struct {
 	dead    int64
 	live    int64
 	autovac int64
-	pending int64 // -1 when not counted
+	pending int64           // -1 when not counted
 	srv     claimStatements // the incremental claim in pg_stat_statements
-	ready   []int // per relay: /readyz status (0: no answer)
+	ready   []int           // per relay: /readyz status (0: no answer)
 	m       []relayMetrics
 }
 

@@ -33,7 +33,7 @@ func (c *console) eventParam(w http.ResponseWriter, r *http.Request) (uuid.UUID,
 // conflict, not a server error.
 func actionStatus(err error) int {
 	switch {
-	case errors.Is(err, outbox.ErrNotQuarantined), errors.Is(err, outbox.ErrNotLaneHead):
+	case errors.Is(err, outbox.ErrNotQuarantined), errors.Is(err, outbox.ErrNotLaneHead), errors.Is(err, outbox.ErrQuarantineChanged):
 		return http.StatusConflict
 	case errors.Is(err, outbox.ErrEventNotFound):
 		return http.StatusNotFound

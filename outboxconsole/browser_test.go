@@ -113,7 +113,9 @@ func fetchStatus(t *testing.T, ctx context.Context, path, form string) int {
 // first (the pages need a login), it logs in, retries one
 // event and skips another with a reason, checks the audit rows, checks that
 // a POST without the CSRF token (logged in) or the session (logged out) is
-// refused, and saves screenshots as test artifacts (go test -artifacts).
+// refused, finds an aggregate's lane and an event (whose payload's markup
+// is shown as text), previews and confirms a bulk retry, and saves
+// screenshots as test artifacts (go test -artifacts).
 // With OUTBOX_CONSOLE_SCREENSHOT set, the overview's screenshot is also
 // written there (how docs/img/console.png is made).
 func TestConsoleInBrowser(t *testing.T) {
@@ -214,6 +216,63 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the operations page does not show the actions:\n%s", ops)
 	}
 	screenshot(t, ctx, dir, "operations.png")
+
+	// Find: the last quarantined event's aggregate, its lane and its
+	// events; then the event's page, whose payload holds markup shown as
+	// text (the page runs no script of the payload's: a dialog would
+	// block the next action).
+	third, err := f.admin.Event(context.Background(), f.quarantined[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/events"), chromedp.WaitVisible(chromedp.CSS(`#find-aggregate`)),
+		chromedp.SendKeys(chromedp.CSS(`#find-aggregate input[name=aggregate_type]`), "payment"),
+		chromedp.SendKeys(chromedp.CSS(`#find-aggregate input[name=aggregate_id]`), third.AggregateID),
+		chromedp.Click(chromedp.CSS(`#find-aggregate button`)),
+		chromedp.WaitVisible(chromedp.CSS(`#lane`)),
+	); err != nil {
+		t.Fatalf("find the aggregate: %v", err)
+	}
+	if q := text(t, ctx, "#lane-quarantined"); q != "1" {
+		t.Fatalf("the lane of %s shows %s quarantined, want 1", third.AggregateID, q)
+	}
+	screenshot(t, ctx, dir, "find-lane.png")
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-event="`+third.ID.String()+`"] a.mono`)), chromedp.WaitVisible(chromedp.CSS(`#payload`))); err != nil {
+		t.Fatalf("the event's page: %v", err)
+	}
+	if p := text(t, ctx, "#payload"); !strings.Contains(p, "<script>alert('x')</script>") {
+		t.Fatalf("the payload is not shown as text: %q", p)
+	}
+	if st := text(t, ctx, "#state"); st != "quarantined" {
+		t.Fatalf("the event's state: %q, want quarantined", st)
+	}
+	screenshot(t, ctx, dir, "event.png")
+
+	// Bulk: preview a retry of every event refused for the currency, then
+	// confirm it. The skipped event's aggregate went on, and its next event
+	// was refused in turn: two are quarantined once the relay is done.
+	outboxtest.Eventually(t, 30*time.Second, "the skipped aggregate's next event quarantined", func() bool {
+		st, err := f.admin.Status(context.Background())
+		return err == nil && st.Quarantined == 2 && st.Leased == 0
+	})
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/quarantine"), chromedp.WaitVisible(chromedp.CSS(`#bulk`)),
+		chromedp.SendKeys(chromedp.CSS(`#bulk input[name=error]`), "currency EUR"),
+		chromedp.Click(chromedp.CSS(`#bulk-retry`)),
+		chromedp.WaitVisible(chromedp.CSS(`#bulk-confirm`)),
+	); err != nil {
+		t.Fatalf("bulk preview: %v", err)
+	}
+	if n := text(t, ctx, "#bulk-n"); n != "2" {
+		t.Fatalf("the bulk preview covers %s events, want the 2 quarantined", n)
+	}
+	screenshot(t, ctx, dir, "bulk-preview.png")
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#bulk-apply`)), chromedp.WaitVisible(chromedp.CSS(`#bulk-result`))); err != nil {
+		t.Fatalf("bulk confirm: %v", err)
+	}
+	if r := text(t, ctx, "#bulk-result"); !strings.HasPrefix(r, "2 retried, 0 refused") {
+		t.Fatalf("bulk result: %q", r)
+	}
+	screenshot(t, ctx, dir, "bulk-done.png")
 
 	// Logged out again: back on the login page, and refused for want of a
 	// session.

@@ -218,6 +218,11 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("POST /quarantine/retry", c.retry)
 	mux.HandleFunc("POST /quarantine/skip", c.skip)
 	mux.HandleFunc("POST /replay", c.replay)
+	mux.HandleFunc("GET /events", c.events)
+	mux.HandleFunc("GET /events/{id}", c.event)
+	mux.HandleFunc("GET /events/{id}/payload", c.payload)
+	mux.HandleFunc("GET /quarantine/bulk", c.bulkPreview)
+	mux.HandleFunc("POST /quarantine/bulk", c.bulkApply)
 	return c.guard(mux), nil
 }
 

@@ -20,6 +20,21 @@
 // time (keyset pagination: every query reads at most a page from an index),
 // so the console stays usable with a million pending events.
 //
+// # Finding an event
+//
+// The Find page (/events) looks an event up by id (one lookup of the
+// primary key), by aggregate (its lane: published through which sequence,
+// its head, how many events are pending, parked and quarantined; then its
+// events a page at a time by sequence) or by event type (Admin
+// .FindEventsByType: among the unsettled events by aggregate, or the
+// settled ones newest first; there is no index on the type, so each page
+// walks an index for at most 10,000 events and says where it stopped). An
+// event's page (/events/{id}) shows its state (pending, parked,
+// quarantined, published, skipped), attempts, last error, when it is due,
+// its lease, its headers and its payload, escaped (a binary one as a hex
+// dump); /events/{id}/payload downloads the payload's exact bytes as an
+// application/octet-stream attachment, sandboxed, never rendered.
+//
 // # Actions
 //
 // On the quarantine page an operator retries a quarantined event or skips
@@ -28,6 +43,18 @@
 // Admin.Replay, the audited operations the CLI runs, with the actor
 // "console:<name>" (the name given at login): each lands in
 // outbox_operations with who and why.
+//
+// A bulk action retries or skips every quarantined event of an event type
+// or whose last error contains a text: /quarantine/bulk first previews how
+// many match and the first rows; the confirm form carries the set's bound
+// (the last previewed event's quarantine time and id) and a digest of the
+// set, signed for the session, and applies to at most BulkMax events,
+// exactly those previewed: an event quarantined since is past the bound,
+// and when the set changed (an event retried or skipped elsewhere) nothing
+// is done and the new preview is shown. Each event goes through
+// Admin.RetrySeen or Admin.SkipSeen, in lane order, with one audit row
+// each; what the library refuses (a skip behind an unsettled event) is
+// listed as refused, never forced.
 //
 // # Security
 //

@@ -65,6 +65,10 @@ type pageData struct {
 	// ProxyHeader names the header a proxy passes the operator in, when
 	// the proxy's identity replaces the login.
 	ProxyHeader string
+
+	// Find is the search's and the event page's; Bulk the bulk action's.
+	Find *findData
+	Bulk *bulkData
 }
 
 var funcs = template.FuncMap{
@@ -87,8 +91,10 @@ var funcs = template.FuncMap{
 
 func parseTemplates() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"overview", "quarantine", "inbox", "operations", "login", "error"} {
-		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+	for _, name := range []string{"overview", "quarantine", "inbox", "operations", "login", "error", "events", "event", "bulk"} {
+		// part_*.html define blocks shared by pages (an event list, a
+		// lane).
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/part_*.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("outboxconsole: template %s: %w", name, err)
 		}
@@ -105,7 +111,9 @@ func (c *console) render(w http.ResponseWriter, r *http.Request, status int, pag
 	if d.Title == "" {
 		d.Title = page
 	}
-	if c.cfg.Refresh > 0 && page != "login" && page != "error" {
+	// A bulk preview stays as the operator read it, and its result is the
+	// answer to a POST, which a reload would send again.
+	if c.cfg.Refresh > 0 && page != "login" && page != "error" && page != "bulk" {
 		d.Refresh = int(c.cfg.Refresh.Seconds())
 	}
 	d.CanLogin, d.ProxyHeader = c.sessionKey != nil, c.proxy.header

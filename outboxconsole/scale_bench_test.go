@@ -2,6 +2,7 @@ package outboxconsole_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -139,7 +140,10 @@ func BenchmarkConsolePagesMillionPending(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer pool.Close()
-	h, err := outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: schema, Token: testToken, Logger: discard()})
+	// PublicRead: the pages need no login, so that the plain GETs below
+	// render them (with a token and no session they would be sent to the
+	// login page, which reads nothing).
+	h, err := outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: schema, Token: testToken, PublicRead: true, Logger: discard()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -156,7 +160,30 @@ func BenchmarkConsolePagesMillionPending(b *testing.B) {
 			b.Fatalf("GET %s: %d\n%s", path, resp.StatusCode, body)
 		}
 	}
-	for _, page := range []string{"/", "/quarantine", "/quarantine?after=2026-01-01T00:00:00Z_00000000-0000-0000-0000-000000000000", "/inbox", "/operations", "/operations?before=5000"} {
+	var someID string
+	if err := pool0.QueryRow(context.Background(), `SELECT event_id::text FROM `+schema+`.outbox_events
+WHERE aggregate_type = 'order' AND aggregate_id = 'ord-5000' AND aggregate_sequence = 4`).Scan(&someID); err != nil {
+		b.Fatal(err)
+	}
+	cursor := func(v any) string {
+		raw, _ := json.Marshal(v)
+		return base64.RawURLEncoding.EncodeToString(raw)
+	}
+	pages := []string{"/", "/quarantine", "/quarantine?after=2026-01-01T00:00:00Z_00000000-0000-0000-0000-000000000000", "/inbox", "/operations", "/operations?before=5000",
+		// Finding an event: by id, by aggregate (its lane, then a page of
+		// its events), by type (a bounded walk: a common type, one that
+		// is not there, the settled ones, and later pages of each).
+		"/events?id=" + someID, "/events/" + someID, "/events/" + someID + "/payload",
+		"/events?aggregate_type=order&aggregate_id=ord-5000", "/events?aggregate_type=order&aggregate_id=ord-5000&after=3",
+		"/events?aggregate_type=order&aggregate_id=ord-7",
+		"/events?event_type=OrderCreated", "/events?event_type=NoSuchType",
+		"/events?event_type=OrderCreated&after=" + cursor(map[string]any{"t": "order", "a": "ord-50000", "s": 3}),
+		"/events?event_type=PaymentCaptured&scope=settled",
+		"/events?event_type=PaymentCaptured&scope=settled&after=" + cursor(map[string]any{"p": time.Now().Add(-30 * time.Minute), "i": "ffffffff-ffff-ffff-ffff-ffffffffffff"}),
+		// Bulk previews: by error text, and by type.
+		"/quarantine/bulk?action=retry&error=refused", "/quarantine/bulk?action=skip&event_type=OrderCreated",
+	}
+	for _, page := range pages {
 		log.take()
 		start := time.Now()
 		get(page)
@@ -181,7 +208,9 @@ func BenchmarkConsolePagesMillionPending(b *testing.B) {
 		}
 		b.Logf("%s: %d statements, first render %s", page, len(qs), took.Round(time.Millisecond))
 	}
-	for _, page := range []struct{ name, path string }{{"overview", "/"}, {"quarantine", "/quarantine"}, {"inbox", "/inbox"}, {"operations", "/operations"}} {
+	for _, page := range []struct{ name, path string }{{"overview", "/"}, {"quarantine", "/quarantine"}, {"inbox", "/inbox"}, {"operations", "/operations"},
+		{"event", "/events/" + someID}, {"lane", "/events?aggregate_type=order&aggregate_id=ord-5000"}, {"type", "/events?event_type=OrderCreated"},
+		{"type-absent", "/events?event_type=NoSuchType"}, {"bulk-preview", "/quarantine/bulk?action=retry&error=refused"}} {
 		b.Run(page.name, func(b *testing.B) {
 			for b.Loop() {
 				get(page.path)

@@ -95,7 +95,8 @@ func TestPagesNeedLogin(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1, 1, 2)
 	c := newClient(t, serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken}))
-	for _, path := range []string{"/", "/quarantine", "/inbox", "/operations"} {
+	for _, path := range []string{"/", "/quarantine", "/inbox", "/operations", "/events", "/events?event_type=PaymentCaptured",
+		"/events/" + f.quarantined[0].String(), "/events/" + f.quarantined[0].String() + "/payload", "/quarantine/bulk?action=retry&error=currency"} {
 		req, _ := http.NewRequest(http.MethodGet, c.srv.URL+path, nil)
 		resp, err := c.http.Do(req)
 		if err != nil {
@@ -212,7 +213,9 @@ func TestBadFilterIs400(t *testing.T) {
 	c := newClient(t, serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken}))
 	c.login("alice")
 	for _, path := range []string{"/quarantine?type=%00", "/quarantine?type=%ff", "/inbox?consumer=a%00b", "/inbox?consumer=%c3%28",
-		"/inbox?after=eyJDb25zdW1lciI6ImFcdTAwMDAifQ"} { // {"Consumer":"a\u0000"}
+		"/inbox?after=eyJDb25zdW1lciI6ImFcdTAwMDAifQ", // {"Consumer":"a\u0000"}
+		"/events?event_type=%00", "/events?aggregate_type=a%ff&aggregate_id=b", "/quarantine/bulk?action=retry&error=a%00",
+		"/events?event_type=X&after=eyJ0IjoiYVx1MDAwMCJ9"} { // {"t":"a\u0000"}
 		code, body := c.get(path)
 		if code != http.StatusBadRequest || strings.Contains(body, "SQLSTATE") || strings.Contains(body, "invalid byte sequence") {
 			t.Errorf("GET %s: %d, want 400 without PostgreSQL's message:\n%s", path, code, body)

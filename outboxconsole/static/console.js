@@ -11,7 +11,7 @@
   function busy() {
     var a = document.activeElement;
     if (a && a !== box && (a.tagName === "INPUT" || a.tagName === "TEXTAREA" || a.tagName === "BUTTON")) return true;
-    var inputs = document.querySelectorAll("input[name=reason], input[name=aggregate_type], input[name=aggregate_id]");
+    var inputs = document.querySelectorAll("input[name=reason], input[name=aggregate_type], input[name=aggregate_id], input[name=event_type], input[name=error], input[name=id]");
     for (var i = 0; i < inputs.length; i++) if (inputs[i].value) return true;
     return false;
   }
