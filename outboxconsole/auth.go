@@ -191,7 +191,7 @@ func (c *console) guard(next http.Handler) http.Handler {
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:
 			if c.loginRequired(r) {
-				if r.URL.Path == "/" || r.URL.Path == "/quarantine" || r.URL.Path == "/inbox" || r.URL.Path == "/operations" {
+				if r.URL.Path == "/" || r.URL.Path == "/quarantine" || r.URL.Path == "/inbox" || r.URL.Path == "/operations" || r.URL.Path == "/sideeffects" {
 					http.Redirect(w, r, "/login", http.StatusSeeOther)
 					return
 				}

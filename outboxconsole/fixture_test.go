@@ -96,7 +96,8 @@ func newFixture(t testing.TB, okAggregates, badAggregates, perAggregate int) *fi
 		return errs
 	})
 	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: pub, PollInterval: 20 * time.Millisecond,
-		RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 100 * time.Millisecond, Logger: discard()})
+		RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 100 * time.Millisecond, Logger: discard(),
+		HeartbeatInterval: 200 * time.Millisecond}) // its health (readiness) recorded soon after its first batch
 	if err != nil {
 		t.Fatal(err)
 	}
