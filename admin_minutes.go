@@ -63,8 +63,8 @@ func (a *Admin) History(ctx context.Context) ([]MinuteHistory, error) {
 		// occurredAfter[i]: those of them that occurred after it too.
 		var settledIn, occurredIn [61]int64
 		rows, err := tx.Query(ctx, `SELECT date_trunc('minute', e.published_at), count(*), count(*) FILTER (WHERE e.skipped_at IS NULL),
-	coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)) FILTER (WHERE e.skipped_at IS NULL), 0)::float8,
-	coalesce(max(extract(epoch FROM e.published_at - e.occurred_at)) FILTER (WHERE e.skipped_at IS NULL), 0)::float8
+	coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)::float8) FILTER (WHERE e.skipped_at IS NULL), 0)::float8,
+	coalesce(max(extract(epoch FROM e.published_at - e.occurred_at)::float8) FILTER (WHERE e.skipped_at IS NULL), 0)::float8
 FROM `+a.t.events+` e WHERE e.published_at >= $1 GROUP BY 1`, start)
 		if err != nil {
 			return fmt.Errorf("read the published events: %w", err)
