@@ -349,10 +349,10 @@ WHERE q.quarantined_at IS NOT NULL AND q.published_at IS NULL`).Scan(&st.Blocked
 }
 
 func (a *Admin) relays(ctx context.Context, q pgtx.Querier) ([]RelayInfo, error) {
-	// ack_durability (migration 010) is read through to_jsonb, which works
-	// on a schema without the column too.
+	// ack_durability (migration 010) and health (015) are read through
+	// to_jsonb, which works on a schema without the columns too.
 	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at, expires_at > now(),
-	to_jsonb(r) -> 'ack_durability'
+	to_jsonb(r) -> 'ack_durability', to_jsonb(r) -> 'health'
 FROM `+a.t.relays+` r ORDER BY relay_id`)
 	if err != nil {
 		return nil, fmt.Errorf("read relays: %w", err)
