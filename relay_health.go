@@ -75,7 +75,10 @@ func (h *healthRecorder) note(now time.Time, ready error, published, failed int6
 		if h.notReadySince.IsZero() {
 			h.notReadySince = now
 		}
-		h.lastErr, h.lastErrAt = out.Reason, now
+		if !errors.Is(ready, errNotStarted) {
+			// Starting is not an error worth keeping once it is over.
+			h.lastErr, h.lastErrAt = out.Reason, now
+		}
 		since := h.notReadySince
 		out.NotReadySince = &since
 	} else {

@@ -14,6 +14,10 @@ func TestHealthRecorderNote(t *testing.T) {
 	t.Parallel()
 	h := &healthRecorder{}
 	t0 := time.Date(2026, 12, 6, 10, 0, 30, 0, time.UTC)
+	if start := h.note(t0.Add(-20*time.Second), errNotStarted, 0, 0); start.Ready || start.Reason == "" || start.LastError != "" {
+		t.Fatalf("starting: %+v; want not ready, with no last error", start)
+	}
+	h = &healthRecorder{}
 	down := errors.New("destination unavailable (2 looks in a row): dial tcp nats://u:secret-pass@broker:4222")
 	first := h.note(t0, down, 0, 3)
 	if first.Ready || first.NotReadySince == nil || !first.NotReadySince.Equal(t0) || first.Reason == "" {
