@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // MinuteHistory is one minute of the outbox's last hour (Admin.History).
@@ -43,7 +43,7 @@ type MinuteHistory struct {
 // event inserted with an occurred_at in the past counts from then).
 func (a *Admin) History(ctx context.Context) ([]MinuteHistory, error) {
 	var out []MinuteHistory
-	err := pgx.BeginTxFunc(ctx, a.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err := a.db.BeginFunc(ctx, pgtx.TxOptions{RepeatableRead: true, ReadOnly: true}, func(tx pgtx.Querier) error {
 		var nowMinute time.Time
 		if err := tx.QueryRow(ctx, `SELECT date_trunc('minute', now())`).Scan(&nowMinute); err != nil {
 			return err
@@ -72,7 +72,7 @@ FROM `+a.t.events+` e WHERE e.published_at >= $1 GROUP BY 1`, start)
 		var m time.Time
 		var settled, published int64
 		var p50, pmax float64
-		if _, err := pgx.ForEachRow(rows, []any{&m, &settled, &published, &p50, &pmax}, func() error {
+		if err := eachRow(rows, []any{&m, &settled, &published, &p50, &pmax}, func() error {
 			if i := idx(m); i >= 0 {
 				settledIn[i] += settled
 				out[i].Published += published
@@ -88,7 +88,7 @@ FROM `+a.t.events+` e WHERE e.published_at >= $1 GROUP BY 1`, start)
 		if err != nil {
 			return fmt.Errorf("read the published events: %w", err)
 		}
-		if _, err := pgx.ForEachRow(rows, []any{&m, &n}, func() error {
+		if err := eachRow(rows, []any{&m, &n}, func() error {
 			if i := idx(m); i >= 0 {
 				occurredIn[i] += n
 			}
@@ -105,7 +105,7 @@ FROM `+a.t.events+` e WHERE e.published_at IS NULL GROUP BY 1`, start)
 		if err != nil {
 			return fmt.Errorf("read the backlog: %w", err)
 		}
-		if _, err := pgx.ForEachRow(rows, []any{&m, &n}, func() error {
+		if err := eachRow(rows, []any{&m, &n}, func() error {
 			pendingBy[idx(m)+1] += n
 			return nil
 		}); err != nil {
@@ -129,12 +129,12 @@ FROM `+a.t.events+` e WHERE e.published_at IS NULL GROUP BY 1`, start)
 			out[i].Unsettled = max(pendingUpTo+settledAfter-occurredAfter, 0)
 		}
 		// The failures the relays recorded.
-		rows, err = tx.Query(ctx, `SELECT to_jsonb(r) -> 'health' -> 'minutes' FROM `+a.t.relays+` r WHERE to_jsonb(r) ? 'health'`)
+		rows, err = tx.Query(ctx, `SELECT to_jsonb(r) -> 'health' -> 'minutes' FROM `+a.t.relays+` r`)
 		if err != nil {
 			return fmt.Errorf("read the relays: %w", err)
 		}
 		var doc []byte
-		_, err = pgx.ForEachRow(rows, []any{&doc}, func() error {
+		err = eachRow(rows, []any{&doc}, func() error {
 			var minutes []RelayMinute
 			if len(doc) == 0 || json.Unmarshal(doc, &minutes) != nil {
 				return nil // not recorded, or not readable: no failures to add
@@ -155,4 +155,18 @@ FROM `+a.t.events+` e WHERE e.published_at IS NULL GROUP BY 1`, start)
 		return nil, fmt.Errorf("outbox: history of schema %s: %w", a.schema.Name(), err)
 	}
 	return out, nil
+}
+
+// eachRow scans each row of rows into dest and calls fn, then closes rows.
+func eachRow(rows pgtx.Rows, dest []any, fn func() error) error {
+	defer rows.Close()
+	for rows.Next() {
+		if err := rows.Scan(dest...); err != nil {
+			return err
+		}
+		if err := fn(); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }

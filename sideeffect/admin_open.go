@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
 // OpenCursor is where a page of open attempts ends; pass it as
@@ -55,14 +55,14 @@ func (a *Admin) Open(ctx context.Context, f OpenFilter) (OpenPage, error) {
 		cond = ` AND (name, next_check_at, key) > ($3, $4, $5)`
 		args = append(args, f.After.Name, f.After.NextCheck, f.After.Key)
 	}
-	rows, err := a.pool.Query(ctx, `SELECT `+attemptColumns+` FROM `+a.t+`
+	rows, err := a.db.Query(ctx, `SELECT `+attemptColumns+` FROM `+a.t+`
 WHERE state IN ('started', 'unknown') AND ($1 = '' OR name = $1)`+cond+`
 ORDER BY name, next_check_at, key
 LIMIT $2`, args...)
 	if err != nil {
 		return OpenPage{}, fmt.Errorf("sideeffect: open attempts of schema %s: %w", a.schema.Name(), err)
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) { return scanAttempt(row) })
+	list, err := pgtx.Collect(rows, func(row pgtx.Row) (Attempt, error) { return scanAttempt(row) })
 	if err != nil {
 		return OpenPage{}, fmt.Errorf("sideeffect: open attempts of schema %s: %w", a.schema.Name(), err)
 	}
