@@ -165,6 +165,9 @@ type Backlog struct {
 	// behind a quarantined one (counted by BlockedByQuarantine): how long
 	// the relays have left an event they could publish.
 	OldestUnparkedAgeSeconds float64 `json:"oldest_unparked_age_seconds"`
+	// OldestParkedAgeSeconds is the age of the oldest of those parked
+	// events (blocked behind a quarantined one), 0 when none is.
+	OldestParkedAgeSeconds float64 `json:"oldest_parked_age_seconds"`
 }
 
 // AggregateTypeStatus is the backlog of one aggregate type.
@@ -193,6 +196,10 @@ type RelayInfo struct {
 	// destination's acknowledgement (see DurabilityChecker); nil until it
 	// recorded it.
 	AckDurability *AckDurability `json:"ack_durability,omitempty"`
+	// Health is what the relay last recorded of its readiness, last error
+	// and counts per minute (migration 015; see RelayHealth); nil until it
+	// recorded it.
+	Health *RelayHealth `json:"health,omitempty"`
 }
 
 // TableSize is the size of one table.
@@ -250,10 +257,11 @@ const backlogColumns = `count(*) FILTER (WHERE e.quarantined_at IS NULL),
 	count(*) FILTER (WHERE e.claim_token IS NOT NULL AND e.claim_until < now()),
 	count(*) FILTER (WHERE e.quarantined_at IS NOT NULL),
 	coalesce(extract(epoch FROM now() - min(e.occurred_at) FILTER (WHERE e.quarantined_at IS NULL)), 0)::float8,
-	coalesce(extract(epoch FROM now() - min(e.occurred_at) FILTER (WHERE e.quarantined_at IS NULL AND e.available_at < 'infinity')), 0)::float8`
+	coalesce(extract(epoch FROM now() - min(e.occurred_at) FILTER (WHERE e.quarantined_at IS NULL AND e.available_at < 'infinity')), 0)::float8,
+	coalesce(extract(epoch FROM now() - min(e.occurred_at) FILTER (WHERE e.quarantined_at IS NULL AND e.available_at = 'infinity')), 0)::float8`
 
 func (b *Backlog) scanArgs() []any {
-	return []any{&b.Pending, &b.Retrying, &b.Leased, &b.ExpiredLeases, &b.Quarantined, &b.OldestPendingAgeSeconds, &b.OldestUnparkedAgeSeconds}
+	return []any{&b.Pending, &b.Retrying, &b.Leased, &b.ExpiredLeases, &b.Quarantined, &b.OldestPendingAgeSeconds, &b.OldestUnparkedAgeSeconds, &b.OldestParkedAgeSeconds}
 }
 
 // Status takes a snapshot. Its cost grows with the backlog (one pass over
@@ -288,6 +296,7 @@ GROUP BY e.aggregate_type ORDER BY e.aggregate_type`)
 			st.Quarantined += ts.Quarantined
 			st.OldestPendingAgeSeconds = max(st.OldestPendingAgeSeconds, ts.OldestPendingAgeSeconds)
 			st.OldestUnparkedAgeSeconds = max(st.OldestUnparkedAgeSeconds, ts.OldestUnparkedAgeSeconds)
+			st.OldestParkedAgeSeconds = max(st.OldestParkedAgeSeconds, ts.OldestParkedAgeSeconds)
 		}
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("read backlog: %w", err)
@@ -344,23 +353,29 @@ WHERE q.quarantined_at IS NOT NULL AND q.published_at IS NULL`).Scan(&st.Blocked
 }
 
 func (a *Admin) relays(ctx context.Context, q pgtx.Querier) ([]RelayInfo, error) {
-	// ack_durability (migration 010) is read through to_jsonb, which works
-	// on a schema without the column too.
+	// ack_durability (migration 010) and health (015) are read through
+	// to_jsonb, which works on a schema without the columns too.
 	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at, expires_at > now(),
-	to_jsonb(r) -> 'ack_durability'
+	to_jsonb(r) -> 'ack_durability', to_jsonb(r) -> 'health'
 FROM `+a.t.relays+` r ORDER BY relay_id`)
 	if err != nil {
 		return nil, fmt.Errorf("read relays: %w", err)
 	}
 	out, err := pgtx.Collect(rows, func(row pgtx.Row) (RelayInfo, error) {
 		var r RelayInfo
-		var ack []byte
-		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive, &ack)
+		var ack, health []byte
+		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive, &ack, &health)
 		r.StartedAt, r.HeartbeatAt, r.ExpiresAt = r.StartedAt.UTC(), r.HeartbeatAt.UTC(), r.ExpiresAt.UTC()
 		if err == nil && len(ack) > 0 && string(ack) != "null" {
 			r.AckDurability = new(AckDurability)
 			if jerr := json.Unmarshal(ack, r.AckDurability); jerr != nil {
 				return r, fmt.Errorf("relay %s: ack_durability: %w", r.ID, jerr)
+			}
+		}
+		if err == nil && len(health) > 0 && string(health) != "null" {
+			r.Health = new(RelayHealth)
+			if jerr := json.Unmarshal(health, r.Health); jerr != nil {
+				return r, fmt.Errorf("relay %s: health: %w", r.ID, jerr)
 			}
 		}
 		return r, err

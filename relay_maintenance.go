@@ -109,11 +109,13 @@ func (r *Relay) startMaintenance(ctx context.Context) (stop func()) {
 }
 
 // heartbeat records the relay alive in outbox_relays every
-// HeartbeatInterval until ctx ends, then deletes its row.
+// HeartbeatInterval, with its health (recordHealth), until ctx ends, then
+// deletes its row.
 func (r *Relay) heartbeat(ctx context.Context) {
 	host, _ := os.Hostname()
 	ttl := 3 * r.cfg.HeartbeatInterval
 	beat, remove := heartbeatSQL(r.schema)
+	health := newHealthRecorder(r.schema)
 	first, failing := true, false
 	t := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -126,6 +128,7 @@ func (r *Relay) heartbeat(ctx context.Context) {
 			r.log.Warn("relay heartbeat failed", slog.Any("error", err))
 		case err == nil:
 			first, failing = false, false
+			r.recordHealth(ctx, health)
 		}
 		select {
 		case <-ctx.Done():

@@ -196,7 +196,8 @@ func (c *console) guard(next http.Handler) http.Handler {
 		case http.MethodGet, http.MethodHead:
 			if c.loginRequired(r) {
 				if r.URL.Path == "/" || r.URL.Path == "/quarantine" || r.URL.Path == "/inbox" || r.URL.Path == "/operations" ||
-					r.URL.Path == "/events" || strings.HasPrefix(r.URL.Path, "/events/") || r.URL.Path == "/quarantine/bulk" {
+					r.URL.Path == "/events" || strings.HasPrefix(r.URL.Path, "/events/") || r.URL.Path == "/quarantine/bulk" ||
+					r.URL.Path == "/sideeffects" {
 					http.Redirect(w, r, "/login", http.StatusSeeOther)
 					return
 				}

@@ -111,7 +111,9 @@ func fetchStatus(t *testing.T, ctx context.Context, path, form string) int {
 // TestConsoleInBrowser drives the console in a real headless Chromium
 // against a real database with quarantined events: sent to the login page
 // first (the pages need a login), it logs in, retries one
-// event and skips another with a reason, checks the audit rows, checks that
+// event and skips another with a reason, checks the audit rows, finds the
+// parked side-effect charges on the overview and resolves one on the
+// side-effect page, resolves an inbox gap, checks that
 // a POST without the CSRF token (logged in) or the session (logged out) is
 // refused, finds an aggregate's lane and an event (whose payload's markup
 // is shown as text), previews and confirms a bulk retry, and saves
@@ -141,6 +143,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	f.waitOnGap(t, "inventory", "ord-0011")
 	f.waitOnGap(t, "billing", "ord-0003")
 	f.spreadPublished(t)
+	// A consumer's charges: two parked for an operator, one unknown, one
+	// in flight.
+	se := addAttempts(t, f.pool, f.schema, 2, 1)
 	srv := serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken, Refresh: -1})
 	dir := t.ArtifactDir()
 	t.Logf("screenshots in %s", dir)
@@ -171,6 +176,17 @@ func TestConsoleInBrowser(t *testing.T) {
 	quarantined, backlog := text(t, ctx, "#quarantined"), text(t, ctx, "#backlog")
 	if quarantined != "3" || backlog != "15" {
 		t.Fatalf("overview shows %s quarantined and %s pending; want 3 and 15", quarantined, backlog)
+	}
+	if stuck := text(t, ctx, "#sideeffects-stuck"); stuck != "3" {
+		t.Fatalf("overview shows %s side-effect attempts stuck; want 3 (2 parked, 1 unknown)", stuck)
+	}
+	if alert := text(t, ctx, "#sideeffects-alert"); !strings.Contains(alert, "2 parked") {
+		t.Fatalf("the overview's alert says %q", alert)
+	}
+	for _, id := range []string{"#chart-failed", "#chart-backlog", "#chart-latency"} {
+		if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(id+" svg"))); err != nil {
+			t.Fatalf("chart %s: %v", id, err)
+		}
 	}
 	png := screenshot(t, ctx, dir, "overview.png")
 	if out := os.Getenv("OUTBOX_CONSOLE_SCREENSHOT"); out != "" {
@@ -273,6 +289,61 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("bulk result: %q", r)
 	}
 	screenshot(t, ctx, dir, "bulk-done.png")
+
+	// The side effects: the parked charges, one resolved as succeeded with
+	// a reason; then the unknown and in-flight ones.
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/sideeffects"), chromedp.WaitVisible(chromedp.CSS(`table.sideeffects`))); err != nil {
+		t.Fatalf("side-effect page: %v", err)
+	}
+	if p := text(t, ctx, "#se-parked"); p != "2" {
+		t.Fatalf("side-effect page shows %s parked, want 2", p)
+	}
+	screenshot(t, ctx, dir, "sideeffects.png")
+	resolved := se.parked[0]
+	row := `tr[data-key="` + resolved + `"]`
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('`+row+` select.as').value = "succeeded"`)); err != nil {
+		t.Fatalf("choose succeeded: %v", err)
+	}
+	const seReason = "PSP shows the charge captured once (OPS-2290)"
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS(row+` input.reason`), seReason),
+		chromedp.Click(chromedp.CSS(row+` button.resolve`)),
+	); err != nil {
+		t.Fatalf("resolve: %v", err)
+	}
+	waitNotice(t, ctx, "Attempt resolved as succeeded")
+	if a, err := se.admin.Attempt(context.Background(), seName, resolved); err != nil || a.State != "succeeded" || a.Operator == nil || a.Operator.By != "console:alice" || a.Operator.Reason != seReason {
+		t.Fatalf("the resolved attempt: %+v, %v", a, err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/sideeffects?show=open"), chromedp.WaitVisible(chromedp.CSS(`table.sideeffects`))); err != nil {
+		t.Fatalf("side-effect page, open attempts: %v", err)
+	}
+	screenshot(t, ctx, dir, "sideeffects-open.png")
+	if s := fetchStatus(t, ctx, "/sideeffects/resolve", "name="+seName+"&key="+se.unknown[0]+"&as=failed&reason=x"); s != 403 {
+		t.Fatalf("POST resolve without the CSRF token: %d, want 403", s)
+	}
+
+	// The inbox: resolve a waiting aggregate's gap.
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/inbox"), chromedp.WaitVisible(chromedp.CSS(`tr[data-aggregate="order/ord-0007"][data-consumer="inventory"]`))); err != nil {
+		t.Fatalf("inbox page: %v", err)
+	}
+	screenshot(t, ctx, dir, "inbox.png")
+	gap := `tr[data-aggregate="order/ord-0007"][data-consumer="inventory"]`
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS(gap+` input.reason`), "event #1 lost with the broker's disk (INC-88)"),
+		chromedp.Click(chromedp.CSS(gap+` button.resolve`)),
+	); err != nil {
+		t.Fatalf("inbox resolve: %v", err)
+	}
+	waitNotice(t, ctx, "Gap resolved")
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/operations"), chromedp.WaitVisible(chromedp.CSS(`table.operations`))); err != nil {
+		t.Fatalf("operations page: %v", err)
+	}
+	ops = text(t, ctx, "table.operations")
+	if !strings.Contains(ops, "sideeffect_resolve") || !strings.Contains(ops, "inbox_resolve") || !strings.Contains(ops, "OPS-2290") {
+		t.Fatalf("the operations page does not show the resolutions:\n%s", ops)
+	}
+	screenshot(t, ctx, dir, "operations-after-resolve.png")
 
 	// Logged out again: back on the login page, and refused for want of a
 	// session.

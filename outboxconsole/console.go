@@ -17,6 +17,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/inbox"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/sideeffect"
 )
 
 // Defaults for Config.
@@ -44,6 +45,10 @@ type Config struct {
 	// InboxSchema is the schema of the inbox tables, whose consumers the
 	// console shows. Defaults to Schema.
 	InboxSchema string
+	// SideEffectSchema is the schema of the side_effects table (package
+	// sideeffect) whose attempts the console shows and resolves. Defaults to
+	// InboxSchema. Without that table the side-effect page says so.
+	SideEffectSchema string
 	// Token, when set, is the secret an operator gives at login to be
 	// allowed to act, and to see the pages unless PublicRead (at least
 	// TokenMinLength bytes, of at least TokenMinDistinctBytes different
@@ -113,6 +118,7 @@ type console struct {
 	cfg        Config
 	admin      *outbox.Admin
 	inbox      *inbox.Admin
+	se         *sideeffect.Admin
 	sessionKey []byte
 	pages      map[string]*template.Template
 	log        *slog.Logger
@@ -145,6 +151,9 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.InboxSchema == "" {
 		cfg.InboxSchema = cfg.Schema
 	}
+	if cfg.SideEffectSchema == "" {
+		cfg.SideEffectSchema = cfg.InboxSchema
+	}
 	if cfg.PageSize <= 0 {
 		cfg.PageSize = PageSizeDefault
 	}
@@ -175,6 +184,10 @@ func New(cfg Config) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	seAdmin, err := sideeffect.NewAdmin(cfg.Pool, sideeffect.AdminConfig{Schema: cfg.SideEffectSchema})
+	if err != nil {
+		return nil, err
+	}
 	hosts, err := newHostSet(cfg.AllowedHosts, cfg.Origin)
 	if err != nil {
 		return nil, err
@@ -185,7 +198,7 @@ func New(cfg Config) (http.Handler, error) {
 			return nil, fmt.Errorf("outboxconsole: Config.Origin: %w", err)
 		}
 	}
-	c := &console{cfg: cfg, admin: admin, inbox: inboxAdmin, log: cfg.Logger, hosts: hosts, cop: cop, proxy: proxy}
+	c := &console{cfg: cfg, admin: admin, inbox: inboxAdmin, se: seAdmin, log: cfg.Logger, hosts: hosts, cop: cop, proxy: proxy}
 	if cfg.Token != "" {
 		salt := make([]byte, 32)
 		if _, err := rand.Read(salt); err != nil {
@@ -223,6 +236,9 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET /events/{id}/payload", c.payload)
 	mux.HandleFunc("GET /quarantine/bulk", c.bulkPreview)
 	mux.HandleFunc("POST /quarantine/bulk", c.bulkApply)
+	mux.HandleFunc("POST /inbox/resolve", c.inboxResolve)
+	mux.HandleFunc("GET /sideeffects", c.sideEffects)
+	mux.HandleFunc("POST /sideeffects/resolve", c.sideEffectResolve)
 	return c.guard(mux), nil
 }
 

@@ -11,14 +11,24 @@
 // # What it shows
 //
 // The overview page reads Admin.Status (the data of `outbox status`, one
-// source of truth) and Admin.PublishedPerMinute: the backlog and the oldest
-// pending event's age, events published per minute over the last hour, the
-// relays and their heartbeats, leases in flight and expired, the events
+// source of truth) and Admin.History: the backlog, the oldest pending
+// event's age split in two (the oldest the relays could publish, and the
+// oldest parked behind a quarantined event), charts of the last hour per
+// minute (events published, failed publish attempts, the backlog at each
+// minute's end, the median commit→ack latency), the relays with their
+// heartbeats and health (ready or not, the /readyz reason, since when, the
+// last error: what each relay records in its heartbeat row,
+// outbox.RelayHealth) and the destinations (the relays alive grouped by the
+// destination they recorded), leases in flight and expired, the events
 // blocked behind quarantined ones, the inbox consumers with aggregates
-// waiting on a gap (inbox.Admin), and the last operator actions. The
-// quarantine, inbox and operations pages list everything, one page at a
+// waiting on a gap (inbox.Admin), the side-effect attempts parked or of
+// unknown outcome (sideeffect.Admin.Gauges, in a banner and a tile, so that
+// they cannot go unseen), and the last operator actions. The quarantine,
+// inbox, side-effect and operations pages list everything, one page at a
 // time (keyset pagination: every query reads at most a page from an index),
-// so the console stays usable with a million pending events.
+// so the console stays usable with a million pending events. The
+// side-effect page reads Config.SideEffectSchema's side_effects table; a
+// schema without one is said so on the page and the overview.
 //
 // # Finding an event
 //
@@ -38,9 +48,12 @@
 // # Actions
 //
 // On the quarantine page an operator retries a quarantined event or skips
-// it with a reason, and on the overview replays one aggregate's events
-// (when Config.Publisher is set). These call Admin.Retry, Admin.Skip and
-// Admin.Replay, the audited operations the CLI runs, with the actor
+// it with a reason; on the inbox page resolves an aggregate's gap with a
+// reason; on the side-effect page resolves a parked or unknown attempt as
+// succeeded, as failed or "call again", with a reason; and on the overview
+// replays one aggregate's events (when Config.Publisher is set). These call
+// Admin.Retry, Admin.Skip, inbox.Admin.Resolve, sideeffect.Admin.Resolve
+// and Admin.Replay, the audited operations the CLI runs, with the actor
 // "console:<name>" (the name given at login): each lands in
 // outbox_operations with who and why.
 //

@@ -96,7 +96,8 @@ func newFixture(t testing.TB, okAggregates, badAggregates, perAggregate int) *fi
 		return errs
 	})
 	r, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: pub, PollInterval: 20 * time.Millisecond,
-		RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 100 * time.Millisecond, Logger: discard()})
+		RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 100 * time.Millisecond, Logger: discard(),
+		HeartbeatInterval: 200 * time.Millisecond}) // its health (readiness) recorded soon after its first batch
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,12 +140,15 @@ func (f *fixture) waitOnGap(t testing.TB, consumer, aggregateID string) {
 }
 
 // spreadPublished moves the published events' published_at over the last
-// hour, so that the chart has an hour of history.
+// hour, and their occurred_at to 20 ms to half a second before, so that the
+// charts have an hour of history.
 func (f *fixture) spreadPublished(t testing.TB) {
 	t.Helper()
-	if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.schema+`.outbox_events
-SET published_at = now() - make_interval(secs => 3590 * power((hashtext(event_id::text) & 65535) / 65536.0, 1.6))
-WHERE published_at IS NOT NULL AND skipped_at IS NULL`); err != nil {
+	if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.schema+`.outbox_events e
+SET published_at = v.at, occurred_at = v.at - make_interval(secs => 0.02 + (hashtext(e.event_id::text) & 1023) / 2000.0)
+FROM (SELECT event_id, now() - make_interval(secs => 3590 * power((hashtext(event_id::text) & 65535) / 65536.0, 1.6)) AS at
+	FROM `+f.schema+`.outbox_events WHERE published_at IS NOT NULL AND skipped_at IS NULL) v
+WHERE e.event_id = v.event_id`); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -69,6 +69,13 @@ type pageData struct {
 	// Find is the search's and the event page's; Bulk the bulk action's.
 	Find *findData
 	Bulk *bulkData
+
+	// SE is the side-effect page's data and the overview's card
+	// (sideeffects.go); History the overview's charts beside Chart and
+	// Destinations its health by destination (chart.go, health.go).
+	SE           *sideEffectsData
+	History      []chart
+	Destinations []destinationHealth
 }
 
 var funcs = template.FuncMap{
@@ -80,6 +87,8 @@ var funcs = template.FuncMap{
 	"preview": func(s string) string { return cut(safeText(oneLine(s)), previewRunes) },
 	"line":    func(s string, n int) string { return cut(safeText(oneLine(redact.Text(s))), n) },
 	"detail":  fmtDetail,
+	"add1":    func(n int64) int64 { return n + 1 },
+	"sub1":    func(n int64) int64 { return n - 1 },
 	"t":       safeText,
 	"deref": func(t *time.Time) time.Time {
 		if t == nil {
@@ -91,9 +100,9 @@ var funcs = template.FuncMap{
 
 func parseTemplates() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"overview", "quarantine", "inbox", "operations", "login", "error", "events", "event", "bulk"} {
+	for _, name := range []string{"overview", "quarantine", "inbox", "operations", "sideeffects", "login", "error", "events", "event", "bulk"} {
 		// part_*.html define blocks shared by pages (an event list, a
-		// lane).
+		// lane, the side-effect card, the health tables, a chart).
 		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/part_*.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("outboxconsole: template %s: %w", name, err)
@@ -159,6 +168,8 @@ func notice(r *http.Request) string {
 		if err == nil {
 			return "Event " + id.String() + " skipped; its aggregate moves on."
 		}
+	case "inbox-resolved":
+		return "Gap resolved: the waiting event is applied at its next delivery; the events in the gap are given up. Recorded in the audit log."
 	case "replayed":
 		if n, err := strconv.ParseInt(q.Get("n"), 10, 64); err == nil {
 			return fmt.Sprintf("Replay done: %d events published again.", n)
@@ -174,12 +185,21 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusInternalServerError, "read the status", err)
 		return
 	}
-	series, err := c.admin.PublishedPerMinute(ctx)
+	hist, err := c.admin.History(ctx)
 	if err != nil {
-		c.fail(w, r, http.StatusInternalServerError, "read the published series", err)
+		c.fail(w, r, http.StatusInternalServerError, "read the last hour", err)
 		return
 	}
-	d := pageData{Title: "overview", Status: &st, Chart: newChart(series, st.At)}
+	series := make([]outbox.MinuteCount, len(hist))
+	for i, m := range hist {
+		series[i] = outbox.MinuteCount{Minute: m.Minute, Published: m.Published}
+	}
+	d := pageData{Title: "overview", Status: &st, Chart: newChart(series, st.At), History: historyCharts(hist, st.At),
+		Destinations: destinationsOf(st.Relays)}
+	if d.SE, err = c.sideEffectsSummary(ctx); err != nil {
+		c.fail(w, r, http.StatusInternalServerError, "read the side effects", err)
+		return
+	}
 	if st.Quarantined > 0 {
 		if d.Quarantined, err = c.admin.ListQuarantined(ctx, outbox.QuarantineFilter{Limit: overviewListSize}); err != nil {
 			c.fail(w, r, http.StatusInternalServerError, "read the quarantine", err)

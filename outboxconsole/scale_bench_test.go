@@ -124,8 +124,8 @@ func bigTable(scans []string) bool {
 // a backlog of a million pending events. Before timing, it checks that the
 // list pages' statements read no table whole (each reads a page from an
 // index); the overview's backlog counts are the one pass over the
-// unsettled rows that `outbox status` makes (Admin.Status), so its time is
-// the status's.
+// unsettled rows that `outbox status` makes (Admin.Status), and its backlog
+// chart another (Admin.History), so its time is about twice the status's.
 func BenchmarkConsolePagesMillionPending(b *testing.B) {
 	pool0, schema := outboxtest.Schema(b)
 	seedMillion(b, pool0, schema)
@@ -169,7 +169,7 @@ WHERE aggregate_type = 'order' AND aggregate_id = 'ord-5000' AND aggregate_seque
 		raw, _ := json.Marshal(v)
 		return base64.RawURLEncoding.EncodeToString(raw)
 	}
-	pages := []string{"/", "/quarantine", "/quarantine?after=2026-01-01T00:00:00Z_00000000-0000-0000-0000-000000000000", "/inbox", "/operations", "/operations?before=5000",
+	pages := []string{"/", "/quarantine", "/quarantine?after=2026-01-01T00:00:00Z_00000000-0000-0000-0000-000000000000", "/inbox", "/operations", "/operations?before=5000", "/sideeffects", "/sideeffects?show=open",
 		// Finding an event: by id, by aggregate (its lane, then a page of
 		// its events), by type (a bounded walk: a common type, one that
 		// is not there, the settled ones, and later pages of each).
@@ -202,6 +202,10 @@ WHERE aggregate_type = 'order' AND aggregate_id = 'ord-5000' AND aggregate_seque
 			}
 			if page == "/" && strings.Contains(q.sql, "GROUP BY e.aggregate_type") {
 				b.Logf("%s: the status's backlog pass reads %v whole (expected at this backlog)", page, scans)
+				continue
+			}
+			if page == "/" && strings.Contains(q.sql, "-- history: the pass over the backlog") {
+				b.Logf("%s: the backlog chart's pass (Admin.History) reads %v whole (expected at this backlog)", page, scans)
 				continue
 			}
 			b.Fatalf("%s: a statement reads %v whole:\n%s", page, scans, q.sql)

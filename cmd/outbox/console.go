@@ -24,11 +24,13 @@ const consoleListenDefault = "127.0.0.1:8089"
 
 const consoleUsage = `console [--listen ADDR] [--read-only] [--destination URL] [--auth-proxy-header H --trusted-proxy ADDR] [flags]
 
-Serves the operator console, a web application: backlog, oldest pending age, events
-published per minute over the last hour, relays and heartbeats, leases, aggregates blocked
-behind quarantined events, the quarantine (retry, skip with a reason), replay of one
-aggregate, inbox consumers with aggregates waiting on a gap, and the audit log. Every list
-is paginated. Everything is embedded in the binary; it works offline.
+Serves the operator console, a web application: backlog, oldest pending age (and oldest
+blocked behind a quarantined event), events published, failed publish attempts, backlog and
+commit→ack latency per minute over the last hour, relays and destinations with their
+heartbeats and readiness, leases, aggregates blocked behind quarantined events, the
+quarantine (retry, skip with a reason), replay of one aggregate, inbox consumers with
+aggregates waiting on a gap (resolve), side-effect attempts parked, unknown or in flight
+(resolve as succeeded or failed, or call again), and the audit log. Every list is paginated. Everything is embedded in the binary; it works offline.
 
 The token is in env OUTBOX_CONSOLE_TOKEN (or in the file --token-file names), at least 16
 bytes of at least 8 different values, never a flag: an operator logs in with it and a name,
@@ -76,6 +78,7 @@ func runConsole(ctx context.Context, args []string) error {
 	trustedProxies.Set(cli.Env("OUTBOX_CONSOLE_TRUSTED_PROXIES", "")) //nolint:errcheck // never fails
 	fs.Var(&trustedProxies, "trusted-proxy", "an `ADDR` or network (10.0.0.7, 10.0.0.0/24) of the proxy whose --auth-proxy-header is believed, matched against the connection's peer (repeat, or separate with commas; env OUTBOX_CONSOLE_TRUSTED_PROXIES)")
 	inboxSchema := fs.String("inbox-schema", cli.Env("OUTBOX_INBOX_SCHEMA", ""), "schema of the inbox tables whose consumers are shown (env OUTBOX_INBOX_SCHEMA; default: --schema)")
+	seSchema := fs.String("sideeffect-schema", cli.Env("OUTBOX_SIDEEFFECT_SCHEMA", ""), "schema of the side-effect attempts shown and resolved (env OUTBOX_SIDEEFFECT_SCHEMA; default: --inbox-schema)")
 	refresh := fs.Duration("refresh", outboxconsole.RefreshDefault, "how often pages reload themselves; 0 turns it off")
 	pageSize := fs.Int("page-size", outboxconsole.PageSizeDefault, "rows per list page")
 	err := cli.Parse(fs, args)
@@ -145,7 +148,7 @@ func runConsole(ctx context.Context, args []string) error {
 	}
 	defer ln.Close()
 	hosts := append(listenHosts(ln.Addr().(*net.TCPAddr), log), allowedHosts...)
-	h, err := outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: common.Schema, InboxSchema: *inboxSchema, Token: token,
+	h, err := outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: common.Schema, InboxSchema: *inboxSchema, SideEffectSchema: *seSchema, Token: token,
 		AuthProxyHeader: *authProxyHeader, TrustedProxies: trustedProxies,
 		ReadOnly: *readOnly, PublicRead: *publicRead, AllowedHosts: hosts, Publisher: pub, Origin: *origin, PageSize: *pageSize, Refresh: r, Logger: log})
 	if err != nil {

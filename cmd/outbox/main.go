@@ -16,7 +16,7 @@ func main() {
 		{Name: "inbox", Summary: "consumers' aggregates waiting on a gap: status, resolve", Run: runInbox},
 		{Name: "sideeffect", Summary: "consumers' external calls parked for an operator: parked, show, resolve", Run: runSideEffect},
 		{Name: "replay", Summary: "publish already-published events again, in order, with their ids", Run: runReplay},
-		{Name: "console", Summary: "serve the operator console in the browser (status, quarantine, replay, inbox)", Run: runConsole},
+		{Name: "console", Summary: "serve the operator console in the browser (status, health, quarantine, replay, inbox, side effects)", Run: runConsole},
 		{Name: "cleanup", Summary: "delete settled events (and inbox rows) past their horizon", Run: runCleanup},
 		{Name: "demo", Summary: "run the order system end to end and check the invariants", Run: runDemo},
 		{Name: "asyncapi", Summary: "print the AsyncAPI 3 document of what a relay publishes (channels, CloudEvents headers, ordering key)", Run: runAsyncAPI},
