@@ -186,7 +186,7 @@ func (p *publisher) take(now time.Time) ([]item, time.Time) {
 
 // publish hands a batch to PublishIDs: on a database error or an outage it
 // waits and calls again with the same ids. Then it sorts the ids out:
-// published by the call, found published (or being marked by this relay),
+// published by the call (PublishIDsResult.PublishedIDs), found published,
 // missing (kept for up to missingFor), waiting for their lane (kept for up
 // to WaitLimit), or left to the table (parked behind a quarantine, or past
 // their limit); and finishes all but the kept ones.
@@ -225,20 +225,24 @@ func (p *publisher) publish(ctx context.Context, batch []item) error {
 	}
 	p.st.published.Add(int64(res.Published))
 
+	published := make(map[uuid.UUID]bool, len(res.PublishedIDs))
+	for _, id := range res.PublishedIDs {
+		published[id] = true
+	}
 	missing := make(map[uuid.UUID]bool, len(res.Missing))
 	for _, id := range res.Missing {
 		missing[id] = true
 	}
-	var states map[uuid.UUID]idState
-	if res.Left > len(res.Missing) {
-		// Some events were found and not published by this call: which,
-		// and why, only the table says.
-		found := make([]uuid.UUID, 0, len(ids)-len(missing))
-		for _, id := range ids {
-			if !missing[id] {
-				found = append(found, id)
-			}
+	// The events found and not published by this call: which, and why, only
+	// the table says.
+	var found []uuid.UUID
+	for _, id := range ids {
+		if !missing[id] && !published[id] {
+			found = append(found, id)
 		}
+	}
+	var states map[uuid.UUID]idState
+	if len(found) > 0 {
 		var err error
 		for failures := 1; ; failures++ {
 			if states, err = p.states(ctx, found); err == nil {
@@ -264,6 +268,8 @@ func (p *publisher) publish(ctx context.Context, batch []item) error {
 			w = &waitEntry{p: it.p}
 		}
 		switch {
+		case published[it.p.id]:
+			doneFound++
 		case missing[it.p.id]:
 			if !w.missing || w.since.IsZero() {
 				w.since, w.tries = now, 0
@@ -275,8 +281,6 @@ func (p *publisher) publish(ctx context.Context, batch []item) error {
 				continue
 			}
 			gaveUpMissing++
-		case states == nil:
-			doneFound++
 		default:
 			s := states[it.p.id]
 			switch s.kind {
