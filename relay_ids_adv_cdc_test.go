@@ -81,22 +81,21 @@ func TestAdvPublishIDsNeverMarksASuccessorWhileItsPredecessorIsNot(t *testing.T)
 	// k+1 is written; the next call claims it behind k (being marked) and
 	// publishes it, and waits for k's mark before it settles its own.
 	next := writeEvents(t, pool, w, 1, 1)[0] // agg-0, sequence 2
-	second := make(chan outbox.PublishIDsResult, 1)
+	second := make(chan error, 1)
 	go func() {
-		res, err := r.PublishIDs(ctx, []uuid.UUID{next.ID})
-		if err != nil {
-			t.Error(err)
-		}
-		second <- res
+		_, err := r.PublishIDs(ctx, []uuid.UUID{next.ID})
+		second <- err
 	}()
 	outboxtest.Eventually(t, 30*time.Second, "k+1 at the broker", func() bool { return len(b.streamEvents(t)) == 2 })
 
 	release()
-	if res := <-second; res.Published != 1 {
-		t.Fatalf("second call %+v; want k+1 published", res)
+	// The second call may report k's lost mark (its own events then keep
+	// their lease): what it must not do is mark k+1.
+	if err := <-second; err != nil {
+		t.Logf("second call: %v", err)
 	}
 	if err := r.WaitPublishIDs(ctx); err != nil {
-		t.Fatal(err)
+		t.Logf("marks: %v", err)
 	}
 	var kPublished, nextPublished bool
 	if err := pool.QueryRow(ctx, `SELECT bool_or(published_at IS NOT NULL) FILTER (WHERE aggregate_sequence = 1),
