@@ -20,11 +20,24 @@ import (
 )
 
 // missingFor is how long an id PublishIDs does not find is retried before
-// it is left to the polling path. PostgreSQL sends a commit to the stream
-// a moment before the transaction is visible to other sessions; an id
-// missing for longer was deleted (clean-up, when old transactions are read
-// again) or its backend is starved, and the safety net takes it.
+// it is left to the polling path, when its transaction was read again
+// (after a restart or a rewind): an id missing for longer was deleted
+// (clean-up). An id of a transaction the stream read live (txn.live) is
+// kept for WaitLimit instead: PostgreSQL sends a commit to the stream a
+// moment before the transaction is visible to other sessions, and with
+// synchronous replication (synchronous_standby_names) as long as the
+// standby takes to confirm it, which a slow standby can stretch past any
+// fixed second.
 const missingFor = time.Second
+
+// missingLimit is how long the id p is kept while the table does not show
+// it (see missingFor).
+func (p *publisher) missingLimit(id pendingID) time.Duration {
+	if id.tx != nil && id.tx.live {
+		return max(p.cfg.WaitLimit, missingFor)
+	}
+	return missingFor
+}
 
 // waitRetryMin and waitRetryMax bound the pause before an id waiting for
 // its lane is handed over again on its own (it also rides along with any
@@ -275,7 +288,7 @@ func (p *publisher) publish(ctx context.Context, batch []item) error {
 				w.since, w.tries = now, 0
 			}
 			w.missing = true
-			if now.Sub(w.since) < missingFor {
+			if now.Sub(w.since) < p.missingLimit(it.p) {
 				w.next = now.Add(max(p.cfg.FlushInterval, time.Millisecond))
 				p.waiting = append(p.waiting, w)
 				continue
