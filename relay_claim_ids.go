@@ -37,8 +37,15 @@ type PublishIDsResult struct {
 	Left int
 	// Failed counts, among Left, the events whose publish failed.
 	Failed int
+	// PublishedIDs are the ids the destination acknowledged in this call
+	// (Published of them). A caller must not infer them from the table: an
+	// event this relay claimed and never published carries its lease too,
+	// after a failed call (a broken Publisher, a database error while
+	// settling) or a crash of a process with the same relay ID.
+	PublishedIDs []uuid.UUID
 	// Missing lists, among Left, the ids of which the table held no event
-	// when the call looked. PostgreSQL sends a commit to logical
+	// when the call looked (and that its claim, a moment later, did not
+	// take either). PostgreSQL sends a commit to logical
 	// replication a moment before the transaction is visible to other
 	// sessions, so an id read from the WAL can be missing briefly: the
 	// caller should retry those shortly, and give up after a while (an
@@ -170,6 +177,7 @@ func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResu
 		}
 	}
 	res.Published = len(o.published)
+	res.PublishedIDs = o.published
 	res.Failed = len(o.failures)
 	res.Left = len(ids) - res.Published
 	if r.outages > outagesBefore {
@@ -230,9 +238,19 @@ func (r *Relay) claimIDs(ctx context.Context, ids, acked []uuid.UUID) (batch, []
 	if err != nil {
 		return batch{token: token}, nil, err
 	}
+	// An id missing at the check may be claimed all the same: the claim's
+	// snapshot is later, and a commit that became visible in between is
+	// claimed like any other. Missing lists only the ids the claim did not
+	// take.
+	claimed := make(map[uuid.UUID]bool, b.total)
+	for _, id := range allIDs(b) {
+		claimed[id] = true
+	}
 	var missing []uuid.UUID
 	for _, id := range absent {
-		missing = append(missing, id)
+		if !claimed[id] {
+			missing = append(missing, id)
+		}
 	}
 	r.takenOver.Add(takenOver)
 	b.takenOver = int(takenOver)

@@ -7,6 +7,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/google/uuid"
 )
@@ -32,7 +33,19 @@ func (r *Relay) markInBackground(ctx context.Context, b batch, published []uuid.
 		if r.testHookMarks != nil {
 			r.testHookMarks()
 		}
-		m.err = r.markPublished(context.WithoutCancel(ctx), b, published)
+		n, err := r.settled(context.WithoutCancel(ctx), b, SettleMarkPublished, r.sql.markPublished, published)
+		if err != nil {
+			m.err = fmt.Errorf("mark published: %w", err)
+			return
+		}
+		r.published.Add(n)
+		if lost := int64(len(published)) - n; lost > 0 {
+			// Another relay took events over before their mark (it was
+			// slower than their lease) and publishes them again. The next
+			// call claimed their successors counting them as published: it
+			// must not mark those while these are not.
+			m.err = fmt.Errorf("mark published: %d of %d acknowledged events were taken over by another relay before their mark landed", lost, len(published))
+		}
 	}()
 }
 

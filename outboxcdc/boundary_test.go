@@ -20,9 +20,10 @@ import (
 //     hands the same ids over again; the table says they are published, so
 //     they are left and nothing is sent twice.
 //   - relay/after-ack-before-mark: acknowledged by the broker, not marked,
-//     the lease still held. The stream retries, finds them leased, leaves
-//     them and confirms; the safety net republishes them when the lease
-//     expires: duplicates at the broker, first deliveries in order.
+//     the lease still held. The stream retries, finds them leased (by its
+//     own relay, which it does not take for an acknowledgement), keeps them
+//     waiting and republishes them when the lease expires, or the safety
+//     net does: duplicates at the broker, first deliveries in order.
 //
 // The same boundaries with SIGKILL instead of an error are NOT tested yet
 // (they need `outbox relay --mode cdc` run as a process).

@@ -19,7 +19,17 @@ type txn struct {
 	end    pglogrepl.LSN // its end LSN (that of later transactions without ids, merged into it)
 	open   int           // its ids not finished yet
 	hasIDs bool          // it inserted events
+	// live: the stream read its commit as it happened (its commit time
+	// within liveCommit of reading it), not again after a restart or a
+	// rewind. An id of a live commit that the table does not show yet is
+	// a commit not yet visible, not a deleted event (missingFor).
+	live bool
 }
+
+// liveCommit is how far behind its commit time the stream may read a
+// transaction for it to count as read live (txn.live); it allows for the
+// clocks of the relay's host and the server to differ a little.
+const liveCommit = 5 * time.Second
 
 // pendingID is an id read from the WAL, with its aggregate's lane and its
 // transaction.
@@ -67,7 +77,7 @@ func newFeed(start pglogrepl.LSN, maxQueued int) *feed {
 // commit records a committed transaction ending at end with ids (they get
 // their transaction set), and reports whether its ids were queued (false:
 // deferred, see deferring).
-func (f *feed) commit(end pglogrepl.LSN, ids []pendingID, now time.Time) bool {
+func (f *feed) commit(end pglogrepl.LSN, ids []pendingID, now, committed time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.deferring {
@@ -86,7 +96,7 @@ func (f *feed) commit(end pglogrepl.LSN, ids []pendingID, now time.Time) bool {
 		f.deferring = true
 		return false
 	}
-	t := &txn{end: end, open: len(ids), hasIDs: true}
+	t := &txn{end: end, open: len(ids), hasIDs: true, live: now.Sub(committed) < liveCommit}
 	f.txns = append(f.txns, t)
 	if len(f.fresh) == 0 {
 		f.freshSince = now

@@ -20,11 +20,24 @@ import (
 )
 
 // missingFor is how long an id PublishIDs does not find is retried before
-// it is left to the polling path. PostgreSQL sends a commit to the stream
-// a moment before the transaction is visible to other sessions; an id
-// missing for longer was deleted (clean-up, when old transactions are read
-// again) or its backend is starved, and the safety net takes it.
+// it is left to the polling path, when its transaction was read again
+// (after a restart or a rewind): an id missing for longer was deleted
+// (clean-up). An id of a transaction the stream read live (txn.live) is
+// kept for WaitLimit instead: PostgreSQL sends a commit to the stream a
+// moment before the transaction is visible to other sessions, and with
+// synchronous replication (synchronous_standby_names) as long as the
+// standby takes to confirm it, which a slow standby can stretch past any
+// fixed second.
 const missingFor = time.Second
+
+// missingLimit is how long the id p is kept while the table does not show
+// it (see missingFor).
+func (p *publisher) missingLimit(id pendingID) time.Duration {
+	if id.tx != nil && id.tx.live {
+		return max(p.cfg.WaitLimit, missingFor)
+	}
+	return missingFor
+}
 
 // waitRetryMin and waitRetryMax bound the pause before an id waiting for
 // its lane is handed over again on its own (it also rides along with any
@@ -186,7 +199,7 @@ func (p *publisher) take(now time.Time) ([]item, time.Time) {
 
 // publish hands a batch to PublishIDs: on a database error or an outage it
 // waits and calls again with the same ids. Then it sorts the ids out:
-// published by the call, found published (or being marked by this relay),
+// published by the call (PublishIDsResult.PublishedIDs), found published,
 // missing (kept for up to missingFor), waiting for their lane (kept for up
 // to WaitLimit), or left to the table (parked behind a quarantine, or past
 // their limit); and finishes all but the kept ones.
@@ -225,20 +238,24 @@ func (p *publisher) publish(ctx context.Context, batch []item) error {
 	}
 	p.st.published.Add(int64(res.Published))
 
+	published := make(map[uuid.UUID]bool, len(res.PublishedIDs))
+	for _, id := range res.PublishedIDs {
+		published[id] = true
+	}
 	missing := make(map[uuid.UUID]bool, len(res.Missing))
 	for _, id := range res.Missing {
 		missing[id] = true
 	}
-	var states map[uuid.UUID]idState
-	if res.Left > len(res.Missing) {
-		// Some events were found and not published by this call: which,
-		// and why, only the table says.
-		found := make([]uuid.UUID, 0, len(ids)-len(missing))
-		for _, id := range ids {
-			if !missing[id] {
-				found = append(found, id)
-			}
+	// The events found and not published by this call: which, and why, only
+	// the table says.
+	var found []uuid.UUID
+	for _, id := range ids {
+		if !missing[id] && !published[id] {
+			found = append(found, id)
 		}
+	}
+	var states map[uuid.UUID]idState
+	if len(found) > 0 {
 		var err error
 		for failures := 1; ; failures++ {
 			if states, err = p.states(ctx, found); err == nil {
@@ -264,19 +281,19 @@ func (p *publisher) publish(ctx context.Context, batch []item) error {
 			w = &waitEntry{p: it.p}
 		}
 		switch {
+		case published[it.p.id]:
+			doneFound++
 		case missing[it.p.id]:
 			if !w.missing || w.since.IsZero() {
 				w.since, w.tries = now, 0
 			}
 			w.missing = true
-			if now.Sub(w.since) < missingFor {
+			if now.Sub(w.since) < p.missingLimit(it.p) {
 				w.next = now.Add(max(p.cfg.FlushInterval, time.Millisecond))
 				p.waiting = append(p.waiting, w)
 				continue
 			}
 			gaveUpMissing++
-		case states == nil:
-			doneFound++
 		default:
 			s := states[it.p.id]
 			switch s.kind {

@@ -204,6 +204,22 @@ func (r *Relay) Run(ctx context.Context) error {
 		if fatal(err) {
 			return err
 		}
+		if isCode(err, "42704") { // undefined_object: the slot, or the publication
+			// A publication dropped by hand (and perhaps created again) fails
+			// every session: the WAL sender looks it up as of the WAL it
+			// decodes, before it existed again. Both are created again at the
+			// current position, as for an invalidated slot.
+			r.log.Error("the stream's publication or slot does not exist (dropped by hand?); creating them again at the current position: events committed meanwhile are published by the polling safety net, none is lost",
+				slog.String("publication", r.cfg.Publication), slog.Any("error", err))
+			if perr := ensurePublication(ctx, r.cfg.Pool, r.cfg.Schema, r.cfg.Publication); perr != nil {
+				err = errors.Join(err, perr)
+			} else if serr := recreateLostSlot(ctx, r.cfg.Pool, r.cfg.Slot); serr != nil {
+				err = errors.Join(err, serr)
+			} else {
+				failures = 0
+				continue
+			}
+		}
 		if lost, lerr := r.recoverSlot(ctx); lerr != nil {
 			err = errors.Join(err, lerr)
 		} else if lost {

@@ -64,17 +64,32 @@ func ensurePublication(ctx context.Context, pool *pgxpool.Pool, schema, name str
 	if err != nil {
 		return err
 	}
-	var exists, covers bool
+	// A publication of that name made or altered by hand must publish every
+	// insert into the table, whole: a stream that reads only some of them
+	// reports itself streaming while the rest wait for the safety net. The
+	// row filter and column list (PostgreSQL 15) are read through to_jsonb,
+	// which works on servers without those columns.
+	var exists, covers, inserts, whole bool
 	err = pool.QueryRow(ctx, `SELECT
 		EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
-		EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox_events')`,
-		name, s.Name()).Scan(&exists, &covers)
+		EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox_events'),
+		coalesce((SELECT pubinsert FROM pg_publication WHERE pubname = $1), false),
+		NOT EXISTS (SELECT 1 FROM pg_publication_tables t WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox_events'
+			AND (to_jsonb(t) ->> 'rowfilter' IS NOT NULL
+				OR (to_jsonb(t) -> 'attnames') IS NOT NULL AND jsonb_typeof(to_jsonb(t) -> 'attnames') = 'array'
+					AND NOT (to_jsonb(t) -> 'attnames') ?& ARRAY['event_id', 'aggregate_type', 'aggregate_id']))`,
+		name, s.Name()).Scan(&exists, &covers, &inserts, &whole)
 	if err != nil {
 		return fmt.Errorf("outboxcdc: look up publication %s: %w", name, err)
 	}
 	if exists {
-		if !covers {
+		switch {
+		case !covers:
 			return fmt.Errorf("outboxcdc: publication %s exists but %w %s.outbox_events", name, errForeignPublication, s.Name())
+		case !inserts:
+			return fmt.Errorf("outboxcdc: publication %s exists but does not publish inserts (publish = 'insert' needed): %w", name, errForeignPublication)
+		case !whole:
+			return fmt.Errorf("outboxcdc: publication %s exists but filters %s.outbox_events (a row filter, or a column list without event_id, aggregate_type and aggregate_id): %w", name, s.Name(), errForeignPublication)
 		}
 		return nil
 	}

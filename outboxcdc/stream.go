@@ -196,7 +196,7 @@ func (s *stream) handleLogical(data []byte) error {
 		if len(s.txIDs) > 0 {
 			s.st.received.Add(int64(len(s.txIDs)))
 		}
-		if !s.f.commit(m.TransactionEndLSN, s.txIDs, time.Now()) {
+		if !s.f.commit(m.TransactionEndLSN, s.txIDs, time.Now(), m.CommitTime) {
 			s.deferred += int64(len(s.txIDs))
 			s.st.deferred.Add(int64(len(s.txIDs)))
 		}

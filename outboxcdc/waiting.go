@@ -4,11 +4,10 @@ package outboxcdc
 // whether the stream keeps them and hands them over again (the waiting set),
 // or is done with them.
 //
-// PublishIDs reports how many ids it published, not which; this one query,
-// made only after a call that left some found ids, tells them apart. It
-// reads the table's own record of publication (published_at, and this
-// relay's live lease for the events the call acknowledged and is marking in
-// the background), so it must follow any change to how PublishIDs records
+// PublishIDs reports which ids it published and which it did not find; this
+// one query, made only after a call that left some found ids, says what
+// became of the others. It reads the table's own record of publication
+// (published_at), so it must follow any change to how PublishIDs records
 // publication.
 
 import (
@@ -23,10 +22,9 @@ import (
 type stateKind int
 
 const (
-	// stateDone: published (by this call, another relay, or before: the
-	// stream reads transactions again after a restart), being marked by
-	// this relay, or deleted since (clean-up deletes published events
-	// only).
+	// stateDone: published (by another relay, or before: the stream reads
+	// transactions again after a restart), or deleted since (clean-up
+	// deletes published events only).
 	stateDone stateKind = iota + 1
 	// stateParked: quarantined, or behind a quarantined event (parked):
 	// it waits for an operator, and the stream leaves it to the table.
@@ -43,12 +41,15 @@ type idState struct {
 	dueIn time.Duration // statePending: until its backoff ends (0: due)
 }
 
-// stateSQL reads the state of the events $1 for relay $2, one primary-key
-// lookup each (OFFSET 0 keeps it so, as in missingIDsSQL).
+// stateSQL reads the state of the events $1, one primary-key lookup each
+// (OFFSET 0 keeps it so, as in missingIDsSQL). A live lease, this relay's
+// own included, is pending: the events a call acknowledged are known from
+// its result (PublishIDsResult.PublishedIDs), and an event leased by this
+// relay's name and not among them was never acknowledged (a failed call, or
+// a process of the same ID that died after its claim).
 func stateSQL(events string) string {
 	return `SELECT i.id, CASE
 		WHEN e.event_id IS NULL OR e.published_at IS NOT NULL THEN 1
-		WHEN e.claimed_by = $2 AND e.claim_until > now() THEN 1
 		WHEN e.quarantined_at IS NOT NULL OR e.available_at = 'infinity' THEN 2
 		ELSE 3 END,
 	CASE WHEN e.available_at > now() AND e.available_at < 'infinity'
@@ -61,7 +62,7 @@ LEFT JOIN LATERAL (
 
 // states reads the state of ids.
 func (p *publisher) states(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]idState, error) {
-	rows, err := p.cfg.Pool.Query(ctx, p.state, ids, p.cfg.Relay.ID())
+	rows, err := p.cfg.Pool.Query(ctx, p.state, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outboxcdc: read the state of events not published: %w", err)
 	}
