@@ -538,26 +538,7 @@ func startFault(ctx context.Context, e *env, s space, ph *pressurePhase, rate *a
 		rate.Store(int64(ph.rate))
 		return func() { rate.Store(int64(sz.rate)) }, nil
 	case "xmin":
-		conn, err := pgx.Connect(ctx, mustApp(e.o.databaseURL, "bench-xmin"))
-		if err != nil {
-			return nil, err
-		}
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			_ = conn.Close(ctx)
-			return nil, err
-		}
-		var xid int64
-		if err := tx.QueryRow(ctx, "SELECT txid_current()").Scan(&xid); err != nil {
-			_ = conn.Close(ctx)
-			return nil, err
-		}
-		ph.note("txid %d held", xid)
-		return func() {
-			c := context.WithoutCancel(ctx)
-			_ = tx.Rollback(c)
-			_ = conn.Close(c)
-		}, nil
+		return holdXmin(ctx, e, ph, false)
 	case "readers":
 		return startReaders(ctx, e, s, ph, sz.readers)
 	case "kill-busy", "kill-idle":
@@ -568,6 +549,38 @@ func startFault(ctx context.Context, e *env, s space, ph *pressurePhase, rate *a
 		return startTakeover(ctx, e, s, ph, relays)
 	}
 	return nil, fmt.Errorf("unknown cell %q", ph.cell)
+}
+
+// holdXmin opens a transaction that holds an xid (BEGIN; SELECT
+// txid_current()), which pins the xmin, and returns the function that ends
+// it. With wal, it also writes WAL in the transaction (a transactional
+// logical message, which pgoutput does not send: the relays ask for no
+// messages), which pins a logical slot's restart_lsn too.
+func holdXmin(ctx context.Context, e *env, ph *pressurePhase, wal bool) (func(), error) {
+	conn, err := pgx.Connect(ctx, mustApp(e.o.databaseURL, "bench-xmin"))
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
+	q, held := "SELECT txid_current(), true", "txid %d held"
+	if wal {
+		q, held = "SELECT txid_current(), pg_logical_emit_message(true, 'outbox-bench', 'pin') IS NOT NULL", "txid %d held, with WAL written"
+	}
+	var xid int64
+	if err := tx.QueryRow(ctx, q).Scan(&xid, new(bool)); err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
+	ph.note(held, xid)
+	return func() {
+		c := context.WithoutCancel(ctx)
+		_ = tx.Rollback(c)
+		_ = conn.Close(c)
+	}, nil
 }
 
 // startReaders starts n readers, each on a connection of its own, looping

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // takeoverAt is how far into the takeover cell the streaming relay is
@@ -36,23 +34,10 @@ const takeoverLimit = 2 * time.Minute
 // Once another relay streams, the killed one is started again, to stand
 // by.
 func startTakeover(ctx context.Context, e *env, s space, ph *pressurePhase, relays []*pressureRelay) (func(), error) {
-	conn, err := pgx.Connect(ctx, mustApp(e.o.databaseURL, "bench-xmin"))
+	release, err := holdXmin(ctx, e, ph, true)
 	if err != nil {
 		return nil, err
 	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		_ = conn.Close(ctx)
-		return nil, err
-	}
-	var xid int64
-	// A transactional logical message writes WAL in the transaction
-	// (pgoutput does not send it: the relays ask for no messages).
-	if err := tx.QueryRow(ctx, "SELECT txid_current(), pg_logical_emit_message(true, 'outbox-bench', 'pin') IS NOT NULL").Scan(&xid, new(bool)); err != nil {
-		_ = conn.Close(ctx)
-		return nil, err
-	}
-	ph.note("txid %d held, with WAL written", xid)
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -72,9 +57,7 @@ func startTakeover(ctx context.Context, e *env, s space, ph *pressurePhase, rela
 	return func() {
 		close(stop)
 		<-done
-		c := context.WithoutCancel(ctx)
-		_ = tx.Rollback(c)
-		_ = conn.Close(c)
+		release()
 	}, nil
 }
 
