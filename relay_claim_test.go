@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,15 +140,37 @@ func TestClaimAheadReleasedOnShutdown(t *testing.T) {
 	w := newWriter(t, schema)
 	b := newNATS(t, outboxtest.NATSURL(), 0)
 	writeEvents(t, pool, w, 200, 3) // 200 lanes of 3 events
+	// Once 100 events are out, a publish waits until the relay has claimed
+	// the next batch ahead of it (more claimed than this publisher has been
+	// given, this batch included), and only then lets the test stop the
+	// relay.
+	var relay atomic.Pointer[outbox.Relay]
+	var published atomic.Int64
+	ahead := make(chan struct{})
+	var once sync.Once
 	slow := outbox.PublisherFunc(func(ctx context.Context, msgs []outbox.Message) []error {
-		time.Sleep(30 * time.Millisecond)
-		return b.pub.Publish(ctx, msgs)
+		if published.Load() >= 100 {
+			for r := relay.Load(); r != nil && ctx.Err() == nil; time.Sleep(5 * time.Millisecond) {
+				if r.Stats().Claimed > published.Load()+int64(len(msgs)) {
+					once.Do(func() { close(ahead) })
+					break
+				}
+			}
+		}
+		errs := b.pub.Publish(ctx, msgs)
+		published.Add(int64(len(msgs)))
+		return errs
 	})
 	cfg := quietConfig(schema, slow)
 	cfg.BatchSize = 20
 	cfg.LeaseDuration = time.Hour
 	r, stop := startRelay(t, pool, cfg)
-	outboxtest.Eventually(t, 30*time.Second, "a few batches published", func() bool { return r.Stats().Published >= 100 })
+	relay.Store(r)
+	select {
+	case <-ahead:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("stats %+v: no batch was claimed ahead of a publish within a minute", r.Stats())
+	}
 	stop()
 	var leased int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox_events WHERE claim_token IS NOT NULL").Scan(&leased); err != nil {

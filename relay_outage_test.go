@@ -77,9 +77,10 @@ func (sw *steadyWriter) check(t *testing.T) {
 // commit. An outage is the destination's state, not the events': the
 // wake-ups do not end the relay's wait, no event spends an attempt or has
 // its available_at pushed (a short delay at most), and once the broker is
-// back the events that met the outage go out at once: every event written
-// during the outage is stored in the stream within two seconds of the
-// broker's return.
+// back the events that met the outage go out at once. The retry backoff is
+// set to a minute, so that an event the outage had pushed onto it would be
+// a minute late: the bound on the last event's delay after the broker's
+// return (ten seconds) then tells the defect from a loaded machine.
 func TestBrokerOutageUnderLoadDelaysNothingPastItsEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -91,8 +92,10 @@ func TestBrokerOutageUnderLoadDelaysNothingPastItsEnd(t *testing.T) {
 	}
 	url := srv.ClientURL()
 	b := newNATS(t, url, 0)
-	// The library's defaults (retry 1s … 5m, poll 1s), wake-ups on.
-	cfg := outbox.RelayConfig{Schema: schema, Publisher: b.pub, Logger: discardLogger()}
+	// The library's defaults (poll 1s, looks at the destination 1s apart at
+	// most), wake-ups on; a failed event's retry a minute away at least.
+	cfg := outbox.RelayConfig{Schema: schema, Publisher: b.pub, Logger: discardLogger(),
+		RetryBackoffMin: time.Minute, RetryBackoffMax: 5 * time.Minute}
 	r, _ := startRelay(t, pool, cfg)
 
 	sw := startSteadyWriter(t, pool, schema, 50, 4*time.Millisecond)
@@ -184,8 +187,8 @@ func TestBrokerOutageUnderLoadDelaysNothingPastItsEnd(t *testing.T) {
 	t.Logf("%d events written during the %s outage: commit to stored p50 %s, p99 %s, max %s; the last stored %s after the broker's return",
 		len(during), up.Sub(down).Round(time.Millisecond), during[len(during)/2].Round(time.Millisecond),
 		during[len(during)*99/100].Round(time.Millisecond), during[len(during)-1].Round(time.Millisecond), latest.Sub(up).Round(time.Millisecond))
-	if late := latest.Sub(up); late > 2*time.Second {
-		t.Errorf("the last event written during the outage was stored %s after the broker's return, want within 2s", late.Round(time.Millisecond))
+	if late := latest.Sub(up); late > 10*time.Second {
+		t.Errorf("the last event written during the outage was stored %s after the broker's return, want within 10s (a retry is a minute away)", late.Round(time.Millisecond))
 	}
 	checkBrokerOrder(t, b.streamEvents(t))
 }
