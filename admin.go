@@ -325,11 +325,7 @@ GROUP BY aggregate_type ORDER BY aggregate_type`)
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("read published: %w", err)
 		}
-		if err := tx.QueryRow(ctx, `SELECT coalesce(sum(b.n), 0) FROM `+a.t.events+` q
-CROSS JOIN LATERAL (SELECT count(*) AS n FROM `+a.t.events+` p
-	WHERE p.published_at IS NULL AND p.aggregate_type = q.aggregate_type
-	  AND p.aggregate_id = q.aggregate_id AND p.aggregate_sequence > q.aggregate_sequence) b
-WHERE q.quarantined_at IS NOT NULL AND q.published_at IS NULL`).Scan(&st.BlockedByQuarantine); err != nil {
+		if err := tx.QueryRow(ctx, blockedByQuarantineSQL(a.t.events)).Scan(&st.BlockedByQuarantine); err != nil {
 			return fmt.Errorf("count blocked events: %w", err)
 		}
 		if st.Relays, err = a.relays(ctx, tx); err != nil {
@@ -633,16 +629,7 @@ func (a *Admin) ListQuarantined(ctx context.Context, f QuarantineFilter) ([]Even
 	where, args := f.where([]any{f.Limit, f.PreviewBytes})
 	// The preview is cut in SQL, so a large payload is not read whole;
 	// a jsonb payload is cut as its text, a bytea one as its bytes.
-	rows, err := a.db.Query(ctx, `SELECT `+eventInfoColumns+`,
-	(SELECT count(*) FROM `+a.t.events+` p WHERE p.published_at IS NULL AND p.aggregate_type = e.aggregate_type
-	   AND p.aggregate_id = e.aggregate_id AND p.aggregate_sequence > e.aggregate_sequence),
-	CASE WHEN $2 = 0 THEN NULL
-	     WHEN e.payload IS NOT NULL THEN convert_to(left(e.payload::text, $2), 'UTF8')
-	     ELSE substring(e.payload_bytes FROM 1 FOR $2) END
-FROM `+a.t.events+` e
-WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL`+where+`
-ORDER BY e.quarantined_at, e.event_id
-LIMIT $1`, args...)
+	rows, err := a.db.Query(ctx, quarantineListSQL(a.t.events, where), args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list quarantined: %w", err)
 	}
@@ -671,9 +658,7 @@ func (a *Admin) CountQuarantined(ctx context.Context, f QuarantineFilter, upTo i
 	}
 	where, args := f.where([]any{upTo})
 	var n int64
-	err := a.db.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+a.t.events+` e
-WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL`+where+`
-LIMIT $1) s`, args...).Scan(&n)
+	err := a.db.QueryRow(ctx, quarantineCountSQL(a.t.events, where), args...).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: count quarantined: %w", err)
 	}
@@ -930,4 +915,41 @@ func (a *Admin) Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, 
 		return res, fmt.Errorf("outbox: clean-up of schema %s: %w", a.schema.Name(), err)
 	}
 	return res, nil
+}
+
+// The statements that look for quarantined events state it as
+// quarantinedOpen, so that they read outbox_quarantine_key_idx (migration
+// 017), never an index of pending events.
+
+// blockedByQuarantineSQL counts the unpublished events behind a quarantined
+// one in its lane.
+func blockedByQuarantineSQL(events string) string {
+	return `SELECT coalesce(sum(b.n), 0) FROM ` + events + ` q
+CROSS JOIN LATERAL (SELECT count(*) AS n FROM ` + events + ` p
+	WHERE p.published_at IS NULL AND p.aggregate_type = q.aggregate_type
+	  AND p.aggregate_id = q.aggregate_id AND p.aggregate_sequence > q.aggregate_sequence) b
+WHERE ` + quarantinedOpen("q")
+}
+
+// quarantineListSQL lists quarantined events, oldest quarantine first, with
+// the count of events blocked behind each and a preview of its payload: $1
+// the limit, $2 the preview's bytes, where the filter's clauses.
+func quarantineListSQL(events, where string) string {
+	return `SELECT ` + eventInfoColumns + `,
+	(SELECT count(*) FROM ` + events + ` p WHERE p.published_at IS NULL AND p.aggregate_type = e.aggregate_type
+	   AND p.aggregate_id = e.aggregate_id AND p.aggregate_sequence > e.aggregate_sequence),
+	CASE WHEN $2 = 0 THEN NULL
+	     WHEN e.payload IS NOT NULL THEN convert_to(left(e.payload::text, $2), 'UTF8')
+	     ELSE substring(e.payload_bytes FROM 1 FOR $2) END
+FROM ` + events + ` e
+WHERE ` + quarantinedOpen("e") + where + `
+ORDER BY e.quarantined_at, e.event_id
+LIMIT $1`
+}
+
+// quarantineCountSQL counts the quarantined events where selects, up to $1.
+func quarantineCountSQL(events, where string) string {
+	return `SELECT count(*) FROM (SELECT 1 FROM ` + events + ` e
+WHERE ` + quarantinedOpen("e") + where + `
+LIMIT $1) s`
 }

@@ -83,3 +83,19 @@ func HandOffStatement(schema string) (string, error) {
 	}
 	return handOffSkipSQL(s.Table("outbox_events")), nil
 }
+
+// QuarantineStatements returns the statements that look for quarantined
+// events, by name, as the relay and Admin run them (no filter).
+func QuarantineStatements(schema string) (map[string]string, error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return nil, err
+	}
+	events := s.Table("outbox_events")
+	return map[string]string{
+		"sweep":   sweepFindSQL(events, s.Table("outbox_aggregates")),
+		"blocked": blockedByQuarantineSQL(events),
+		"list":    quarantineListSQL(events, ""),
+		"count":   quarantineCountSQL(events, ""),
+	}, nil
+}

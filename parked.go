@@ -157,6 +157,46 @@ func unparkTx(ctx context.Context, tx pgtx.Querier, s pgident.Schema, typ, id st
 	return nil
 }
 
+// quarantinedOpen is "quarantined and not published" for the events of
+// alias a, in the form of outbox_quarantine_key_idx's predicate (migration
+// 017): a statement that states it so can be served by that index (or a
+// scan of the table), never by an index of pending events, whose walk
+// reads every dead entry under a pinned xmin.
+func quarantinedOpen(a string) string {
+	return "num_nonnulls(" + a + ".quarantined_at) > num_nonnulls(" + a + ".published_at)"
+}
+
+// laneHeadSQL is the lowest unpublished event of the lane of alias l (its
+// aggregate_type and aggregate_id): one probe of outbox_pending_lane_idx.
+func laneHeadSQL(events, l string) string {
+	return `SELECT h.aggregate_sequence, h.quarantined_at IS NOT NULL AS quarantined FROM ` + events + ` h
+		WHERE h.published_at IS NULL AND h.aggregate_type = ` + l + `.aggregate_type AND h.aggregate_id = ` + l + `.aggregate_id
+		ORDER BY h.aggregate_sequence LIMIT 1`
+}
+
+// sweepFindSQL finds up to 1,000 lanes the sweep must repair: parked lanes
+// whose head is not quarantined or whose parking falls short of their last
+// sequence (through outbox_aggregates_parked_idx), and lanes not parked
+// whose head is quarantined (through outbox_quarantine_key_idx: the
+// quarantined events only, quarantinedOpen; OFFSET 0 keeps that scan a
+// statement of its own, so that the planner cannot drive the join from
+// every lane in outbox_aggregates instead, probing each lane's events).
+func sweepFindSQL(events, aggregates string) string {
+	return `SELECT a.aggregate_type, a.aggregate_id FROM ` + aggregates + ` a
+LEFT JOIN LATERAL (` + laneHeadSQL(events, "a") + `) h ON true
+WHERE a.parked_at IS NOT NULL
+  AND (h.quarantined IS NOT TRUE OR a.parked_through IS NULL OR a.parked_through < a.last_sequence)
+UNION
+SELECT a.aggregate_type, a.aggregate_id FROM (SELECT q.aggregate_type, q.aggregate_id, q.aggregate_sequence FROM ` + events + ` q
+	WHERE ` + quarantinedOpen("q") + ` OFFSET 0) q
+JOIN ` + aggregates + ` a ON a.aggregate_type = q.aggregate_type AND a.aggregate_id = q.aggregate_id
+WHERE a.parked_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM ` + events + ` p WHERE p.published_at IS NULL
+	AND p.aggregate_type = q.aggregate_type AND p.aggregate_id = q.aggregate_id
+	AND p.aggregate_sequence < q.aggregate_sequence)
+LIMIT 1000`
+}
+
 // laneParkBatch is the most events a settle parks (the rest is left to the
 // lane sweep); laneSweepBatch the most sequences the sweep parks in one
 // transaction.
@@ -187,25 +227,8 @@ type laneSweep struct {
 // transaction, until nothing is left or only busy lanes are.
 func sweepLanes(ctx context.Context, pool *pgxpool.Pool, s pgident.Schema) (laneSweep, error) {
 	events, aggregates := s.Table("outbox_events"), s.Table("outbox_aggregates")
-	// The lowest unpublished event of lane l: one probe of
-	// outbox_pending_lane_idx.
-	head := func(l string) string {
-		return `SELECT h.aggregate_sequence, h.quarantined_at IS NOT NULL AS quarantined FROM ` + events + ` h
-		WHERE h.published_at IS NULL AND h.aggregate_type = ` + l + `.aggregate_type AND h.aggregate_id = ` + l + `.aggregate_id
-		ORDER BY h.aggregate_sequence LIMIT 1`
-	}
-	find := `SELECT a.aggregate_type, a.aggregate_id FROM ` + aggregates + ` a
-LEFT JOIN LATERAL (` + head("a") + `) h ON true
-WHERE a.parked_at IS NOT NULL
-  AND (h.quarantined IS NOT TRUE OR a.parked_through IS NULL OR a.parked_through < a.last_sequence)
-UNION
-SELECT a.aggregate_type, a.aggregate_id FROM ` + events + ` q
-JOIN ` + aggregates + ` a ON a.aggregate_type = q.aggregate_type AND a.aggregate_id = q.aggregate_id
-WHERE q.quarantined_at IS NOT NULL AND q.published_at IS NULL AND a.parked_at IS NULL
-  AND NOT EXISTS (SELECT 1 FROM ` + events + ` p WHERE p.published_at IS NULL
-	AND p.aggregate_type = q.aggregate_type AND p.aggregate_id = q.aggregate_id
-	AND p.aggregate_sequence < q.aggregate_sequence)
-LIMIT 1000`
+	head := func(l string) string { return laneHeadSQL(events, l) }
+	find := sweepFindSQL(events, aggregates)
 	var res laneSweep
 	busy := map[[2]string]bool{}
 	for {

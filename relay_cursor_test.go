@@ -408,12 +408,10 @@ func freshClaimPlanUsesItsIndexes(t *testing.T, stats string) {
 		`array_fill('order'::text, ARRAY[100]), ARRAY[`+strings.Join(ids, ",")+`], array_fill(2::bigint, ARRAY[100])`)
 }
 
-// planUsesIndexKeys prepares stmt, plans it in the given plan_cache_mode
-// (force_generic_plan: the plan a relay's prepared statement keeps after
-// five calls; force_custom_plan: one made for the values) and fails the test when a scan
-// of outbox_events walks the table or an index without a condition on its
-// key.
-func planUsesIndexKeys(t *testing.T, pool *pgxpool.Pool, name, stmt, mode, args string) {
+// explainPrepared prepares stmt as name, plans it in the given
+// plan_cache_mode and returns the plan's lines; args is the EXECUTE's
+// argument list with its parentheses ("" for none).
+func explainPrepared(t *testing.T, pool *pgxpool.Pool, name, stmt, mode, args string) []string {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
@@ -429,7 +427,7 @@ func planUsesIndexKeys(t *testing.T, pool *pgxpool.Pool, name, stmt, mode, args 
 		t.Fatal(err)
 	}
 	defer func() { _, _ = conn.Exec(ctx, `DEALLOCATE `+name) }()
-	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE `+name+`(`+args+`)`)
+	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE `+name+args)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,6 +435,17 @@ func planUsesIndexKeys(t *testing.T, pool *pgxpool.Pool, name, stmt, mode, args 
 	if err != nil {
 		t.Fatal(err)
 	}
+	return plan
+}
+
+// planUsesIndexKeys prepares stmt, plans it in the given plan_cache_mode
+// (force_generic_plan: the plan a relay's prepared statement keeps after
+// five calls; force_custom_plan: one made for the values) and fails the test when a scan
+// of outbox_events walks the table or an index without a condition on its
+// key.
+func planUsesIndexKeys(t *testing.T, pool *pgxpool.Pool, name, stmt, mode, args string) {
+	t.Helper()
+	plan := explainPrepared(t, pool, name, stmt, mode, "("+args+")")
 	text := strings.Join(plan, "\n")
 	for i, line := range plan {
 		if !strings.Contains(line, "Scan") || strings.Contains(line, "CTE Scan") || strings.Contains(line, "Function Scan") ||
