@@ -75,8 +75,9 @@
 // side_effect_waits, migration 16) commits with the inbox row, and the
 // delivery is acknowledged; its redeliveries are duplicates. Record in the
 // same transaction whatever the aggregate's later events must know (the
-// inbox applies them meanwhile), e.g. a status row saying the charge
-// waits.
+// inbox applies them meanwhile: the aggregate's order ends at the wait,
+// and the resumed handler must check the state they left), e.g. a status
+// row saying the charge waits.
 //
 // [Caller.Resume] (a loop, started by the consumer beside Reconcile, one
 // per Caller and consumer) hands the stored message back to the

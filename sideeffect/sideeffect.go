@@ -181,8 +181,10 @@ type Config struct {
 	// Observer is told every call, lookup, replay and park, for metrics
 	// (package outboxprom). Optional.
 	Observer Observer
-	// Logger receives a warning when a round of Reconcile fails. Defaults
-	// to slog.Default().
+	// Logger receives a warning when a round of Reconcile or Resume fails,
+	// or a waiting event's handler fails other than with Do's "not yet"
+	// errors (ErrParked, ErrUnknown, ErrInProgress, ErrLeaseExpired,
+	// ErrLeaseLost). Defaults to slog.Default().
 	Logger *slog.Logger
 	// Clock is the caller's clock for its leases: a claim's lease ends Lease
 	// after the claiming statement was sent by this clock, and Do refuses a
