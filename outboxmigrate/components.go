@@ -17,8 +17,9 @@ const (
 	// ComponentsConsumer is the consumer side only, for a consumer's own
 	// database: the inbox (processed_events, inbox_aggregates,
 	// inbox_consumers and the SQL inbox functions of migration 12), the
-	// side effects (side_effects) and the audit log their operator actions
-	// write (outbox_operations). No outbox_events, no relay tables.
+	// side effects (side_effects, and side_effect_waits with its trigger,
+	// migration 16) and the audit log their operator actions write
+	// (outbox_operations). No outbox_events, no relay tables.
 	//
 	// Its steps (ConsumerMigrations) are recorded in their own table,
 	// outbox_consumer_migrations, not in outbox_schema_migrations: Version
@@ -34,12 +35,13 @@ const consumerMigrationsTable = "outbox_consumer_migrations"
 
 // consumerFromFull are the full migrations that touch only the consumer
 // side, which the consumer install runs as they are.
-var consumerFromFull = []int{4, 7, 8, 12}
+var consumerFromFull = []int{4, 7, 8, 12, 16}
 
 // ConsumerMigrations returns the steps of the consumer install
 // (ComponentsConsumer) in order: its own first step (version 1, the
 // consumer side's tables as the full migrations 1, 2 and 5 leave them),
-// then the full migrations that touch only the consumer side (4, 7, 8, 12),
+// then the full migrations that touch only the consumer side (4, 7, 8, 12,
+// 16),
 // under their own versions.
 func ConsumerMigrations() []Migration {
 	out := readDir("consumer")

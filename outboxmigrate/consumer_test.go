@@ -18,10 +18,11 @@ import (
 )
 
 // consumerTables are the tables of the consumer side.
-var consumerTables = []string{"processed_events", "inbox_aggregates", "inbox_consumers", "side_effects", "outbox_operations"}
+var consumerTables = []string{"processed_events", "inbox_aggregates", "inbox_consumers", "side_effects", "side_effect_waits", "outbox_operations"}
 
-// consumerFunctions are the SQL inbox's functions (migration 12).
-var consumerFunctions = []string{"inbox_start_point", "inbox_claim", "inbox_seed"}
+// consumerFunctions are the SQL inbox's functions (migration 12) and the
+// side_effects trigger's (migration 16).
+var consumerFunctions = []string{"inbox_start_point", "inbox_claim", "inbox_seed", "side_effects_resolved_notify"}
 
 // freshSchema is a name for a schema the test creates, dropped at the end.
 func freshSchema(t *testing.T, pool *pgxpool.Pool, prefix string) string {
@@ -77,6 +78,7 @@ WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY
 FROM pg_constraint WHERE conrelid = $1::regclass ORDER BY conname`, rel)
 		q(`SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 ORDER BY indexname`, schema, table)
 		q(`SELECT 'options ' || coalesce(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = $1::regclass`, rel)
+		q(`SELECT 'trigger ' || pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal ORDER BY tgname`, rel)
 	}
 	for _, f := range consumerFunctions {
 		q(`SELECT pg_get_functiondef(p.oid) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -96,8 +98,8 @@ func TestConsumerInstallMatchesTheFullOne(t *testing.T) {
 	pool := outboxtest.Pool(t)
 	_, full := outboxtest.Schema(t)
 	want := describeConsumerSide(t, pool, full)
-	if !strings.Contains(want, "inbox_claim") || !strings.Contains(want, "column waiting_since") {
-		t.Fatalf("the full install's description lacks the SQL inbox or migration 4's columns:\n%s", want)
+	if !strings.Contains(want, "inbox_claim") || !strings.Contains(want, "column waiting_since") || !strings.Contains(want, "trigger CREATE TRIGGER side_effects_resolved") {
+		t.Fatalf("the full install's description lacks the SQL inbox, migration 4's columns or migration 16's trigger:\n%s", want)
 	}
 
 	schema := freshSchema(t, pool, "cons")
@@ -109,8 +111,8 @@ func TestConsumerInstallMatchesTheFullOne(t *testing.T) {
 	for _, m := range outboxmigrate.ConsumerMigrations() {
 		steps = append(steps, m.Version)
 	}
-	if !slices.Equal(res.Applied, steps) || !slices.Equal(steps, []int{1, 4, 7, 8, 12}) || res.Current != 12 {
-		t.Fatalf("consumer install applied %v, now at %d; want %v, at 12", res.Applied, res.Current, steps)
+	if !slices.Equal(res.Applied, steps) || !slices.Equal(steps, []int{1, 4, 7, 8, 12, 16}) || res.Current != 16 {
+		t.Fatalf("consumer install applied %v, now at %d; want %v, at 16", res.Applied, res.Current, steps)
 	}
 	wantTables := append(slices.Clone(consumerTables), "outbox_consumer_migrations")
 	slices.Sort(wantTables)
@@ -124,7 +126,7 @@ func TestConsumerInstallMatchesTheFullOne(t *testing.T) {
 		t.Fatalf("Version of a consumer-only schema = %d, %v; want 0 (no outbox tables)", v, err)
 	}
 	res, err = outboxmigrate.MigrateComponents(ctx, pool, schema, outboxmigrate.ComponentsConsumer)
-	if err != nil || len(res.Applied) != 0 || res.Current != 12 {
+	if err != nil || len(res.Applied) != 0 || res.Current != 16 {
 		t.Fatalf("second consumer install: %+v, %v; want nothing applied", res, err)
 	}
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
@@ -44,9 +45,9 @@ type AdminConfig struct {
 // every name: what `outbox status` shows and package outboxprom samples,
 // and the resolution of parked attempts. It is safe for concurrent use.
 type Admin struct {
-	db     pgtx.DB
-	schema pgident.Schema
-	t, ops string
+	db            pgtx.DB
+	schema        pgident.Schema
+	t, ops, waits string
 }
 
 // NewAdmin returns an Admin over pool.
@@ -71,7 +72,7 @@ func newAdmin(db pgtx.DB, cfg AdminConfig) (*Admin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sideeffect: admin: %w", err)
 	}
-	return &Admin{db: db, schema: s, t: s.Table("side_effects"), ops: s.Table("outbox_operations")}, nil
+	return &Admin{db: db, schema: s, t: s.Table("side_effects"), ops: s.Table("outbox_operations"), waits: s.Table("side_effect_waits")}, nil
 }
 
 // Schema is the schema the Admin works on.
@@ -431,6 +432,53 @@ func (a *Admin) Resolve(ctx context.Context, r Resolution) (Attempt, error) {
 	})
 	if err != nil {
 		return Attempt{}, fmt.Errorf("%s: resolve: %w", what, err)
+	}
+	return out, nil
+}
+
+// WaitingEvent is a consumer's event waiting on an attempt (Caller.WaitTx),
+// to be run again by the consumer's Resume once the attempt is resolved.
+type WaitingEvent struct {
+	Consumer      string    `json:"consumer"`
+	EventID       string    `json:"event_id"`
+	EventType     string    `json:"event_type"`
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	Sequence      int64     `json:"sequence"`
+	Since         time.Time `json:"waiting_since"`
+	// Wakes counts the handler's runs for it; LastError is the last run's
+	// error, if it failed.
+	Wakes     int    `json:"wakes"`
+	LastError string `json:"last_error,omitempty"`
+}
+
+// WaitingMax bounds the events Admin.Waiting lists.
+const WaitingMax = 100
+
+// Waiting lists the events waiting on the attempt of name and key (at most
+// WaitingMax, longest waiting first): what resolving it wakes. A schema
+// without the side_effect_waits table (before migration 16) has none.
+func (a *Admin) Waiting(ctx context.Context, name, key string) ([]WaitingEvent, error) {
+	rows, err := a.db.Query(ctx, `SELECT consumer_name, event_id::text, event_type, aggregate_type, aggregate_id, sequence,
+	waiting_since, wakes, coalesce(last_error, '')
+FROM `+a.waits+` WHERE name = $1 AND key = $2
+ORDER BY waiting_since, consumer_name, event_id
+LIMIT $3`, name, key, WaitingMax)
+	var out []WaitingEvent
+	if err == nil {
+		out, err = pgtx.Collect(rows, func(row pgtx.Row) (WaitingEvent, error) {
+			var w WaitingEvent
+			err := row.Scan(&w.Consumer, &w.EventID, &w.EventType, &w.AggregateType, &w.AggregateID, &w.Sequence, &w.Since, &w.Wakes, &w.LastError)
+			w.Since = w.Since.UTC()
+			return w, err
+		})
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined table: before migration 16
+		return []WaitingEvent{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sideeffect %s, key %s: events waiting: %w", name, key, err)
 	}
 	return out, nil
 }

@@ -64,12 +64,39 @@
 // [ErrInProgress], do not acknowledge the event: its redelivery (after
 // inbox.RedeliveryDelay, growing and capped) calls Do again, which resolves
 // it with the same key. On [ErrParked], do not redeliver it in a loop: Do
-// calls nothing until an operator resolves the attempt. Record in the
-// event's inbox transaction that it waits on the attempt (a row of the
-// consumer's own) and acknowledge it; a resolver of the consumer's finds
-// the waiting events whose attempt is no longer parked ([Admin.Attempt])
-// and calls Do again with the same key and request, which returns the
-// operator's outcome or, after [ResolveRetry], calls once.
+// calls nothing until an operator resolves the attempt. Let the event wait
+// on it instead (below).
+//
+// # Waiting on a parked attempt
+//
+// On [ErrParked], call [Caller.WaitTx] (or [Caller.WaitSQLTx]) in the
+// event's inbox transaction with the consumer's name, the key and the
+// delivered message, and return nil: the wait (a row of
+// side_effect_waits, migration 16) commits with the inbox row, and the
+// delivery is acknowledged; its redeliveries are duplicates. Record in the
+// same transaction whatever the aggregate's later events must know (the
+// inbox applies them meanwhile: the aggregate's order ends at the wait,
+// and the resumed handler must check the state they left), e.g. a status
+// row saying the charge waits.
+//
+// [Caller.Resume] (a loop, started by the consumer beside Reconcile, one
+// per Caller and consumer) hands the stored message back to the
+// consumer's handler ([Resumer]) once the attempt is no longer parked: an
+// operator resolved it ([Admin.Resolve], `outbox sideeffect resolve`, the
+// console, or an UPDATE by hand). A trigger on side_effects notifies the
+// resolution, so Resume runs at once rather than at its next poll
+// (Config.ResumePoll). The handler runs in a transaction that holds the
+// wait's row lock (FOR UPDATE SKIP LOCKED: two Resume loops never run one
+// wait at once) and deletes the wait when the handler returns nil, so what
+// the handler writes and the end of the wait commit together: a crash or
+// an error before that commit leaves the wait as it was, to be run again,
+// and the handler's Do then finds the outcome recorded, never calling
+// twice. The handler calls Do again with the same key and request, which
+// returns the operator's outcome (Result.Via "operator") or, after
+// [ResolveRetry], calls once. Parked again, the handler records the wait
+// again (or returns the error) and the event waits for the next
+// resolution; any other error is recorded on the wait (last_error) and
+// run again after a backoff (Config.CheckInterval, doubling).
 //
 // # Reconciliation and parking
 //
@@ -89,6 +116,7 @@
 // outboxprom exports them as sideeffect_* series and samples [Admin.Gauges]
 // (open attempts by state, the oldest unknown age). `outbox status
 // --sideeffect-schema S` shows [Admin.Status]; `outbox sideeffect
-// parked|show|resolve` lists and settles parked attempts.
+// parked|show|resolve` lists and settles parked attempts ([Admin.Waiting]:
+// `show` lists the events waiting on one).
 // docs/side-effects.md has the state machine and what each mode guarantees.
 package sideeffect

@@ -113,6 +113,7 @@ const (
 	MaxAgeDefault           = 24 * time.Hour
 	ReconcileBatchDefault   = 100
 	ReconcilePollDefault    = time.Second
+	ResumePollDefault       = 10 * time.Second
 )
 
 // MaxKeyBytes bounds a key and a name.
@@ -170,11 +171,20 @@ type Config struct {
 	// ReconcileBatchDefault and ReconcilePollDefault.
 	ReconcileBatch int
 	ReconcilePoll  time.Duration
+	// ResumePoll is how often Resume looks for waiting events whose attempt
+	// is no longer parked, besides the notification a resolution sends
+	// (which wakes it at once). The poll finds what no notification
+	// announces: an attempt resolved while the listening connection was
+	// down, or by a database/sql driver that cannot listen, and a wait due
+	// again after its handler failed. Defaults to ResumePollDefault.
+	ResumePoll time.Duration
 	// Observer is told every call, lookup, replay and park, for metrics
 	// (package outboxprom). Optional.
 	Observer Observer
-	// Logger receives a warning when a round of Reconcile fails. Defaults
-	// to slog.Default().
+	// Logger receives a warning when a round of Reconcile or Resume fails,
+	// or a waiting event's handler fails other than with Do's "not yet"
+	// errors (ErrParked, ErrUnknown, ErrInProgress, ErrLeaseExpired,
+	// ErrLeaseLost). Defaults to slog.Default().
 	Logger *slog.Logger
 	// Clock is the caller's clock for its leases: a claim's lease ends Lease
 	// after the claiming statement was sent by this clock, and Do refuses a
@@ -188,10 +198,13 @@ type Config struct {
 // Caller makes one external call per key safely: see the package
 // documentation. It is safe for concurrent use, by any number of processes.
 type Caller struct {
-	db  pgtx.DB
-	cfg Config
-	t   string // the table, quoted
-	ops string // the audit log, quoted
+	db     pgtx.DB
+	sqlDB  bool // built by NewSQL: Resume's handler gets a database/sql transaction
+	cfg    Config
+	schema string
+	t      string // the table, quoted
+	ops    string // the audit log, quoted
+	waits  string // the waits on parked attempts, quoted
 }
 
 // New returns a Caller over pool, which must reach a schema migrated by
@@ -200,7 +213,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Caller, error) {
 	if pool == nil {
 		return nil, errors.New("sideeffect: New needs a pool")
 	}
-	return newCaller(pgtx.Pool(pool), cfg)
+	return newCaller(pgtx.Pool(pool), false, cfg)
 }
 
 // NewSQL returns a Caller over db, a database/sql database (the one sqlx,
@@ -212,10 +225,10 @@ func NewSQL(db *sql.DB, cfg Config) (*Caller, error) {
 	if db == nil {
 		return nil, errors.New("sideeffect: NewSQL needs a database")
 	}
-	return newCaller(pgtx.Database(db), cfg)
+	return newCaller(pgtx.Database(db), true, cfg)
 }
 
-func newCaller(db pgtx.DB, cfg Config) (*Caller, error) {
+func newCaller(db pgtx.DB, sqlDB bool, cfg Config) (*Caller, error) {
 	if err := checkName("Config.Name", cfg.Name); err != nil {
 		return nil, err
 	}
@@ -240,7 +253,7 @@ func newCaller(db pgtx.DB, cfg Config) (*Caller, error) {
 		return nil, errors.New("sideeffect: Config.BlindRetry applies to mode neither only")
 	}
 	if cfg.CallTimeout < 0 || cfg.Lease < 0 || cfg.CheckInterval < 0 || cfg.MaxCheckInterval < 0 ||
-		cfg.MaxChecks < 0 || cfg.MaxAge < 0 || cfg.ReconcileBatch < 0 || cfg.ReconcilePoll < 0 {
+		cfg.MaxChecks < 0 || cfg.MaxAge < 0 || cfg.ReconcileBatch < 0 || cfg.ReconcilePoll < 0 || cfg.ResumePoll < 0 {
 		return nil, errors.New("sideeffect: durations and counts in Config must not be negative")
 	}
 	def := func(d *time.Duration, v time.Duration) {
@@ -269,7 +282,9 @@ func newCaller(db pgtx.DB, cfg Config) (*Caller, error) {
 	if cfg.Lease <= cfg.CallTimeout {
 		return nil, fmt.Errorf("sideeffect: Config.Lease (%s) must exceed Config.CallTimeout (%s): a call must end before its claim does", cfg.Lease, cfg.CallTimeout)
 	}
-	return &Caller{db: db, cfg: cfg, t: s.Table("side_effects"), ops: s.Table("outbox_operations")}, nil
+	def(&cfg.ResumePoll, ResumePollDefault)
+	return &Caller{db: db, sqlDB: sqlDB, cfg: cfg, schema: s.Name(), t: s.Table("side_effects"), ops: s.Table("outbox_operations"),
+		waits: s.Table("side_effect_waits")}, nil
 }
 
 // Name is the Caller's Config.Name.

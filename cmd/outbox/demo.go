@@ -250,7 +250,7 @@ func (d *demoRun) run(ctx context.Context) (err error) {
 	if err != nil {
 		return redact.Error(fmt.Errorf("database url: %w", err), redact.DatabaseSecrets(d.flags.databaseURL)...)
 	}
-	pcfg.MaxConns = int32(d.flags.concurrency + inventory.WorkersDefault + 8 + 4*payments.WorkersDefault)
+	pcfg.MaxConns = int32(d.flags.concurrency+inventory.WorkersDefault+6) + payments.PoolSize(payments.WorkersDefault)
 	if d.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return fmt.Errorf("connect to database: %w", err)
 	}

@@ -113,7 +113,9 @@ func sideEffectShow(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "sideeffect show", `sideeffect show --name N --key K [--json] [flags]
 
 Shows one attempt as recorded: its state, the provider mode, attempts, lookups and blind retries,
-timestamps, the last error, the response, why it was parked and the last operator action.`)
+timestamps, the last error, the response, why it was parked and the last operator action; and the
+consumers' events waiting on it (sideeffect.Caller.WaitTx), which resolving it wakes (in --json,
+"waiting").`)
 	var common cli.Common
 	common.Register(fs)
 	name := fs.String("name", "", "the name (required)")
@@ -136,14 +138,21 @@ timestamps, the last error, the response, why it was parked and the last operato
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return opJSON(os.Stdout, a)
+	waiting, err := admin.Waiting(ctx, *name, *key)
+	if err != nil {
+		return err
 	}
-	printAttempt(a)
+	if *asJSON {
+		return opJSON(os.Stdout, struct {
+			sideeffect.Attempt
+			Waiting []sideeffect.WaitingEvent `json:"waiting"`
+		}{a, waiting})
+	}
+	printAttempt(a, waiting...)
 	return nil
 }
 
-func printAttempt(a sideeffect.Attempt) {
+func printAttempt(a sideeffect.Attempt, waiting ...sideeffect.WaitingEvent) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	state := string(a.State)
 	if a.Expired {
@@ -175,6 +184,14 @@ func printAttempt(a sideeffect.Attempt) {
 		fmt.Fprintf(tw, "response\t%s\n", opOneLine(string(a.Response), 200))
 	}
 	fmt.Fprintf(tw, "fingerprint\tsha256:%s\n", a.Fingerprint)
+	for _, w := range waiting {
+		fmt.Fprintf(tw, "waiting\tconsumer %s: event %s (%s, %s %s #%d) since %s", w.Consumer, w.EventID, w.EventType,
+			w.AggregateType, w.AggregateID, w.Sequence, w.Since.Format(time.RFC3339))
+		if w.LastError != "" {
+			fmt.Fprintf(tw, ", %d runs, last error: %s", w.Wakes, opOneLine(w.LastError, 120))
+		}
+		fmt.Fprintln(tw)
+	}
 	tw.Flush()
 }
 

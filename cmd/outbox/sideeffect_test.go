@@ -7,6 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/sideeffect"
 )
@@ -39,9 +43,27 @@ func TestSideEffectCommands(t *testing.T) {
 			t.Fatalf("parked lacks %q (exit %d, %s):\n%s", want, code, stderr, stdout)
 		}
 	}
+	// An event waits on the parked attempt: show names it.
+	eventID := uuid.New()
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return c.WaitTx(ctx, tx, sideeffect.Wait{Consumer: "mailer", Key: "evt-1", Message: outbox.Message{ID: eventID,
+			AggregateType: "user", AggregateID: "u1", Sequence: 3, Type: "UserInvited", Payload: []byte(`{}`)}})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	stdout, _, code = runOutbox(t, nil, "sideeffect", "show", "--schema", schema, "--name", "mail.send", "--key", "evt-1")
-	if code != 0 || !strings.Contains(stdout, "parked (mode neither)") || !strings.Contains(stdout, "calls          1") {
+	if code != 0 || !strings.Contains(stdout, "parked (mode neither)") || !strings.Contains(stdout, "calls          1") ||
+		!strings.Contains(stdout, "waiting        consumer mailer: event "+eventID.String()+" (UserInvited, user u1 #3)") {
 		t.Fatalf("show (exit %d):\n%s", code, stdout)
+	}
+	stdout, _, code = runOutbox(t, nil, "sideeffect", "show", "--schema", schema, "--name", "mail.send", "--key", "evt-1", "--json")
+	var shown struct {
+		State   sideeffect.State          `json:"state"`
+		Waiting []sideeffect.WaitingEvent `json:"waiting"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &shown); code != 0 || err != nil || shown.State != sideeffect.Parked ||
+		len(shown.Waiting) != 1 || shown.Waiting[0].EventID != eventID.String() || shown.Waiting[0].Consumer != "mailer" {
+		t.Fatalf("show --json (exit %d, %v):\n%s", code, err, stdout)
 	}
 	_, stderr, code = runOutbox(t, nil, "sideeffect", "resolve", "--schema", schema, "--name", "mail.send", "--key", "evt-1", "--as", "succeeded")
 	if code != 2 || !strings.Contains(stderr, "--reason is required") {

@@ -19,9 +19,10 @@
 // event comes again and the helper resolves it (lookup, or the same key).
 // A charge the helper parks for an operator is not redelivered in a loop:
 // the StockReserved is applied as charge_parked (the payments row, with the
-// reason) and acknowledged, and the resolver (ResolveCharges, run by Run)
-// charges or fails the order with the same key once an operator's
-// `outbox sideeffect resolve` settled the call.
+// reason), waiting on the attempt (sideeffect.Caller.WaitTx, in the inbox
+// transaction), and acknowledged; an operator's `outbox sideeffect
+// resolve` wakes the helper's Resume (run by Run), which hands the event
+// back to charge or fail the order with the same key, once.
 //
 // A refund whose outcome is unknown is retried with the redelivery's
 // backoff. When the provider refuses it for good, the consumer records
@@ -29,8 +30,8 @@
 // service. When it is still unknown at Config.RefundAttempts deliveries, or
 // the helper parks its call, the consumer records RefundUnknown instead (the
 // saga is parked with the reason: the refund may have happened) and
-// acknowledges the cancellation; its resolver (ResolveRefunds, run by Run)
-// keeps driving the refund through the helper with the same key and records
+// acknowledges the cancellation, waiting on the refund's attempt; the
+// helper's Resume keeps driving the refund with the same key and records
 // PaymentRefunded (the saga ends cancelled) or RefundFailed once the
 // reconciler's lookup, a retry, or an operator's `outbox sideeffect
 // resolve` decides it.

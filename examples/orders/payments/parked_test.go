@@ -50,11 +50,11 @@ func (w *warnings) list() []string {
 // Issue 22, item 6: a charge the side-effect helper parks for an operator
 // (mode neither, no blind retry, an ambiguous answer) was redelivered every
 // 10 s with a warning until an operator resolved it (5,835 warnings in 27
-// minutes in the demo). Now the StockReserved is applied as charge_parked
-// and acknowledged: JetStream holds nothing for a redelivery, further
-// deliveries (lost acks) are duplicates that log nothing, and the charge
-// is made or recorded once after the operator's resolution, which the
-// consumer's resolver picks up.
+// minutes in the demo). Now the StockReserved is applied as charge_parked,
+// waiting on the attempt (sideeffect.Caller.WaitTx), and acknowledged:
+// JetStream holds nothing for a redelivery, further deliveries (lost acks)
+// are duplicates that log nothing, and the charge is made or recorded once
+// after the operator's resolution, which wakes the helper's Resume.
 func TestParkedChargeWaitsForItsResolutionWithoutRedelivery(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -189,9 +189,14 @@ func TestParkedChargeWaitsForItsResolutionWithoutRedelivery(t *testing.T) {
 				orderID, orderevents.PaymentCaptured).Scan(&captured); err != nil || captured != 1 {
 				t.Errorf("%d PaymentCaptured events recorded (%v), want 1", captured, err)
 			}
-			// A later round of the resolver, and a redelivery, change nothing.
-			if n, err := cons.ResolveCharges(ctx); err != nil || n != 0 {
-				t.Errorf("ResolveCharges after the resolution: %d, %v; want 0, nil", n, err)
+			// A later round of Resume, and a redelivery, change nothing.
+			outboxtest.Eventually(t, 30*time.Second, "the charge's wait ended", func() bool {
+				var n int
+				err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.schema+`.side_effect_waits`).Scan(&n)
+				return err == nil && n == 0
+			})
+			if rep, err := cons.ResumeWaiting(ctx); err != nil || rep != (sideeffect.ResumeReport{}) {
+				t.Errorf("ResumeWaiting after the resolution: %+v, %v; want nothing", rep, err)
 			}
 			if _, err := cons.Handle(ctx, msg, 60); err != nil {
 				t.Errorf("a redelivery after the resolution: %v", err)

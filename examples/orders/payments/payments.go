@@ -59,15 +59,15 @@ type Config struct {
 	// unknown outcome (a counted possible duplicate) instead of parking it.
 	BlindRetry bool
 	// CallTimeout, CheckInterval, MaxCheckInterval and MaxChecks are the
-	// helper's (sideeffect.Config). CheckInterval is also how often the
-	// resolver of unknown refunds looks for due ones.
+	// helper's (sideeffect.Config).
 	CallTimeout      time.Duration
 	CheckInterval    time.Duration
 	MaxCheckInterval time.Duration
 	MaxChecks        int
 	// RefundAttempts bounds the deliveries of an OrderCancelled whose
 	// refund stays unknown; then RefundUnknown is recorded (the saga waits,
-	// parked with the reason) and the resolver (ResolveRefunds) records
+	// parked with the reason), the event waits on the refund's attempt
+	// (sideeffect.Caller.WaitTx), and the helper's Resume records
 	// PaymentRefunded or RefundFailed once the outcome is known. Defaults
 	// to RefundAttemptsDefault.
 	RefundAttempts int
@@ -82,9 +82,9 @@ type Stats struct {
 	// the saga waits while the resolver learns their outcome.
 	RefundsUnknown int64
 	// ChargesParked counts charges whose call the helper parked for an
-	// operator: their StockReserved was acknowledged, and the resolver
-	// (ResolveCharges) charges or fails the order once the call is
-	// resolved.
+	// operator: their StockReserved was acknowledged, waiting on the
+	// attempt, and the helper's Resume charges or fails the order once the
+	// call is resolved.
 	ChargesParked int64
 	// Retried counts deliveries handed back for a redelivery (unknown
 	// outcomes, errors, early events).
@@ -100,7 +100,7 @@ type Consumer struct {
 	charge, refund *sideeffect.Caller
 	admin          *sideeffect.Admin
 	log            *slog.Logger
-	q              struct{ ensure, lock, set, unknown, parked string }
+	q              struct{ ensure, lock, set string }
 
 	captured, declined, refunded, refundFailed, refundsUnknown, chargesParked, skipped, retried atomic.Int64
 }
@@ -166,23 +166,6 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	c.q.lock = `SELECT status, cancelled, coalesce(charge_id, ''), amount_cents FROM ` + t + ` WHERE order_id = $1 FOR UPDATE`
 	c.q.set = `UPDATE ` + t + ` SET status = $2, amount_cents = $3, charge_id = coalesce(NULLIF($4, ''), charge_id),
 refund_id = coalesce(NULLIF($5, ''), refund_id), reason = NULLIF($6, ''), cancelled = cancelled OR $7, updated_at = now() WHERE order_id = $1`
-	c.q.unknown = `SELECT order_id FROM ` + t + ` WHERE status = 'refund_unknown' ORDER BY updated_at LIMIT $1`
-	// The parked charges whose attempt is no longer parked: resolved by an
-	// operator (succeeded, failed, or let to call again), and neither under
-	// a live claim nor waiting for its next check (unless an operator let
-	// the next call go: the reconciler may have pushed its check back). A
-	// charge whose attempt is missing is taken too: Do then calls.
-	se, err := pgident.NewSchema(cfg.Schema)
-	if err != nil {
-		return nil, err
-	}
-	c.q.parked = `SELECT p.order_id FROM ` + t + ` p
-LEFT JOIN ` + se.Table("side_effects") + ` s ON s.name = $1 AND s.key = p.order_id || $2
-WHERE p.status = 'charge_parked'
-  AND (s.key IS NULL OR (s.state <> 'parked'
-       AND NOT (s.state = 'started' AND s.lease_until > now())
-       AND NOT (s.state = 'unknown' AND NOT s.operator_retry AND s.next_check_at > now())))
-ORDER BY p.updated_at LIMIT $3`
 	return c, nil
 }
 
@@ -205,8 +188,10 @@ func (c *Consumer) caller(name string, lookup sideeffect.Lookup) (*sideeffect.Ca
 // PoolSize is the least pool size of a consumer with workers workers: per
 // aggregate type consumed (2), each worker holds a connection in its inbox
 // transaction while the side-effect helper takes another; two more for the
-// reconcilers.
-func PoolSize(workers int) int32 { return int32(2*2*workers + 2) }
+// reconcilers, and three per caller (charges, refunds) for Resume: its
+// listening connection, and a waiting event's transaction while the helper
+// records its call with another.
+func PoolSize(workers int) int32 { return int32(2*2*workers + 2 + 2*3) }
 
 // Callers are the helper's callers of the charges and the refunds, for
 // Reconcile and status.
@@ -242,7 +227,12 @@ func (c *Consumer) Run(ctx context.Context, js jetstream.JetStream) error {
 	for _, sc := range c.Callers() {
 		go func() { _ = sc.Reconcile(ctx) }()
 	}
-	go c.resolve(ctx)
+	go func() {
+		_ = c.charge.Resume(ctx, sideeffect.Resumer{Consumer: c.cfg.InboxConsumer, Handle: c.resumeCharge})
+	}()
+	go func() {
+		_ = c.refund.Resume(ctx, sideeffect.Resumer{Consumer: c.cfg.InboxConsumer, Handle: c.resumeRefund})
+	}()
 	c.log.Info("payments consumer starting", slog.String("durable", c.cfg.Durable), slog.String("mode", string(c.cfg.Mode)))
 	return natsloop.Run(ctx, js, natsloop.Config{
 		Stream: c.cfg.Stream, SubjectPrefix: c.cfg.SubjectPrefix, Durable: c.cfg.Durable,
@@ -259,9 +249,9 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, msg outbox.Message, del
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
 			return fmt.Errorf("decode %s payload: %w", msg.Type, err)
 		}
-		return c.chargeOrder(ctx, tx, msg.AggregateID, p.TotalCents, delivery)
+		return c.chargeOrder(ctx, tx, msg, p.TotalCents, delivery)
 	case orderevents.OrderCancelled:
-		return c.refundOrder(ctx, tx, msg.AggregateID, delivery)
+		return c.refundOrder(ctx, tx, msg, delivery)
 	}
 	return nil
 }
@@ -307,7 +297,8 @@ func (c *Consumer) record(ctx context.Context, tx pgx.Tx, typ string, p ordereve
 
 // chargeOrder charges an order whose stock is reserved, unless it was
 // cancelled first.
-func (c *Consumer) chargeOrder(ctx context.Context, tx pgx.Tx, orderID string, amount int64, delivery int) error {
+func (c *Consumer) chargeOrder(ctx context.Context, tx pgx.Tx, msg outbox.Message, amount int64, delivery int) error {
+	orderID := msg.AggregateID
 	r, fresh, err := c.lockRow(ctx, tx, orderID)
 	if err != nil {
 		return err
@@ -330,12 +321,12 @@ func (c *Consumer) chargeOrder(ctx context.Context, tx pgx.Tx, orderID string, a
 	}
 	res, err := c.callCharge(ctx, orderID, amount)
 	if errors.Is(err, sideeffect.ErrParked) {
-		return c.chargeParked(ctx, tx, orderID, amount, err)
+		return c.chargeParked(ctx, tx, msg, amount, err)
 	}
 	if err != nil {
 		return err // unknown or in progress: the event comes again
 	}
-	return c.chargeKnown(ctx, tx, orderID, r.cancelled, amount, res, delivery)
+	return c.chargeKnown(ctx, tx, msg, r.cancelled, amount, res, delivery)
 }
 
 // callCharge charges the order through the helper, with the order's
@@ -353,22 +344,59 @@ func (c *Consumer) callCharge(ctx context.Context, orderID string, amount int64)
 }
 
 // chargeParked applies a StockReserved whose charge the helper parked for
-// an operator: the payments row says charge_parked with the reason, and
-// the event is acknowledged rather than redelivered until the operator
-// acts (each redelivery would only find the attempt parked again). The
-// resolver (ResolveCharges) takes the charge up once it is resolved.
-func (c *Consumer) chargeParked(ctx context.Context, tx pgx.Tx, orderID string, amount int64, cause error) error {
+// an operator: the payments row says charge_parked with the reason, the
+// event waits on the charge's attempt (WaitTx, in the inbox transaction),
+// and it is acknowledged rather than redelivered until the operator acts
+// (each redelivery would only find the attempt parked again). The
+// helper's Resume runs resumeCharge once the attempt is resolved.
+func (c *Consumer) chargeParked(ctx context.Context, tx pgx.Tx, msg outbox.Message, amount int64, cause error) error {
+	orderID := msg.AggregateID
 	reason := fmt.Sprintf("its call is parked in the side-effect helper for an operator: %v; payments records the outcome once resolved (outbox sideeffect resolve --name %s --key %s)",
 		cause, ChargeName, ChargeKey(orderID))
 	c.chargesParked.Add(1)
 	c.log.Warn("charge parked for an operator; the order waits for its resolution", slog.String("order_id", orderID), slog.String("reason", reason))
-	return c.set(ctx, tx, orderID, "charge_parked", amount, "", "", reason, false)
+	if err := c.set(ctx, tx, orderID, "charge_parked", amount, "", "", reason, false); err != nil {
+		return err
+	}
+	return c.charge.WaitTx(ctx, tx, sideeffect.Wait{Consumer: c.cfg.InboxConsumer, Key: ChargeKey(orderID), Message: msg})
+}
+
+// resumeCharge is the helper's Resume handler of a StockReserved waiting on
+// its parked charge, run once an operator resolved the call (`outbox
+// sideeffect resolve`): Do, called again with the same key and request,
+// answers the operator's outcome or, after a retry, calls with the same
+// key; PaymentCaptured (and the refund, when the order was cancelled
+// meanwhile) or PaymentFailed is recorded with the payments row, in the
+// transaction that ends the wait. Parked again, the event waits again; an
+// outcome still unknown is tried again after the helper's backoff.
+func (c *Consumer) resumeCharge(ctx context.Context, tx pgx.Tx, msg outbox.Message) error {
+	orderID := msg.AggregateID
+	r, _, err := c.lockRow(ctx, tx, orderID)
+	if err != nil {
+		return err
+	}
+	if r.status != "charge_parked" {
+		return nil // settled meanwhile: the wait ends
+	}
+	res, err := c.callCharge(ctx, orderID, r.amount)
+	if errors.Is(err, sideeffect.ErrParked) {
+		return c.charge.WaitTx(ctx, tx, sideeffect.Wait{Consumer: c.cfg.InboxConsumer, Key: ChargeKey(orderID), Message: msg})
+	}
+	if err != nil {
+		return err
+	}
+	c.log.Info("parked charge resolved", slog.String("order_id", orderID), slog.String("state", string(res.State)),
+		slog.String("via", res.Via))
+	// A refund due (cancelled meanwhile) whose outcome is unknown is
+	// recorded as RefundUnknown at once, the event then waiting on it.
+	return c.chargeKnown(ctx, tx, msg, r.cancelled, r.amount, res, c.cfg.RefundAttempts)
 }
 
 // chargeKnown records a charge whose outcome the helper knows: captured
 // (PaymentCaptured, and the refund when the order was cancelled meanwhile)
 // or declined (PaymentFailed).
-func (c *Consumer) chargeKnown(ctx context.Context, tx pgx.Tx, orderID string, cancelled bool, amount int64, res sideeffect.Result, delivery int) error {
+func (c *Consumer) chargeKnown(ctx context.Context, tx pgx.Tx, msg outbox.Message, cancelled bool, amount int64, res sideeffect.Result, delivery int) error {
+	orderID := msg.AggregateID
 	var ch provider.Charge
 	_ = json.Unmarshal(res.Response, &ch)
 	if res.State == sideeffect.Failed {
@@ -393,13 +421,14 @@ func (c *Consumer) chargeKnown(ctx context.Context, tx pgx.Tx, orderID string, c
 		return err
 	}
 	if cancelled {
-		return c.refundOrder(ctx, tx, orderID, delivery) // cancelled meanwhile: compensate now
+		return c.refundOrder(ctx, tx, msg, delivery) // cancelled meanwhile: compensate now
 	}
 	return nil
 }
 
 // refundOrder compensates a cancelled order's charge.
-func (c *Consumer) refundOrder(ctx context.Context, tx pgx.Tx, orderID string, delivery int) error {
+func (c *Consumer) refundOrder(ctx context.Context, tx pgx.Tx, msg outbox.Message, delivery int) error {
+	orderID := msg.AggregateID
 	r, _, err := c.lockRow(ctx, tx, orderID)
 	if err != nil {
 		return err
@@ -415,14 +444,15 @@ func (c *Consumer) refundOrder(ctx context.Context, tx pgx.Tx, orderID string, d
 	case errors.Is(err, sideeffect.ErrFingerprintMismatch):
 		return c.recordRefundFailed(ctx, tx, orderID, r, "its key was used before for another refund: "+err.Error())
 	case errors.Is(err, sideeffect.ErrParked):
-		// An operator decides (outbox sideeffect resolve); the resolver
-		// (ResolveRefunds) records what they decided.
-		return c.refundUnknown(ctx, tx, orderID, r, "its call is parked in the side-effect helper for an operator: "+err.Error())
+		// An operator decides (outbox sideeffect resolve); the event
+		// waits on the attempt, and resumeRefund records what they
+		// decided.
+		return c.refundUnknown(ctx, tx, msg, r, "its call is parked in the side-effect helper for an operator: "+err.Error())
 	case delivery >= c.cfg.RefundAttempts:
 		// Not "failed": the refund may have happened and be learnt later
-		// (the helper's reconciler, a lookup by the resolver). Stop
-		// holding the cancellation and let the resolver follow it.
-		return c.refundUnknown(ctx, tx, orderID, r, fmt.Sprintf("outcome still unknown after %d attempts: %v", delivery, err))
+		// (the helper's reconciler, or Do once the attempt is due again).
+		// Stop holding the cancellation; the event waits on the attempt.
+		return c.refundUnknown(ctx, tx, msg, r, fmt.Sprintf("outcome still unknown after %d attempts: %v", delivery, err))
 	default:
 		return err // retried with the redelivery's backoff
 	}
@@ -474,175 +504,72 @@ func (c *Consumer) recordRefundFailed(ctx context.Context, tx pgx.Tx, orderID st
 
 // refundUnknown parks the saga while the refund's outcome is unknown: the
 // payments row says refund_unknown with the reason, RefundUnknown tells the
-// saga, and ResolveRefunds records the outcome once the helper knows it.
-func (c *Consumer) refundUnknown(ctx context.Context, tx pgx.Tx, orderID string, r row, reason string) error {
+// saga, and the event waits on the refund's attempt (WaitTx): the helper's
+// Resume runs resumeRefund once the attempt is due (resolved by an
+// operator, or due for its next check), which records the outcome once
+// the helper knows it.
+func (c *Consumer) refundUnknown(ctx context.Context, tx pgx.Tx, msg outbox.Message, r row, reason string) error {
+	orderID := msg.AggregateID
 	reason += fmt.Sprintf("; payments records the outcome once known (outbox sideeffect show --name %s --key %s)", RefundName, RefundKey(orderID))
 	c.refundsUnknown.Add(1)
 	c.log.Warn("refund outcome unknown; the saga waits for it", slog.String("order_id", orderID), slog.String("reason", reason))
 	if err := c.set(ctx, tx, orderID, "refund_unknown", r.amount, "", "", reason, true); err != nil {
 		return err
 	}
-	return c.record(ctx, tx, orderevents.RefundUnknown, orderevents.PaymentPayload{OrderID: orderID,
-		AmountCents: r.amount, ChargeID: r.chargeID, Reason: reason})
+	if err := c.record(ctx, tx, orderevents.RefundUnknown, orderevents.PaymentPayload{OrderID: orderID,
+		AmountCents: r.amount, ChargeID: r.chargeID, Reason: reason}); err != nil {
+		return err
+	}
+	return c.refund.WaitTx(ctx, tx, sideeffect.Wait{Consumer: c.cfg.InboxConsumer, Key: RefundKey(orderID), Message: msg})
 }
 
-// ResolveRefunds is one round of the resolver of refunds left unknown
-// (payments rows in status refund_unknown): for each whose attempt in the
-// helper is due — final (the reconciler's lookup, or an operator's
-// resolve, decided it), or unknown and due for its next check — it calls
-// the helper's Do again with the refund's key (which answers from the
-// record, looks the key up, or calls again as the provider's mode allows)
-// and, once the outcome is known, records PaymentRefunded or RefundFailed
-// with the payments row, in one transaction. A parked attempt waits for
-// its operator. It returns how many refunds it settled. Run calls it
-// every Config.CheckInterval.
-func (c *Consumer) ResolveRefunds(ctx context.Context) (int, error) {
-	rows, err := c.pool.Query(ctx, c.q.unknown, resolveBatch)
+// resumeRefund is the helper's Resume handler of an event waiting on a
+// refund whose outcome is unknown (payments row refund_unknown), run once
+// its attempt is due: resolved by an operator, or unknown and due for its
+// next check. It calls Do again with the refund's key (which answers from
+// the record, looks the key up, or calls again as the provider's mode
+// allows) and, once the outcome is known, records PaymentRefunded or
+// RefundFailed with the payments row, in the transaction that ends the
+// wait. Still unknown (or parked), it returns the helper's error: the
+// event waits on, tried again after the helper's backoff (or at the
+// attempt's resolution).
+func (c *Consumer) resumeRefund(ctx context.Context, tx pgx.Tx, msg outbox.Message) error {
+	orderID := msg.AggregateID
+	r, _, err := c.lockRow(ctx, tx, orderID)
 	if err != nil {
-		return 0, fmt.Errorf("payments: refunds unknown: %w", err)
+		return err
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, fmt.Errorf("payments: refunds unknown: %w", err)
+	if r.status != "refund_unknown" {
+		return nil // settled meanwhile: the wait ends
 	}
-	settled := 0
-	for _, id := range ids {
-		ok, err := c.resolveRefund(ctx, id)
-		if err != nil {
-			return settled, fmt.Errorf("payments: resolve the refund of order %s: %w", id, err)
-		}
-		if ok {
-			settled++
-		}
-	}
-	return settled, nil
-}
-
-// resolveBatch bounds the refunds one ResolveRefunds round takes up.
-const resolveBatch = 100
-
-// errStillUnknown ends the resolver's transaction without a change.
-var errStillUnknown = errors.New("the refund's outcome is still unknown")
-
-func (c *Consumer) resolveRefund(ctx context.Context, orderID string) (bool, error) {
-	a, err := c.admin.Attempt(ctx, RefundName, RefundKey(orderID))
+	res, err := c.callRefund(ctx, r.chargeID, orderID)
 	switch {
-	case errors.Is(err, sideeffect.ErrNotFound):
-		// No record: the call was never sent (or given back). Do calls.
+	case errors.Is(err, sideeffect.ErrFingerprintMismatch):
+		return c.recordRefundFailed(ctx, tx, orderID, r, "its key was used before for another refund: "+err.Error())
 	case err != nil:
-		return false, err
-	case a.State == sideeffect.Succeeded || a.State == sideeffect.Failed:
-	case a.State == sideeffect.Parked:
-		return false, nil // an operator decides
-	case a.State == sideeffect.Started && !a.Expired:
-		return false, nil // someone is at it
-	case a.NextCheck != nil && a.NextCheck.After(time.Now()):
-		return false, nil // not due: the helper's backoff
+		return err
 	}
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		r, _, err := c.lockRow(ctx, tx, orderID)
-		if err != nil {
-			return err
-		}
-		if r.status != "refund_unknown" {
-			return errStillUnknown // settled meanwhile
-		}
-		res, err := c.callRefund(ctx, r.chargeID, orderID)
-		if err != nil {
-			if errors.Is(err, sideeffect.ErrFingerprintMismatch) {
-				return c.recordRefundFailed(ctx, tx, orderID, r, "its key was used before for another refund: "+err.Error())
-			}
-			return errStillUnknown
-		}
-		return c.refundKnown(ctx, tx, orderID, r, res)
-	})
-	if errors.Is(err, errStillUnknown) {
-		return false, nil
-	}
-	return err == nil, err
+	return c.refundKnown(ctx, tx, orderID, r, res)
 }
 
-// ResolveCharges is one round of the resolver of charges parked
-// (payments rows in status charge_parked): for each whose attempt in the
-// helper is no longer parked (an operator resolved it as succeeded or
-// failed, or let the next call go, `outbox sideeffect resolve`), it calls
-// the helper's Do again with the charge's key, which answers from the
-// record or calls with the same key, and records PaymentCaptured (and the
-// refund, when the order was cancelled meanwhile) or PaymentFailed with
-// the payments row, in one transaction. A charge still parked costs
-// nothing but its row in one query. It returns how many charges it
-// settled. Run calls it every Config.CheckInterval, so a resolution takes
-// effect within that interval.
-func (c *Consumer) ResolveCharges(ctx context.Context) (int, error) {
-	rows, err := c.pool.Query(ctx, c.q.parked, ChargeName, ChargeKey(""), resolveBatch)
-	if err != nil {
-		return 0, fmt.Errorf("payments: charges parked: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, fmt.Errorf("payments: charges parked: %w", err)
-	}
-	settled := 0
-	for _, id := range ids {
-		ok, err := c.resolveCharge(ctx, id)
+// ResumeWaiting runs one round of the helper's Resume for the charges and
+// the refunds (sideeffect.Caller.ResumeOnce): the events waiting on an
+// attempt that is due now. Run does this in the background, woken by an
+// operator's resolution; tests call it to see that nothing is left.
+func (c *Consumer) ResumeWaiting(ctx context.Context) (sideeffect.ResumeReport, error) {
+	var sum sideeffect.ResumeReport
+	for _, r := range []struct {
+		c *sideeffect.Caller
+		h func(context.Context, pgx.Tx, outbox.Message) error
+	}{{c.charge, c.resumeCharge}, {c.refund, c.resumeRefund}} {
+		rep, err := r.c.ResumeOnce(ctx, sideeffect.Resumer{Consumer: c.cfg.InboxConsumer, Handle: r.h})
+		sum.Resumed += rep.Resumed
+		sum.Waiting += rep.Waiting
 		if err != nil {
-			return settled, fmt.Errorf("payments: resolve the charge of order %s: %w", id, err)
-		}
-		if ok {
-			settled++
+			return sum, err
 		}
 	}
-	return settled, nil
-}
-
-func (c *Consumer) resolveCharge(ctx context.Context, orderID string) (bool, error) {
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		r, _, err := c.lockRow(ctx, tx, orderID)
-		if err != nil {
-			return err
-		}
-		if r.status != "charge_parked" {
-			return errStillUnknown // settled meanwhile
-		}
-		res, err := c.callCharge(ctx, orderID, r.amount)
-		switch {
-		case errors.Is(err, sideeffect.ErrParked), errors.Is(err, sideeffect.ErrUnknown), errors.Is(err, sideeffect.ErrInProgress),
-			errors.Is(err, sideeffect.ErrLeaseExpired), errors.Is(err, sideeffect.ErrLeaseLost):
-			return errStillUnknown // parked again, or not known yet: a later round
-		case err != nil:
-			return err
-		}
-		c.log.Info("parked charge resolved", slog.String("order_id", orderID), slog.String("state", string(res.State)),
-			slog.String("via", res.Via))
-		// A refund due (cancelled meanwhile) whose outcome is unknown is
-		// recorded as RefundUnknown at once, for the refunds' resolver.
-		return c.chargeKnown(ctx, tx, orderID, r.cancelled, r.amount, res, c.cfg.RefundAttempts)
-	})
-	if errors.Is(err, errStillUnknown) {
-		return false, nil
-	}
-	return err == nil, err
-}
-
-// resolve runs ResolveCharges and ResolveRefunds until ctx ends.
-func (c *Consumer) resolve(ctx context.Context) {
-	every := c.cfg.CheckInterval
-	if every <= 0 {
-		every = sideeffect.CheckIntervalDefault
-	}
-	for {
-		if _, err := c.ResolveCharges(ctx); err != nil && ctx.Err() == nil {
-			c.log.Warn("resolve charges", slog.Any("error", err))
-		}
-		if _, err := c.ResolveRefunds(ctx); err != nil && ctx.Err() == nil {
-			c.log.Warn("resolve refunds", slog.Any("error", err))
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(every):
-		}
-	}
+	return sum, nil
 }
 
 // ChargeKey is the idempotency key, and the reference, of an order's
