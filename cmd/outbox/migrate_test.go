@@ -54,7 +54,7 @@ func TestMigrateOnlyConsumer(t *testing.T) {
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
 
 	stdout, stderr, code := runOutbox(t, nil, "migrate", "--only", "consumer", "--schema", schema)
-	if code != 0 || !strings.Contains(stdout, "the consumer side migrated to consumer version 12") {
+	if code != 0 || !strings.Contains(stdout, "the consumer side migrated to consumer version 16") {
 		t.Fatalf("migrate --only consumer: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 	var inboxTable, events bool
