@@ -2,7 +2,9 @@ package outbox
 
 import (
 	"context"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -98,4 +100,41 @@ func QuarantineStatements(schema string) (map[string]string, error) {
 		"list":    quarantineListSQL(events, ""),
 		"count":   quarantineCountSQL(events, ""),
 	}, nil
+}
+
+// ExplainLook runs the background full scan's look under EXPLAIN (ANALYZE,
+// BUFFERS): from the relay's low-water mark, or from the start when
+// complete. The cursor is not changed.
+func (r *Relay) ExplainLook(ctx context.Context, complete bool) (string, error) {
+	r.cursor.mu.Lock()
+	from := r.cursor.low
+	r.cursor.mu.Unlock()
+	if complete || !from.avail.Valid {
+		from = lowMarkStart
+	}
+	rows, err := r.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+r.sql.look, from.avail, from.occ)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			return "", err
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n"), rows.Err()
+}
+
+// LookLow is the available_at of the relay's low-water mark (zero: none or
+// -infinity).
+func (r *Relay) LookLow() time.Time {
+	r.cursor.mu.Lock()
+	defer r.cursor.mu.Unlock()
+	if !r.cursor.low.avail.Valid || r.cursor.low.avail.InfinityModifier != 0 {
+		return time.Time{}
+	}
+	return r.cursor.low.avail.Time
 }

@@ -116,6 +116,11 @@ type claimCursor struct {
 	lastFull     time.Time
 	lastFullCost time.Duration
 	fullAgain    bool
+	// low is where the background full scan's next look starts (zero: from
+	// the start), lastComplete when a look last read from the start
+	// (relay_fullscan.go, nextLowMark).
+	low          lowMark
+	lastComplete time.Time
 }
 
 // fullScanDuty bounds the share of a relay's time spent in full scans: after
@@ -174,6 +179,29 @@ func (c *claimCursor) fullDone(start time.Time, cost time.Duration, n, size int)
 	defer c.mu.Unlock()
 	c.lastFull, c.lastFullCost = start, cost
 	c.fullAgain = n >= size
+}
+
+// lookFrom is where the background full scan's look starts: the low-water
+// mark, or the start of the index when there is none or when a complete look
+// is due (every completeEvery).
+func (c *claimCursor) lookFrom(now time.Time, completeEvery time.Duration) (lowMark, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.low.avail.Valid || now.Sub(c.lastComplete) >= completeEvery {
+		return lowMarkStart, true
+	}
+	return c.low, false
+}
+
+// lookDone records the low-water mark a look found, and when it was
+// complete.
+func (c *claimCursor) lookDone(low lowMark, complete bool, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.low = low
+	if complete {
+		c.lastComplete = now
+	}
 }
 
 // continueLanes records, for each lane of b whose claimed events were all
