@@ -1,0 +1,267 @@
+package outboxcdc_test
+
+// Adversarial tests of the CDC relay, second review (adv27): interleavings
+// with operators and with the relay's own reconnections, the
+// least-privileged role, and odd rows in the WAL. Each states the promise it
+// tries to break.
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/outboxtest"
+	"github.com/pgoutbox/outbox/outboxcdc"
+	"github.com/pgoutbox/outbox/outboxmigrate"
+)
+
+// TestAdv27AlteredPublicationIsNoticedWhileStreaming: Setup refuses a
+// publication that does not publish every insert whole, because "a stream
+// reading only some inserts would look healthy while the rest waited for the
+// safety net" (docs/operations.md, Objects). The check runs only at start. A
+// publication altered while the relay streams (ALTER PUBLICATION ... SET
+// (publish = 'update'), a row filter, DROP TABLE) takes effect in the WAL
+// sender at once: the stream reads no insert any more, yet it stays
+// streaming and ready, and with no safety net nothing publishes the events
+// ever. The relay must notice and say so (Ready, or Run ending with the
+// reason) as it does at start.
+func TestAdv27AlteredPublicationIsNoticedWhileStreaming(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ name, alter string }{
+		{"updates only", "SET (publish = 'update')"},
+		{"table dropped from it", "DROP TABLE %s.outbox_events"},
+		{"row filter", "SET TABLE %s.outbox_events WHERE (aggregate_type <> 'order')"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, nil)
+			ctx := context.Background()
+			c, err := outboxcdc.New(outboxcdc.Config{
+				DatabaseURL: e.url, Pool: e.pool, Schema: e.schema, Group: "g", Relay: e.relay(t, "cdc", 0, nil),
+				BatchSize: 50, StatusInterval: 200 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
+				StandbyInterval: 100 * time.Millisecond, Logger: quiet(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- c.Run(runCtx) }()
+			defer func() { cancel(); <-done }()
+			outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
+			e.write(t, "before", 1, 1)
+			outboxtest.Eventually(t, 30*time.Second, "published before the alter", func() bool { return c.Stats().Published() == 1 })
+
+			alter := tc.alter
+			if strings.Contains(alter, "%s") {
+				alter = fmt.Sprintf(alter, e.schema)
+			}
+			if _, err := e.pool.Exec(ctx, `ALTER PUBLICATION `+outboxcdc.PublicationName(e.schema)+` `+alter); err != nil {
+				t.Fatal(err)
+			}
+			e.write(t, "after", 1, 1)
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				select {
+				case err := <-done:
+					done <- err // for the deferred stop
+					t.Logf("Run ended: %v", err)
+					return
+				default:
+				}
+				if err := c.Ready(); err != nil {
+					t.Logf("not ready: %v", err)
+					return
+				}
+				if c.Stats().Published() == 2 {
+					return // the stream still reads the inserts: nothing to notice
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("30 s after the publication was altered (%s) the stream reads no insert (received %d, published %d) and reports itself streaming and ready: every event waits for a safety net (none here), unseen",
+						alter, c.Stats().Received(), c.Stats().Published())
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestAdv27RewindIsNotATakeover: Stats.Takeovers (the metric
+// outbox_cdc_takeovers_total) counts "the times this relay started streaming
+// after standing by", and standing by means "another process streams its
+// slot". A relay alone on its slot whose queue fills (MaxQueued) rewinds:
+// it closes its replication connection and streams again at once. Its own
+// WAL sender has not always exited when it looks at the slot, so it used to
+// find the slot active for its own previous WAL sender, log "standing by:
+// another process streams the slot", wait a StandbyInterval and count a
+// takeover from itself.
+func TestAdv27RewindIsNotATakeover(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	c, _ := e.startCDC(t, "g", e.relay(t, "cdc", 0, nil), nil, func(c *outboxcdc.Config) {
+		c.MaxQueued, c.BatchSize = 1, 1
+		c.StandbyInterval = 300 * time.Millisecond
+	})
+	outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
+	const events = 30
+	ctx := context.Background()
+	for i := 0; i < events; i++ {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := e.w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("a%d", i), Type: "Placed", Payload: []byte(`{}`)})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	outboxtest.Eventually(t, 60*time.Second, "every event published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	if c.Stats().Rewinds() == 0 {
+		t.Skip("no rewind happened: the test's premise does not hold")
+	}
+	if n := c.Stats().Takeovers(); n != 0 {
+		t.Fatalf("%d takeovers counted (%d standby checks) by the only relay of the slot after %d rewinds of its own: it stood by for its own WAL sender",
+			n, c.Stats().StandbyChecks(), c.Stats().Rewinds())
+	}
+}
+
+// TestAdv27LeastPrivilegedRoleStreams: docs/operations.md (Server settings,
+// Roles) says the CDC relay's role needs REPLICATION and the relay grants of
+// `outbox migrate --print-grants`, and only the first start (Setup) needs
+// the table's owner, for the publication. Here the owner creates the
+// publication, and a login role with REPLICATION and the relay role's grants
+// (nothing more) runs everything else: the slot's creation, the stream, the
+// safety net, a standby of the same group beside it (its look at
+// pg_replication_slots), the takeover when the streaming relay stops, and a
+// slot PostgreSQL invalidated (here: dropped by hand), which the relay
+// creates again.
+func TestAdv27LeastPrivilegedRoleStreams(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	script, err := outboxmigrate.Grants(e.schema, outboxmigrate.Roles{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{"outbox_writer", "outbox_relay", "outbox_operator", "outbox_consumer"} {
+		if _, err := e.pool.Exec(ctx, "CREATE ROLE "+r+" NOLOGIN"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.pool.Exec(ctx, script); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, "CREATE ROLE cdc_login LOGIN REPLICATION IN ROLE outbox_relay"); err != nil {
+		t.Fatal(err)
+	}
+	// The owner's part: the publication (Setup creates the slot too; the
+	// relay's role must be able to do that itself, so it is dropped).
+	if err := outboxcdc.Setup(ctx, outboxcdc.Config{Pool: e.pool, Schema: e.schema, Group: "g"}); err != nil {
+		t.Fatal(err)
+	}
+	slot := outboxcdc.SlotName(e.schema, "g")
+	if _, err := e.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+		t.Fatal(err)
+	}
+	url := strings.Replace(e.url, "postgres://postgres@", "postgres://cdc_login@", 1)
+	if url == e.url {
+		t.Fatalf("cannot make a URL for another user from %s", e.url)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var super bool
+	if err := pool.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super); err != nil || super {
+		t.Fatalf("the relay's connection is a superuser (%v) or failed (%v)", super, err)
+	}
+	lp := &env{cluster: e.cluster, url: url, pool: pool, schema: e.schema, w: e.w, js: e.js, stream: e.stream, pub: e.pub}
+	a, stopA := lp.startCDC(t, "g", lp.relay(t, "a-cdc", 0, nil), lp.relay(t, "a", 2*time.Second, nil))
+	outboxtest.Eventually(t, 30*time.Second, "a streams", a.Stats().Streaming)
+	b, _ := lp.startCDC(t, "g", lp.relay(t, "b-cdc", 0, nil), lp.relay(t, "b", 2*time.Second, nil))
+	outboxtest.Eventually(t, 30*time.Second, "b stands by", b.Stats().StandingBy)
+	e.write(t, "one", 3, 2)
+	outboxtest.Eventually(t, 30*time.Second, "published by a's stream", func() bool { return a.Stats().Published() == 6 })
+	stopA()
+	outboxtest.Eventually(t, 30*time.Second, "b takes over", b.Stats().Streaming)
+	e.write(t, "two", 3, 2)
+	outboxtest.Eventually(t, 30*time.Second, "published by b's stream", func() bool { return b.Stats().Published() == 6 })
+	// The slot lost: terminated and dropped by hand; b creates it again.
+	if _, err := e.pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", slot); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 30*time.Second, "slot dropped", func() bool {
+		_, err := e.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot)
+		return err == nil
+	})
+	e.write(t, "gap", 3, 1)
+	outboxtest.Eventually(t, 30*time.Second, "slot created again and streamed", func() bool { return b.Stats().Streaming() && e.confirmed(t, slot) > 0 })
+	e.write(t, "three", 3, 1)
+	outboxtest.Eventually(t, 60*time.Second, "every event published (the gap by the safety net)", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	if err := b.Ready(); err != nil {
+		t.Fatalf("b not ready: %v", err)
+	}
+	checkInvariants(t, e.brokerMessages(t), 18)
+}
+
+// TestAdv27OddRowsInTheWAL: the stream decodes event_id, aggregate_type and
+// aggregate_id from the WAL (the lane key joins the last two with a NUL).
+// Aggregates whose ids are as odd as the writer allows (512 bytes, unicode,
+// spaces, a type and id that would collide if joined without a separator,
+// ids that differ only in case or in a trailing space), and events with a
+// large payload and headers, all written in one transaction in an order that
+// interleaves the aggregates, must reach the destination once each, in
+// sequence order per aggregate, published by the stream.
+func TestAdv27OddRowsInTheWAL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	c, _ := e.startCDC(t, "g", e.relay(t, "cdc", 0, nil), nil)
+	outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
+	type agg struct{ typ, id string }
+	aggs := []agg{
+		{"order", strings.Repeat("é", 256)},             // 512 bytes
+		{"order", "ünïcødé 🚀 id"},                        // 4-byte runes, spaces
+		{"ord", "erx"}, {"order", "x"}, // "order"+"x" == "ord"+"erx" joined without a separator
+		{"order", "Case"}, {"order", "case"}, {"order", "case "},
+		{"order", `a"b\c'd`},
+		{strings.Repeat("t", 255), "long-type"},
+	}
+	big := `{"blob":"` + strings.Repeat("z", 900_000) + `"}`
+	// One call per round: a further InsertTx call must not write to an
+	// aggregate that sorts before one it wrote to (a deadlock guard).
+	const rounds = 3
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		for r := 0; r < rounds; r++ {
+			evs := make([]outbox.Event, 0, len(aggs))
+			for i, a := range aggs {
+				ev := outbox.Event{AggregateType: a.typ, AggregateID: a.id, Type: fmt.Sprintf("E%d", r), Payload: []byte(`{}`),
+					Headers: map[string]string{"x-note": "line one: ünïcødé"}}
+				if i == 0 {
+					ev.Payload = []byte(big)
+				}
+				evs = append(evs, ev)
+			}
+			if _, err := e.w.InsertTx(ctx, tx, evs...); err != nil {
+				return fmt.Errorf("round %d: %w", r, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := rounds * len(aggs)
+	outboxtest.Eventually(t, 60*time.Second, "every event published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	if c.Stats().Published() != int64(want) || c.Stats().Left() != 0 {
+		t.Fatalf("the stream published %d of %d and left %d", c.Stats().Published(), want, c.Stats().Left())
+	}
+	checkInvariants(t, e.brokerMessages(t), want)
+}
