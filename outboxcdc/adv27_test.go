@@ -227,9 +227,9 @@ func TestAdv27OddRowsInTheWAL(t *testing.T) {
 	outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
 	type agg struct{ typ, id string }
 	aggs := []agg{
-		{"order", strings.Repeat("é", 256)},             // 512 bytes
-		{"order", "ünïcødé 🚀 id"},                        // 4-byte runes, spaces
-		{"ord", "erx"}, {"order", "x"}, // "order"+"x" == "ord"+"erx" joined without a separator
+		{"order", strings.Repeat("é", 256)}, // 512 bytes
+		{"order", "ünïcødé 🚀 id"},           // 4-byte runes, spaces
+		{"ord", "erx"}, {"order", "x"},      // "order"+"x" == "ord"+"erx" joined without a separator
 		{"order", "Case"}, {"order", "case"}, {"order", "case "},
 		{"order", `a"b\c'd`},
 		{strings.Repeat("t", 255), "long-type"},
