@@ -92,6 +92,11 @@ type Relay struct {
 	stats   Stats
 	started atomic.Bool
 	lastErr atomic.Pointer[error] // why the stream last ended
+	// sender is the PID of the WAL sender of this relay's last replication
+	// connection (Run's goroutine only): found still holding the slot after
+	// that connection closed, it is this relay's own, exiting, not another
+	// process to stand by for.
+	sender int
 }
 
 // Ready reports whether the relay does its job: nil while it streams the
@@ -168,12 +173,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		break
 	}
 	r.log.Info("cdc relay started", slog.String("publication", r.cfg.Publication), slog.String("schema", r.cfg.Schema))
-	failures, standby := 0, false
+	failures, standby, own := 0, false, 0
 	for ctx.Err() == nil {
 		err := r.streamOnce(ctx, standby)
 		if ctx.Err() != nil {
 			break
 		}
+		if errors.Is(err, errOwnSender) {
+			// The WAL sender of the connection this relay just closed (a
+			// rewind, a reconnection) has not released the slot yet: wait
+			// for it briefly, neither standing by nor counting a takeover.
+			own++
+			sleep(ctx, jitter(own, ownSenderWait, r.cfg.StandbyInterval))
+			continue
+		}
+		own = 0
 		if errors.Is(err, errRewind) {
 			r.stats.rewinds.Add(1)
 			r.log.Info("cdc queue was full; reading the transactions it did not queue again from the slot's confirmed position",
@@ -284,9 +298,12 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		return errors.New("replication slot missing or invalidated")
 	}
 	if info.active {
-		// Another process streams the slot (or the WAL sender of this
-		// one's last connection has not exited yet). START_REPLICATION
+		// Another process streams the slot, or the WAL sender of this
+		// relay's last connection has not exited yet. START_REPLICATION
 		// would fail, and write an ERROR to the server's log.
+		if r.sender != 0 && info.activePID == r.sender {
+			return errOwnSender
+		}
 		r.stats.standbyChecks.Add(1)
 		return &errSlotActive{pid: info.activePID}
 	}
@@ -301,6 +318,8 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		return fmt.Errorf("outboxcdc: open the replication connection: %w", err)
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	// On a replication connection the backend is the WAL sender.
+	r.sender = int(conn.PID())
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'"},
@@ -350,6 +369,14 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 	}
 	return err
 }
+
+// errOwnSender: the slot is still held by the WAL sender of this relay's
+// previous connection, which is exiting.
+var errOwnSender = errors.New("outboxcdc: the previous connection's WAL sender still holds the slot")
+
+// ownSenderWait is the first wait for this relay's own exiting WAL sender
+// (doubling up to StandbyInterval).
+const ownSenderWait = 5 * time.Millisecond
 
 // errSlotActive: another process streams the slot.
 type errSlotActive struct{ pid int }
