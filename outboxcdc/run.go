@@ -307,6 +307,11 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		r.stats.standbyChecks.Add(1)
 		return &errSlotActive{pid: info.activePID}
 	}
+	// Setup checked the publication at start; it may have been altered
+	// since (ALTER PUBLICATION takes effect in the WAL sender at once).
+	if _, err := checkPublication(ctx, r.cfg.Pool, r.cfg.Schema, r.cfg.Publication); err != nil {
+		return err
+	}
 	pc, err := pgconn.ParseConfig(r.cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("outboxcdc: parse the database URL: %w", redact(err))
@@ -355,9 +360,15 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 			stop(err)
 		}
 	}()
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		r.watchPublication(sctx, stop)
+	}()
 	err = s.run(sctx)
 	stop(err)
 	<-done
+	<-watched
 	r.stats.queued.Store(0)
 	// The last call's marks may still be on their way (Relay.PublishIDs):
 	// written before Run returns, so that a process that exits after it
@@ -368,6 +379,34 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		r.log.Warn("marking the last events published failed; they are published again when their lease expires", slog.Any("error", merr))
 	}
 	return err
+}
+
+// watchPublication checks the publication every StatusInterval while the
+// stream runs, and ends the session when it no longer publishes every insert
+// into the outbox table whole (altered by hand: the stream would read
+// nothing, or only some events, and look healthy while the rest waited for
+// the safety net). Run then returns the reason, as Setup does at start. A
+// publication dropped is left to the WAL sender's error (Run creates it
+// again); a failed look is tried again at the next tick.
+func (r *Relay) watchPublication(ctx context.Context, stop context.CancelCauseFunc) {
+	t := time.NewTicker(r.cfg.StatusInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, err := checkPublication(ctx, r.cfg.Pool, r.cfg.Schema, r.cfg.Publication)
+		if errors.Is(err, errForeignPublication) {
+			r.log.Error("the stream's publication was altered and no longer publishes every insert into the outbox table; stopping the stream", slog.Any("error", err))
+			stop(err)
+			return
+		}
+		if err != nil && ctx.Err() == nil {
+			r.log.Debug("checking the publication failed; trying again", slog.Any("error", err))
+		}
+	}
 }
 
 // errOwnSender: the slot is still held by the WAL sender of this relay's
