@@ -7,11 +7,14 @@ package outboxcdc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -264,4 +267,143 @@ func TestAdv27OddRowsInTheWAL(t *testing.T) {
 		t.Fatalf("the stream published %d of %d and left %d", c.Stats().Published(), want, c.Stats().Left())
 	}
 	checkInvariants(t, e.brokerMessages(t), want)
+}
+
+// flakyPublisher fails the first attempt of about a third of the events:
+// some refused outright, some acknowledged by the broker and then reported
+// failed (an ambiguous timeout), some failed as the destination being
+// unavailable while the rest of the batch goes through.
+type flakyPublisher struct {
+	outbox.Publisher
+	mu   sync.Mutex
+	seen map[uuid.UUID]bool
+}
+
+func (f *flakyPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	var pass []outbox.Message
+	var at []int
+	f.mu.Lock()
+	for i, m := range msgs {
+		first := !f.seen[m.ID]
+		f.seen[m.ID] = true
+		switch {
+		case first && m.ID[0]%6 == 0:
+			errs[i] = errors.New("refused once")
+		case first && m.ID[0]%6 == 1:
+			errs[i] = outbox.Unavailable(errors.New("partition leader moving"))
+		case first && m.ID[0]%6 == 2:
+			// acknowledged below, then reported failed
+			pass, at = append(pass, m), append(at, -i-1)
+		default:
+			pass, at = append(pass, m), append(at, i)
+		}
+	}
+	f.mu.Unlock()
+	if len(pass) > 0 {
+		res := f.Publisher.Publish(ctx, pass)
+		for j, k := range at {
+			var err error
+			if res != nil {
+				err = res[j]
+			}
+			if k < 0 {
+				errs[-k-1] = errors.New("timed out waiting for the ack")
+				continue
+			}
+			errs[k] = err
+		}
+	}
+	return errs
+}
+
+// TestAdv27FlakyDestination: a destination that refuses some events once,
+// reports some unavailable while it takes the rest of the batch, and
+// acknowledges some and then reports them failed, under many aggregates
+// written in interleaved transactions. The stream alone (no safety net)
+// must publish every event (I3), first deliveries in sequence order per
+// aggregate (I5), leave nothing to the table, and confirm the slot past the
+// last commit only once everything is published.
+func TestAdv27FlakyDestination(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	flaky := &flakyPublisher{Publisher: e.pub, seen: map[uuid.UUID]bool{}}
+	c, _ := e.startCDC(t, "g", e.relay(t, "cdc", 0, flaky), nil)
+	outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
+	slot := outboxcdc.SlotName(e.schema, "g")
+	last := e.write(t, "w", 8, 25)
+	for {
+		got := e.confirmed(t, slot)
+		if e.count(t, "published_at IS NULL") == 0 {
+			break
+		}
+		if got > last {
+			t.Fatalf("slot confirmed at %s past the last commit with %d events unpublished", got, e.count(t, "published_at IS NULL"))
+		}
+		if c.Stats().Left() > 0 {
+			t.Fatalf("the stream left %d events to the table (published %d)", c.Stats().Left(), c.Stats().Published())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	seen := checkInvariants(t, e.brokerMessages(t), 200)
+	dups := 0
+	for _, n := range seen {
+		dups += n - 1
+	}
+	t.Logf("published %d, already published %d, outages %d, duplicates at the broker %d", c.Stats().Published(), c.Stats().AlreadyPublished(), c.Stats().Outages(), dups)
+}
+
+// TestAdv27SavepointsAndABigTransaction: a transaction that writes two
+// aggregates, rolls one write back to a savepoint and writes again (the
+// sequence is taken again), and a transaction with ten times MaxQueued
+// events arriving while the queue holds others. Only committed events reach
+// the destination, once each, in order, all by the stream.
+func TestAdv27SavepointsAndABigTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	hold := holding(e.pub)
+	c, _ := e.startCDC(t, "g", e.relay(t, "cdc", 0, hold), nil, func(c *outboxcdc.Config) { c.MaxQueued, c.BatchSize = 20, 10 })
+	outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
+	var rolledBack uuid.UUID
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if _, err := e.w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "a", Type: "One", Payload: []byte(`{}`)},
+			outbox.Event{AggregateType: "order", AggregateID: "b", Type: "One", Payload: []byte(`{}`)}); err != nil {
+			return err
+		}
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		ids, err := e.w.InsertTx(ctx, sp, outbox.Event{AggregateType: "order", AggregateID: "b", Type: "RolledBack", Payload: []byte(`{}`)})
+		if err != nil {
+			return err
+		}
+		rolledBack = ids[0].ID
+		if err := sp.Rollback(ctx); err != nil {
+			return err
+		}
+		_, err = e.w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "b", Type: "Two", Payload: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold.arm()
+	e.write(t, "small", 5, 1)
+	outboxtest.Eventually(t, 30*time.Second, "a publish is held", hold.held.Load)
+	e.write(t, "queued", 5, 2)
+	e.write(t, "big", 200, 1) // 200 events, MaxQueued 20
+	last := e.write(t, "after", 5, 2)
+	outboxtest.Eventually(t, 30*time.Second, "the stream read everything", func() bool { return c.Stats().Received() >= 3+5+10+200+10 })
+	hold.unhold()
+	outboxtest.Eventually(t, 60*time.Second, "every event published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	outboxtest.Eventually(t, 30*time.Second, "slot confirmed past the last commit", func() bool { return e.confirmed(t, outboxcdc.SlotName(e.schema, "g")) > last })
+	seen := checkInvariants(t, e.brokerMessages(t), 3+5+10+200+10)
+	if seen[rolledBack] > 0 {
+		t.Fatal("an event rolled back to its savepoint reached the broker")
+	}
+	if c.Stats().Left() != 0 || c.Stats().Published() != 228 {
+		t.Fatalf("the stream published %d and left %d, want 228 and 0 (deferred %d, rewinds %d)", c.Stats().Published(), c.Stats().Left(), c.Stats().Deferred(), c.Stats().Rewinds())
+	}
 }
