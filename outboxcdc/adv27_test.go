@@ -407,3 +407,107 @@ func TestAdv27SavepointsAndABigTransaction(t *testing.T) {
 		t.Fatalf("the stream published %d and left %d, want 228 and 0 (deferred %d, rewinds %d)", c.Stats().Published(), c.Stats().Left(), c.Stats().Deferred(), c.Stats().Rewinds())
 	}
 }
+
+// TestAdv27LeastPrivilegedRoleAfterAPublicationDropped: docs/operations.md
+// (Recovery) says a publication dropped by hand is created again by the
+// relay. The least-privileged role cannot create it (only the table's owner
+// can). The relay must not stop (with it the safety net) nor claim to be
+// ready: it keeps its safety net publishing, reports why the stream is not
+// running, and streams again once the owner has created the publication.
+func TestAdv27LeastPrivilegedRoleAfterAPublicationDropped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	script, err := outboxmigrate.Grants(e.schema, outboxmigrate.Roles{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{"outbox_writer", "outbox_relay", "outbox_operator", "outbox_consumer"} {
+		if _, err := e.pool.Exec(ctx, "CREATE ROLE "+r+" NOLOGIN"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.pool.Exec(ctx, script); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, "CREATE ROLE cdc_login LOGIN REPLICATION IN ROLE outbox_relay"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outboxcdc.Setup(ctx, outboxcdc.Config{Pool: e.pool, Schema: e.schema, Group: "g"}); err != nil {
+		t.Fatal(err)
+	}
+	url := strings.Replace(e.url, "postgres://postgres@", "postgres://cdc_login@", 1)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	lp := &env{cluster: e.cluster, url: url, pool: pool, schema: e.schema, w: e.w, js: e.js, stream: e.stream, pub: e.pub}
+	c, err := outboxcdc.New(outboxcdc.Config{
+		DatabaseURL: url, Pool: pool, Schema: e.schema, Group: "g", Relay: lp.relay(t, "cdc", 0, nil), SafetyNet: lp.relay(t, "net", 2*time.Second, nil),
+		BatchSize: 50, StatusInterval: 200 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
+		StandbyInterval: 100 * time.Millisecond, Logger: quiet(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
+	e.write(t, "before", 2, 1)
+	outboxtest.Eventually(t, 30*time.Second, "published by the stream", func() bool { return c.Stats().Published() == 2 })
+	if _, err := e.pool.Exec(ctx, `DROP PUBLICATION `+outboxcdc.PublicationName(e.schema)); err != nil {
+		t.Fatal(err)
+	}
+	e.write(t, "gap", 2, 1)
+	outboxtest.Eventually(t, 30*time.Second, "the relay reports the stream down", func() bool {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("Run returned (%v): the safety net stopped with the stream", err)
+		default:
+		}
+		return c.Ready() != nil
+	})
+	t.Logf("not ready: %v", c.Ready())
+	outboxtest.Eventually(t, 60*time.Second, "the gap published by the safety net", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	// The owner creates the publication again; the relay streams again.
+	if err := outboxcdc.Setup(ctx, outboxcdc.Config{Pool: e.pool, Schema: e.schema, Group: "g"}); err != nil {
+		t.Fatal(err)
+	}
+	before := c.Stats().Published()
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; c.Stats().Published() == before; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stream published nothing in the 60 s after the owner created the publication again (ready: %v)", c.Ready())
+		}
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := e.w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("after-%d", i), Type: "Placed", Payload: []byte(`{}`)})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// TestAdv27SlotNamesOfTwoSchemasDoNotCollide: SlotName joins schema and
+// group with "_", which both may contain: schema "shop" with group "eu_1"
+// and schema "shop_eu" with group "1" get the same slot. The relays of the
+// two schemas then share one slot: while one streams, the other stands by
+// for ever (its events wait for its safety net), and whichever streams
+// confirms the slot past the other's unfinished transactions. Slots (outbox
+// status, the slot metrics and alerts) of schema "shop" also lists the slots
+// of schema "shop_eu".
+func TestAdv27SlotNamesOfTwoSchemasDoNotCollide(t *testing.T) {
+	t.Parallel()
+	if a, b := outboxcdc.SlotName("shop", "eu_1"), outboxcdc.SlotName("shop_eu", "1"); a == b {
+		t.Errorf("schema shop, group eu_1 and schema shop_eu, group 1 share the slot %s", a)
+	}
+	if a, b := outboxcdc.SlotName("shop", "eu_default"), outboxcdc.SlotName("shop_eu", outboxcdc.GroupDefault); a == b {
+		t.Errorf("schema shop, group eu_default and schema shop_eu's default group share the slot %s", a)
+	}
+}
