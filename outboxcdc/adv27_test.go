@@ -511,3 +511,90 @@ func TestAdv27SlotNamesOfTwoSchemasDoNotCollide(t *testing.T) {
 		t.Errorf("schema shop, group eu_default and schema shop_eu's default group share the slot %s", a)
 	}
 }
+
+// refuseTypes refuses, for good, every event of the given types.
+type refuseTypes struct {
+	outbox.Publisher
+	types map[string]bool
+}
+
+func (r refuseTypes) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	var pass []outbox.Message
+	var at []int
+	for i, m := range msgs {
+		if r.types[m.Type] {
+			errs[i] = outbox.Permanent(errors.New("schema rejected"))
+			continue
+		}
+		pass, at = append(pass, m), append(at, i)
+	}
+	if len(pass) > 0 {
+		res := r.Publisher.Publish(ctx, pass)
+		for j, i := range at {
+			if res != nil {
+				errs[i] = res[j]
+			}
+		}
+	}
+	return errs
+}
+
+// TestAdv27SkipWhileTheSuccessorWaits: docs/design.md (The waiting set)
+// promises that "a lane's next events go out as soon as its head is
+// published, whoever published the head: the stream itself, a polling
+// relay, the safety net, an operator's skip". The stream quarantines a head
+// the destination refuses for good; its successors (one in the same
+// transaction, one written after the quarantine) wait. An operator skips
+// the head within the stream's WaitLimit: the stream alone (no safety net)
+// must publish the successors, with SkippedFrom, in order.
+func TestAdv27SkipWhileTheSuccessorWaits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	pub := refuseTypes{Publisher: e.pub, types: map[string]bool{"Poison": true}}
+	c, _ := e.startCDC(t, "g", e.relay(t, "cdc", 0, pub), nil)
+	outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
+	var poison uuid.UUID
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		ids, err := e.w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "p", Type: "Poison", Payload: []byte(`{}`)},
+			outbox.Event{AggregateType: "order", AggregateID: "p", Type: "Second", Payload: []byte(`{}`)})
+		if err == nil {
+			poison = ids[0].ID
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 30*time.Second, "the head quarantined", func() bool { return e.count(t, "quarantined_at IS NOT NULL") == 1 })
+	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := e.w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "p", Type: "Third", Payload: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 30*time.Second, "the stream read the third", func() bool { return c.Stats().Received() == 3 })
+	admin, err := outbox.NewAdmin(e.pool, outbox.AdminConfig{Schema: e.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Skip(ctx, poison, "adv27", "refused by the destination's schema"); err != nil {
+		t.Fatal(err)
+	}
+	skipped := time.Now()
+	deadline := skipped.Add(30 * time.Second)
+	for e.count(t, "published_at IS NULL") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after the skip, %d successors are unpublished (stream: published %d, waiting %d, left %d; no safety net runs)",
+				e.count(t, "published_at IS NULL"), c.Stats().Published(), c.Stats().Waiting(), c.Stats().Left())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("successors published %s after the skip; stream left %d", time.Since(skipped).Round(time.Millisecond), c.Stats().Left())
+	msgs := e.brokerMessages(t)
+	if len(msgs) != 2 || msgs[0].Type != "Second" || msgs[1].Type != "Third" || msgs[0].SkippedFrom != 1 {
+		t.Fatalf("broker got %d messages; want Second (skipped from 1) then Third: %+v", len(msgs), msgs)
+	}
+}
