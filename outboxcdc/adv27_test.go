@@ -541,19 +541,21 @@ func (r refuseTypes) Publish(ctx context.Context, msgs []outbox.Message) []error
 }
 
 // TestAdv27SkipWhileTheSuccessorWaits: docs/design.md (The waiting set)
-// promises that "a lane's next events go out as soon as its head is
+// promised that "a lane's next events go out as soon as its head is
 // published, whoever published the head: the stream itself, a polling
 // relay, the safety net, an operator's skip". The stream quarantines a head
 // the destination refuses for good; its successors (one in the same
-// transaction, one written after the quarantine) wait. An operator skips
-// the head within the stream's WaitLimit: the stream alone (no safety net)
-// must publish the successors, with SkippedFrom, in order.
+// transaction, one written after the quarantine) are parked, and the stream
+// leaves them to the table at once: after the operator's skip, with no
+// safety net, nothing published them. The design now says what happens:
+// the safety net publishes them, within a quarter of its threshold once
+// they are that old, in order, the first with SkippedFrom.
 func TestAdv27SkipWhileTheSuccessorWaits(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	ctx := context.Background()
 	pub := refuseTypes{Publisher: e.pub, types: map[string]bool{"Poison": true}}
-	c, _ := e.startCDC(t, "g", e.relay(t, "cdc", 0, pub), nil)
+	c, _ := e.startCDC(t, "g", e.relay(t, "cdc", 0, pub), e.relay(t, "net", 2*time.Second, pub))
 	outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
 	var poison uuid.UUID
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
@@ -587,7 +589,7 @@ func TestAdv27SkipWhileTheSuccessorWaits(t *testing.T) {
 	deadline := skipped.Add(30 * time.Second)
 	for e.count(t, "published_at IS NULL") != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("30 s after the skip, %d successors are unpublished (stream: published %d, waiting %d, left %d; no safety net runs)",
+			t.Fatalf("30 s after the skip, %d successors are unpublished (stream: published %d, waiting %d, left %d; the safety net's threshold is 2 s)",
 				e.count(t, "published_at IS NULL"), c.Stats().Published(), c.Stats().Waiting(), c.Stats().Left())
 		}
 		time.Sleep(20 * time.Millisecond)
