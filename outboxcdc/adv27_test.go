@@ -600,3 +600,39 @@ func TestAdv27SkipWhileTheSuccessorWaits(t *testing.T) {
 		t.Fatalf("broker got %d messages; want Second (skipped from 1) then Third: %+v", len(msgs), msgs)
 	}
 }
+
+// TestAdv27TwoGroupsOnOneSchema: two relay groups on one schema each
+// stream their own slot and race for every event (docs/operations.md:
+// plain polling relays are safe beside CDC, and a CDC group is a relay like
+// any other). Neither may publish out of order, and neither may leave an
+// event the other published or confirm its slot past an event still
+// unpublished; with no safety net, the two streams publish everything.
+func TestAdv27TwoGroupsOnOneSchema(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	a, _ := e.startCDC(t, "g1", e.relay(t, "cdc-1", 0, nil), nil, func(c *outboxcdc.Config) { c.BatchSize = 7 })
+	b, _ := e.startCDC(t, "g2", e.relay(t, "cdc-2", 0, nil), nil, func(c *outboxcdc.Config) { c.BatchSize = 5 })
+	outboxtest.Eventually(t, 30*time.Second, "both stream", func() bool { return a.Stats().Streaming() && b.Stats().Streaming() })
+	last := e.write(t, "w", 6, 40)
+	s1, s2 := outboxcdc.SlotName(e.schema, "g1"), outboxcdc.SlotName(e.schema, "g2")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c1, c2 := e.confirmed(t, s1), e.confirmed(t, s2)
+		n := e.count(t, "published_at IS NULL")
+		if n == 0 && c1 > last && c2 > last {
+			break
+		}
+		if n > 0 && (c1 > last || c2 > last) {
+			t.Fatalf("a slot confirmed past the last commit (%s, %s > %s) with %d events unpublished", c1, c2, last, n)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("60 s: %d unpublished; slots at %s and %s (last commit %s); left %d and %d", n, c1, c2, last, a.Stats().Left(), b.Stats().Left())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	checkInvariants(t, e.brokerMessages(t), 240)
+	if a.Stats().Left()+b.Stats().Left() != 0 {
+		t.Fatalf("left %d and %d to a safety net", a.Stats().Left(), b.Stats().Left())
+	}
+	t.Logf("published %d + %d; found published %d + %d", a.Stats().Published(), b.Stats().Published(), a.Stats().AlreadyPublished(), b.Stats().AlreadyPublished())
+}
