@@ -636,3 +636,62 @@ func TestAdv27TwoGroupsOnOneSchema(t *testing.T) {
 	}
 	t.Logf("published %d + %d; found published %d + %d", a.Stats().Published(), b.Stats().Published(), a.Stats().AlreadyPublished(), b.Stats().AlreadyPublished())
 }
+
+// hangingPublisher holds every Publish call until its context ends.
+type hangingPublisher struct{ entered chan struct{} }
+
+func (h hangingPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	select {
+	case h.entered <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	errs := make([]error, len(msgs))
+	for i := range errs {
+		errs[i] = ctx.Err()
+	}
+	return errs
+}
+
+// TestAdv27HungDestinationAtShutdown: a destination that never answers
+// (a Publish that returns only when its context ends). The relay is
+// stopped: Run must return within the relay's ShutdownTimeout (plus the
+// marks' wait), release the events it held without spending an attempt,
+// and not confirm the slot past them; a relay started next on the group
+// publishes them all, in order, from the stream.
+func TestAdv27HungDestinationAtShutdown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	hang := hangingPublisher{entered: make(chan struct{}, 1)}
+	r, err := outbox.NewRelay(e.pool, outbox.RelayConfig{
+		Schema: e.schema, Publisher: hang, ID: "cdc", LeaseDuration: time.Minute, ShutdownTimeout: 300 * time.Millisecond, Logger: quiet(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, stop := e.startCDC(t, "g", r, nil)
+	outboxtest.Eventually(t, 30*time.Second, "streaming", c.Stats().Streaming)
+	last := e.write(t, "w", 3, 4)
+	select {
+	case <-hang.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no publish began")
+	}
+	start := time.Now()
+	stop()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Run took %s to return with a hung destination (ShutdownTimeout 300 ms)", d)
+	}
+	if got := e.confirmed(t, outboxcdc.SlotName(e.schema, "g")); got > last {
+		t.Fatalf("slot confirmed at %s past the events the hung destination never took", got)
+	}
+	if n := e.count(t, "published_at IS NULL AND (claim_until > now() OR attempt_count > 0)"); n != 0 {
+		t.Fatalf("%d events left leased or with an attempt spent after a shutdown cut their publish", n)
+	}
+	c2, _ := e.startCDC(t, "g", e.relay(t, "cdc2", 0, nil), nil)
+	outboxtest.Eventually(t, 30*time.Second, "every event published by the next relay", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	checkInvariants(t, e.brokerMessages(t), 12)
+	if c2.Stats().Left() != 0 {
+		t.Fatalf("the next relay left %d", c2.Stats().Left())
+	}
+}
