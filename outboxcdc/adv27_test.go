@@ -695,3 +695,40 @@ func TestAdv27HungDestinationAtShutdown(t *testing.T) {
 		t.Fatalf("the next relay left %d", c2.Stats().Left())
 	}
 }
+
+// TestAdv27RewindAfterATakeoverIsNotATakeover: a relay that took the slot
+// over from another process counts one takeover. Its later rewinds (a full
+// queue) start its own stream again; they are not takeovers. It used to keep
+// its "was standing by" state through every rewind, and counted (and logged)
+// a takeover at each.
+func TestAdv27RewindAfterATakeoverIsNotATakeover(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	small := func(c *outboxcdc.Config) { c.MaxQueued, c.BatchSize = 1, 1 }
+	a, stopA := e.startCDC(t, "g", e.relay(t, "cdc-a", 0, nil), nil, small)
+	outboxtest.Eventually(t, 30*time.Second, "a streams", a.Stats().Streaming)
+	b, _ := e.startCDC(t, "g", e.relay(t, "cdc-b", 0, nil), nil, small)
+	outboxtest.Eventually(t, 30*time.Second, "b stands by", b.Stats().StandingBy)
+	stopA()
+	outboxtest.Eventually(t, 30*time.Second, "b takes over", b.Stats().Streaming)
+	if n := b.Stats().Takeovers(); n != 1 {
+		t.Fatalf("b counted %d takeovers, want 1", n)
+	}
+	for i := 0; i < 30; i++ {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := e.w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("a%d", i), Type: "Placed", Payload: []byte(`{}`)})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	outboxtest.Eventually(t, 60*time.Second, "every event published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	if b.Stats().Rewinds() == 0 {
+		t.Skip("no rewind happened: the test's premise does not hold")
+	}
+	if n := b.Stats().Takeovers(); n != 1 {
+		t.Fatalf("b counted %d takeovers after %d rewinds of its own; it took the slot over once", n, b.Stats().Rewinds())
+	}
+}
