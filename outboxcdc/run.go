@@ -183,12 +183,16 @@ func (r *Relay) Run(ctx context.Context) error {
 			// The WAL sender of the connection this relay just closed (a
 			// rewind, a reconnection) has not released the slot yet: wait
 			// for it briefly, neither standing by nor counting a takeover.
+			standby = false
+			r.stats.standby.Store(false)
 			own++
 			sleep(ctx, jitter(own, ownSenderWait, r.cfg.StandbyInterval))
 			continue
 		}
 		own = 0
 		if errors.Is(err, errRewind) {
+			// This relay streamed: reading again is not a takeover.
+			standby = false
 			r.stats.rewinds.Add(1)
 			r.log.Info("cdc queue was full; reading the transactions it did not queue again from the slot's confirmed position",
 				slog.Int64("deferred_events", r.stats.deferred.Load()))
