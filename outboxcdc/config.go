@@ -82,7 +82,9 @@ type Config struct {
 	FlushInterval time.Duration
 	// StatusInterval is how often the stream reports its confirmed position
 	// to PostgreSQL when nothing else makes it (keep it well under the
-	// server's wal_sender_timeout). Defaults to StatusIntervalDefault.
+	// server's wal_sender_timeout), and how often it checks that the
+	// publication still publishes every insert into the outbox table (Run
+	// returns the reason when not). Defaults to StatusIntervalDefault.
 	StatusInterval time.Duration
 	// RetryMin and RetryMax bound the backoff (with jitter) between
 	// attempts to stream after an error, and before retrying a database

@@ -92,6 +92,11 @@ type Relay struct {
 	stats   Stats
 	started atomic.Bool
 	lastErr atomic.Pointer[error] // why the stream last ended
+	// sender is the PID of the WAL sender of this relay's last replication
+	// connection (Run's goroutine only): found still holding the slot after
+	// that connection closed, it is this relay's own, exiting, not another
+	// process to stand by for.
+	sender int
 }
 
 // Ready reports whether the relay does its job: nil while it streams the
@@ -168,13 +173,26 @@ func (r *Relay) Run(ctx context.Context) error {
 		break
 	}
 	r.log.Info("cdc relay started", slog.String("publication", r.cfg.Publication), slog.String("schema", r.cfg.Schema))
-	failures, standby := 0, false
+	failures, standby, own := 0, false, 0
 	for ctx.Err() == nil {
 		err := r.streamOnce(ctx, standby)
 		if ctx.Err() != nil {
 			break
 		}
+		if errors.Is(err, errOwnSender) {
+			// The WAL sender of the connection this relay just closed (a
+			// rewind, a reconnection) has not released the slot yet: wait
+			// for it briefly, neither standing by nor counting a takeover.
+			standby = false
+			r.stats.standby.Store(false)
+			own++
+			sleep(ctx, jitter(own, ownSenderWait, r.cfg.StandbyInterval))
+			continue
+		}
+		own = 0
 		if errors.Is(err, errRewind) {
+			// This relay streamed: reading again is not a takeover.
+			standby = false
 			r.stats.rewinds.Add(1)
 			r.log.Info("cdc queue was full; reading the transactions it did not queue again from the slot's confirmed position",
 				slog.Int64("deferred_events", r.stats.deferred.Load()))
@@ -284,11 +302,19 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		return errors.New("replication slot missing or invalidated")
 	}
 	if info.active {
-		// Another process streams the slot (or the WAL sender of this
-		// one's last connection has not exited yet). START_REPLICATION
+		// Another process streams the slot, or the WAL sender of this
+		// relay's last connection has not exited yet. START_REPLICATION
 		// would fail, and write an ERROR to the server's log.
+		if r.sender != 0 && info.activePID == r.sender {
+			return errOwnSender
+		}
 		r.stats.standbyChecks.Add(1)
 		return &errSlotActive{pid: info.activePID}
+	}
+	// Setup checked the publication at start; it may have been altered
+	// since (ALTER PUBLICATION takes effect in the WAL sender at once).
+	if _, err := checkPublication(ctx, r.cfg.Pool, r.cfg.Schema, r.cfg.Publication); err != nil {
+		return err
 	}
 	pc, err := pgconn.ParseConfig(r.cfg.DatabaseURL)
 	if err != nil {
@@ -301,6 +327,8 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 		return fmt.Errorf("outboxcdc: open the replication connection: %w", err)
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	// On a replication connection the backend is the WAL sender.
+	r.sender = int(conn.PID())
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'"},
@@ -336,9 +364,15 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 			stop(err)
 		}
 	}()
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		r.watchPublication(sctx, stop)
+	}()
 	err = s.run(sctx)
 	stop(err)
 	<-done
+	<-watched
 	r.stats.queued.Store(0)
 	// The last call's marks may still be on their way (Relay.PublishIDs):
 	// written before Run returns, so that a process that exits after it
@@ -350,6 +384,42 @@ func (r *Relay) streamOnce(ctx context.Context, wasStandby bool) error {
 	}
 	return err
 }
+
+// watchPublication checks the publication every StatusInterval while the
+// stream runs, and ends the session when it no longer publishes every insert
+// into the outbox table whole (altered by hand: the stream would read
+// nothing, or only some events, and look healthy while the rest waited for
+// the safety net). Run then returns the reason, as Setup does at start. A
+// publication dropped is left to the WAL sender's error (Run creates it
+// again); a failed look is tried again at the next tick.
+func (r *Relay) watchPublication(ctx context.Context, stop context.CancelCauseFunc) {
+	t := time.NewTicker(r.cfg.StatusInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, err := checkPublication(ctx, r.cfg.Pool, r.cfg.Schema, r.cfg.Publication)
+		if errors.Is(err, errForeignPublication) {
+			r.log.Error("the stream's publication was altered and no longer publishes every insert into the outbox table; stopping the stream", slog.Any("error", err))
+			stop(err)
+			return
+		}
+		if err != nil && ctx.Err() == nil {
+			r.log.Debug("checking the publication failed; trying again", slog.Any("error", err))
+		}
+	}
+}
+
+// errOwnSender: the slot is still held by the WAL sender of this relay's
+// previous connection, which is exiting.
+var errOwnSender = errors.New("outboxcdc: the previous connection's WAL sender still holds the slot")
+
+// ownSenderWait is the first wait for this relay's own exiting WAL sender
+// (doubling up to StandbyInterval).
+const ownSenderWait = 5 * time.Millisecond
 
 // errSlotActive: another process streams the slot.
 type errSlotActive struct{ pid int }

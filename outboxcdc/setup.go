@@ -60,9 +60,34 @@ func checkWALLevel(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 func ensurePublication(ctx context.Context, pool *pgxpool.Pool, schema, name string) error {
+	exists, err := checkPublication(ctx, pool, schema, name)
+	if err != nil || exists {
+		return err
+	}
 	s, err := pgident.NewSchema(schema)
 	if err != nil {
 		return err
+	}
+	_, err = pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{name}.Sanitize()+` FOR TABLE `+s.Table("outbox_events")+
+		` WITH (publish = 'insert')`)
+	if isCode(err, "42710") { // duplicate_object: another process created it
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("outboxcdc: create publication %s: %w", name, err)
+	}
+	return nil
+}
+
+// checkPublication reports whether the publication exists, and an error
+// wrapping errForeignPublication when it does and does not publish every
+// insert into the outbox table whole. Setup checks it at start; a running
+// stream checks it again at each connection and every StatusInterval,
+// because an ALTER PUBLICATION takes effect in the WAL sender at once.
+func checkPublication(ctx context.Context, pool *pgxpool.Pool, schema, name string) (bool, error) {
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		return false, err
 	}
 	// A publication of that name made or altered by hand must publish every
 	// insert into the table, whole: a stream that reads only some of them
@@ -80,28 +105,20 @@ func ensurePublication(ctx context.Context, pool *pgxpool.Pool, schema, name str
 					AND NOT (to_jsonb(t) -> 'attnames') ?& ARRAY['event_id', 'aggregate_type', 'aggregate_id']))`,
 		name, s.Name()).Scan(&exists, &covers, &inserts, &whole)
 	if err != nil {
-		return fmt.Errorf("outboxcdc: look up publication %s: %w", name, err)
+		return false, fmt.Errorf("outboxcdc: look up publication %s: %w", name, err)
 	}
-	if exists {
-		switch {
-		case !covers:
-			return fmt.Errorf("outboxcdc: publication %s exists but %w %s.outbox_events", name, errForeignPublication, s.Name())
-		case !inserts:
-			return fmt.Errorf("outboxcdc: publication %s exists but does not publish inserts (publish = 'insert' needed): %w", name, errForeignPublication)
-		case !whole:
-			return fmt.Errorf("outboxcdc: publication %s exists but filters %s.outbox_events (a row filter, or a column list without event_id, aggregate_type and aggregate_id): %w", name, s.Name(), errForeignPublication)
-		}
-		return nil
+	if !exists {
+		return false, nil
 	}
-	_, err = pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{name}.Sanitize()+` FOR TABLE `+s.Table("outbox_events")+
-		` WITH (publish = 'insert')`)
-	if isCode(err, "42710") { // duplicate_object: another process created it
-		return nil
+	switch {
+	case !covers:
+		return true, fmt.Errorf("outboxcdc: publication %s exists but %w %s.outbox_events", name, errForeignPublication, s.Name())
+	case !inserts:
+		return true, fmt.Errorf("outboxcdc: publication %s exists but does not publish inserts (publish = 'insert' needed): %w", name, errForeignPublication)
+	case !whole:
+		return true, fmt.Errorf("outboxcdc: publication %s exists but filters %s.outbox_events (a row filter, or a column list without event_id, aggregate_type and aggregate_id): %w", name, s.Name(), errForeignPublication)
 	}
-	if err != nil {
-		return fmt.Errorf("outboxcdc: create publication %s: %w", name, err)
-	}
-	return nil
+	return true, nil
 }
 
 // ensureSlot creates the slot when it does not exist and reports whether it

@@ -95,7 +95,9 @@ const relayEventColumns = "claimed_by, claim_token, claim_until, published_at, a
 // and the clean-up: events only through cleanup_events, which deletes
 // nothing unpublished; inbox rows by DELETE through SELECT ... FOR UPDATE,
 // which needs an UPDATE right on some column: processed_events gets it on
-// processed_at only, which the clean-up never writes.
+// processed_at only, which the clean-up never writes. With --metrics-addr
+// the relay also reads the inbox marks for the inbox gauges; without that
+// read every scrape failed (an ERROR in PostgreSQL's log each time).
 var relayGrants = []grant{
 	{"SELECT", "outbox_events", "claim, settle, park"},
 	{"UPDATE (" + relayEventColumns + ")", "outbox_events", "the claim, its outcome, when the event is due"},
@@ -106,6 +108,7 @@ var relayGrants = []grant{
 	{"EXECUTE", "FUNCTION cleanup_events(interval, integer)", "the clean-up of published events (RelayConfig.Cleanup)"},
 	{"SELECT, DELETE", "processed_events", "the inbox clean-up (RelayConfig.Cleanup.InboxOlderThan)"},
 	{"UPDATE (processed_at)", "processed_events", "the clean-up's row locks (FOR UPDATE)"},
+	{"SELECT", "inbox_aggregates", "the inbox gauges of --metrics-addr (inbox.Admin.Gauges)"},
 }
 
 // operatorEventColumns are the columns of outbox_events that quarantine
