@@ -732,3 +732,40 @@ func TestAdv27RewindAfterATakeoverIsNotATakeover(t *testing.T) {
 		t.Fatalf("b counted %d takeovers after %d rewinds of its own; it took the slot over once", n, b.Stats().Rewinds())
 	}
 }
+
+// TestSlotOfAnEarlierVersionIsKept: an ambiguous schema or group name
+// (here the test's schema, "cdc_<pid>") gets a hash in its slot name now.
+// A group whose slot exists under the name an earlier version gave it, and
+// not under the new one, keeps streaming that slot: it holds the group's
+// position and its WAL, and a new slot beside it would leave it retaining
+// WAL for ever. No slot of the new name is created.
+func TestSlotOfAnEarlierVersionIsKept(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	legacy := "outbox_" + e.schema + "_g"
+	if now := outboxcdc.SlotName(e.schema, "g"); now == legacy {
+		t.Fatalf("the slot name of schema %s is still %s", e.schema, now)
+	}
+	if err := outboxcdc.Setup(ctx, outboxcdc.Config{Pool: e.pool, Schema: e.schema, Slot: legacy}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := e.w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "kept", Type: "Placed", Payload: []byte(`{}`)})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := e.startCDC(t, "g", e.relay(t, "cdc", 0, nil), nil)
+	outboxtest.Eventually(t, 60*time.Second, "the event published by the stream", func() bool {
+		return e.count(t, "published_at IS NULL") == 0 && c.Stats().Published() > 0
+	})
+	var active bool
+	if err := e.pool.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, legacy).Scan(&active); err != nil || !active {
+		t.Fatalf("the earlier version's slot %s: active %v, %v", legacy, active, err)
+	}
+	var others int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name <> $1`, legacy).Scan(&others); err != nil || others != 0 {
+		t.Fatalf("%d other slots (%v): a slot of the new name was created beside the earlier one", others, err)
+	}
+}

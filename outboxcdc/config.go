@@ -58,8 +58,14 @@ type Config struct {
 	// (one streams, the others stand by). Defaults to GroupDefault.
 	Group string
 	// Slot is the replication slot's name. Defaults to SlotName(Schema,
-	// Group).
+	// Group), or, when that slot does not exist and one under the name an
+	// earlier version gave it does, to that one (see SlotName).
 	Slot string
+	// slotDefault: Slot was not set, and Setup or Run may still take the
+	// name of an earlier version's slot (resolveSlot).
+	slotDefault bool
+	// legacySlot: resolveSlot took the earlier version's name.
+	legacySlot bool
 	// Publication is the publication's name. Defaults to
 	// PublicationName(Schema).
 	Publication string
@@ -135,7 +141,7 @@ func (c Config) withDefaults() Config {
 		c.Schema = pgident.DefaultSchema
 	}
 	if c.Slot == "" {
-		c.Slot = SlotName(c.Schema, c.Group)
+		c.Slot, c.slotDefault = SlotName(c.Schema, c.Group), true
 	}
 	if c.Publication == "" {
 		c.Publication = PublicationName(c.Schema)
@@ -197,10 +203,44 @@ func (c Config) validateNames() error {
 
 // SlotName is the default replication slot name of a relay group:
 // "outbox_<schema>_<group>", lower-cased, with every character other than
-// a-z, 0-9 and _ replaced by _ (what PostgreSQL allows in a slot name), and
-// shortened with a hash when longer than 63 bytes.
+// a-z, 0-9 and _ replaced by _ (what PostgreSQL allows in a slot name). When
+// the schema or the group holds anything but a-z and 0-9, the name ends with
+// a hash of the two: joined with "_", such pairs are ambiguous (schema
+// "shop" with group "eu_1" and schema "shop_eu" with group "1" gave the same
+// name, so the two schemas shared one slot), and so are names that differ
+// only in case or in a character mapped to "_". A name longer than 63 bytes
+// is shortened, with the hash.
+//
+// Before this version the hash was only added to names over 63 bytes. A
+// relay whose Config.Slot is unset and whose slot exists under that earlier
+// name, but not under this one, keeps streaming it and logs once that it
+// does (dropping it would drop its position and the WAL it holds; give
+// Config.Slot, or --slot, to choose).
 func SlotName(schema, group string) string {
+	if plainName(schema) && plainName(group) {
+		return identifier("outbox_" + schema + "_" + group)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(schema))
+	h.Write([]byte{0})
+	h.Write([]byte(group))
+	b := identifierBytes("outbox_" + schema + "_" + group)
+	return fmt.Sprintf("%s_%08x", b[:min(len(b), 54)], h.Sum32())
+}
+
+// legacySlotName is SlotName before the hash of ambiguous names.
+func legacySlotName(schema, group string) string {
 	return identifier("outbox_" + schema + "_" + group)
+}
+
+// plainName reports whether s holds only a-z and 0-9.
+func plainName(s string) bool {
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // PublicationName is the default publication name for a schema's outbox
@@ -210,18 +250,25 @@ func PublicationName(schema string) string {
 }
 
 func identifier(s string) string {
-	b := []byte(strings.ToLower(s))
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-			b[i] = '_'
-		}
-	}
+	b := identifierBytes(s)
 	if len(b) <= 63 {
 		return string(b)
 	}
 	h := fnv.New32a()
 	h.Write(b)
 	return fmt.Sprintf("%s_%08x", b[:54], h.Sum32())
+}
+
+// identifierBytes is s lower-cased, with every byte other than a-z, 0-9
+// and _ replaced by _.
+func identifierBytes(s string) []byte {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	return b
 }
 
 func validName(s string) error {

@@ -97,6 +97,9 @@ type Relay struct {
 	// that connection closed, it is this relay's own, exiting, not another
 	// process to stand by for.
 	sender int
+	// legacyLogged: Run said once that it streams a slot under an earlier
+	// version's name.
+	legacyLogged bool
 }
 
 // Ready reports whether the relay does its job: nil while it streams the
@@ -156,7 +159,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 	for failures := 1; ; failures++ {
-		err := Setup(ctx, r.cfg)
+		err := r.cfg.resolveSlot(ctx)
+		if err == nil && r.cfg.legacySlot && !r.legacyLogged {
+			r.legacyLogged = true
+			r.log.Warn("streaming the slot under the name an earlier version gave it; the name now ends with a hash, because names joined with _ could be the same for two schemas (outboxcdc.SlotName)",
+				slog.String("slot_streamed", r.cfg.Slot), slog.String("name_now", SlotName(r.cfg.Schema, r.cfg.Group)))
+		}
+		if err == nil {
+			err = Setup(ctx, r.cfg)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil

@@ -44,8 +44,40 @@ func Setup(ctx context.Context, cfg Config) error {
 	if err := ensurePublication(ctx, cfg.Pool, cfg.Schema, cfg.Publication); err != nil {
 		return err
 	}
+	if err := cfg.resolveSlot(ctx); err != nil {
+		return err
+	}
 	_, err := ensureSlot(ctx, cfg.Pool, cfg.Slot)
 	return err
+}
+
+// resolveSlot settles a defaulted Slot: SlotName's, unless that slot does
+// not exist and one under the name an earlier version gave the group does
+// (legacySlotName): then that one, which holds the group's position and
+// WAL. It reports whether it took the earlier name.
+func (c *Config) resolveSlot(ctx context.Context) error {
+	if !c.slotDefault {
+		return nil
+	}
+	legacy := legacySlotName(c.Schema, c.Group)
+	if legacy == c.Slot {
+		c.slotDefault = false
+		return nil
+	}
+	current, err := slotInfo(ctx, c.Pool, c.Slot)
+	if err != nil || current.exists {
+		c.slotDefault = err != nil
+		return err
+	}
+	old, err := slotInfo(ctx, c.Pool, legacy)
+	if err != nil {
+		return err
+	}
+	if old.exists && old.plugin == "pgoutput" && old.sameDatabase {
+		c.Slot, c.legacySlot = legacy, true
+	}
+	c.slotDefault = false
+	return nil
 }
 
 func checkWALLevel(ctx context.Context, pool *pgxpool.Pool) error {
