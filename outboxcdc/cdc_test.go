@@ -97,6 +97,15 @@ func TestStandbyTakesOver(t *testing.T) {
 		t.Fatal("the standby streamed while the first relay held the slot")
 	}
 	outboxtest.Eventually(t, 30*time.Second, "b stands by", func() bool { return b.Ready() == nil })
+	// A quiet standby (issue 27): it looks at pg_replication_slots every
+	// StandbyInterval (100 ms here) instead of trying START_REPLICATION,
+	// whose refusal ("replication slot ... is active for PID ...") writes an
+	// ERROR and its statement into the server's log at every try.
+	checks := b.Stats().StandbyChecks()
+	outboxtest.Eventually(t, 30*time.Second, "b looked 20 more times", func() bool { return b.Stats().StandbyChecks() >= checks+20 })
+	if log := e.cluster.Log(); strings.Contains(log, "is active for PID") {
+		t.Fatalf("the standby left lines in the server's log while it waited:\n%s", log)
+	}
 	if err := a.Ready(); err != nil {
 		t.Fatalf("the streaming relay is not ready: %v", err)
 	}
