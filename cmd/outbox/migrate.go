@@ -16,8 +16,9 @@ several processes at once). --only consumer installs (or, with --print, prints) 
 consumer side, for a consumer's own database: the inbox, side-effect and audit-log tables and
 the SQL inbox functions, no outbox_events; a later migrate without it adds the rest. --status only reads: the version the schema is at, the migrations
 applied (with when) and the ones this binary would apply; with --json as one JSON object
-(schema, version, latest_version, up_to_date, ahead, applied[{version, name, applied_at}],
-pending[{version, name}]). --print and --print-grants print SQL and touch no database.`
+(schema, components, version, latest_version, up_to_date, ahead, applied[{version, name,
+applied_at}], pending[{version, name}]); on a consumer-only schema (components "consumer") the
+versions are the consumer install's. --print and --print-grants print SQL and touch no database.`
 
 func runMigrate(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("outbox", "migrate", migrateUsage)

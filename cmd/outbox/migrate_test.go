@@ -66,6 +66,16 @@ func TestMigrateOnlyConsumer(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "the consumer side is up to date") {
 		t.Fatalf("second migrate --only consumer: exit %d, %q", code, stdout)
 	}
+	// --status says what the schema holds, in the consumer install's own
+	// versions, instead of "no outbox tables, applies every migration".
+	stdout, _, code = runOutbox(t, nil, "migrate", "--status", "--schema", schema)
+	if code != 0 || !strings.Contains(stdout, "holds the consumer side only") || !strings.Contains(stdout, "up to date at consumer version 16") {
+		t.Fatalf("migrate --status on a consumer-only schema: exit %d, %q", code, stdout)
+	}
+	stdout, _, code = runOutbox(t, nil, "migrate", "--status", "--json", "--schema", schema)
+	if code != 0 || !strings.Contains(stdout, `"components": "consumer"`) || !strings.Contains(stdout, `"up_to_date": true`) {
+		t.Fatalf("migrate --status --json on a consumer-only schema: exit %d, %s", code, stdout)
+	}
 	// The consumer side's commands work on such a schema.
 	if _, stderr, code := runOutbox(t, nil, "inbox", "status", "--schema", schema); code != 0 {
 		t.Fatalf("inbox status on a consumer-only schema: exit %d: %s", code, stderr)
