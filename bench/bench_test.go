@@ -115,18 +115,21 @@ func TestCompareNeedsSize(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		mine, theirs sample
+		smoke        bool
 		ratio        bool
 	}{
-		{"full run", big, sample{events: 150_000, seconds: 40}, true},
-		{"at the limits", sample{events: minFigureEvents, seconds: minFigureSeconds}, big, true},
-		{"quick drain of ours", sample{events: 10_000, seconds: 0.5}, big, false},
-		{"quick Watermill", big, sample{events: 5_001, seconds: 1.4}, false},
-		{"many events, too short", sample{events: 50_000, seconds: 1.9}, big, false},
-		{"long, too few events", big, sample{events: 19_999, seconds: 40}, false},
+		{"full run", big, sample{events: 150_000, seconds: 40}, false, true},
+		{"a slow peer over 30 s", big, sample{events: 17_100, seconds: 30}, false, true},
+		{"at the limits", sample{events: minFigureEvents, seconds: minFigureSeconds}, big, false, true},
+		{"quick drain of ours", sample{events: 10_000, seconds: 0.5}, big, false, false},
+		{"quick Watermill", big, sample{events: 5_001, seconds: 1.4}, false, false},
+		{"many events, too short", sample{events: 50_000, seconds: 1.9}, big, false, false},
+		{"long, too few events", big, sample{events: 9_999, seconds: 40}, false, false},
+		{"smoke run with big enough drains", big, big, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := Result{Scenario: "x", Note: "n"}
-			r.compare(5.3, "y", tc.mine, tc.theirs)
+			r.compare(tc.smoke, 5.3, "y", tc.mine, tc.theirs)
 			if r.RatioOf != "y" {
 				t.Errorf("ratio_of %q, want y", r.RatioOf)
 			}
@@ -139,8 +142,12 @@ func TestCompareNeedsSize(t *testing.T) {
 			if r.Ratio != nil {
 				t.Errorf("ratio %s printed over %s beside %s", ratioText(r.Ratio), tc.mine, tc.theirs)
 			}
-			if !strings.HasPrefix(r.Note, "n; smoke run: sizes too small for a comparison with y") {
-				t.Errorf("note %q does not say why", r.Note)
+			want := "n; sample too small for a comparison with y"
+			if tc.smoke {
+				want = "n; smoke run: sizes too small for a comparison with y"
+			}
+			if !strings.HasPrefix(r.Note, want) {
+				t.Errorf("note %q does not say why (want it to start with %q)", r.Note, want)
 			}
 		})
 	}

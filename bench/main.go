@@ -67,13 +67,15 @@ type Result struct {
 }
 
 // A ratio of two measurements is a figure only when each was taken over at
-// least minFigureEvents events and minFigureSeconds: below that, the start
-// (connections, the stream's creation, the first claim) and the last partial
-// batch weigh more than the few percent a comparison is about, and a second
-// of load from elsewhere on a shared machine moves it. A --quick run's
-// drains (5,000 events, a fraction of a second) are far below.
+// least minFigureEvents events (ten batches of 1,000) and minFigureSeconds:
+// below that, the start (connections, the stream's creation, the first
+// claim) and the last partial batch weigh more than the few percent a
+// comparison is about, and a second of load from elsewhere on a shared
+// machine moves it. A --quick run's drains (5,000 events, a fraction of a
+// second) are below, and a --quick run prints no such ratio whatever its
+// drains took (on a slow enough machine they could last 2 s).
 const (
-	minFigureEvents  = 20_000
+	minFigureEvents  = 10_000
 	minFigureSeconds = 2.0
 )
 
@@ -88,16 +90,21 @@ func (s sample) String() string { return fmt.Sprintf("%d events in %.2f s", s.ev
 func (s sample) enough() bool { return s.events >= minFigureEvents && s.seconds >= minFigureSeconds }
 
 // compare sets r's ratio to ratio, of the scenario named of, when both
-// samples support a figure; otherwise it leaves the ratio out (null in the
-// JSON, "-" in the table) and says why in the note.
-func (r *Result) compare(ratio float64, of string, mine, theirs sample) {
+// samples support a figure and the run is no smoke run; otherwise it leaves
+// the ratio out (null in the JSON, "-" in the table) and says why in the
+// note.
+func (r *Result) compare(smoke bool, ratio float64, of string, mine, theirs sample) {
 	r.RatioOf = of
-	if mine.enough() && theirs.enough() {
+	if !smoke && mine.enough() && theirs.enough() {
 		r.Ratio = f(ratio)
 		return
 	}
-	why := fmt.Sprintf("smoke run: sizes too small for a comparison with %s (this: %s; that: %s; a figure needs %d events and %.0f s on each side)",
-		of, mine, theirs, minFigureEvents, minFigureSeconds)
+	what := "sample"
+	if smoke {
+		what = "smoke run: sizes"
+	}
+	why := fmt.Sprintf("%s too small for a comparison with %s (this: %s; that: %s; a figure needs %d events and %.0f s on each side, and no --quick)",
+		what, of, mine, theirs, minFigureEvents, minFigureSeconds)
 	if r.Note != "" {
 		why = r.Note + "; " + why
 	}

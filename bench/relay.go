@@ -294,7 +294,7 @@ func benchRelay(ctx context.Context, e *env) ([]Result, error) {
 		Note: fmt.Sprintf("per-aggregate order; two drains of %d events over %d aggregates (%.0f and %.0f events/s); I5 checked on the stream (%d events)",
 			n, aggs, oursRounds[0], oursRounds[1], distinct)}
 	oursS, naiveS := sample{int64(2 * n), oursTime.Seconds()}, sample{int64(2 * n), naiveTime.Seconds()}
-	oursRes.compare(ours/naive, "relay/naive-unordered", oursS, naiveS)
+	oursRes.compare(e.o.quick, ours/naive, "relay/naive-unordered", oursS, naiveS)
 	if oursRes.Ratio != nil {
 		oursRes.Target, oursRes.Met = ">= 0.80", b(ours/naive >= 0.8)
 	}
@@ -336,7 +336,7 @@ func benchRelay(ctx context.Context, e *env) ([]Result, error) {
 	e.logf("relay/hot: ours %.0f events/s, naive %.0f events/s", hot, hotNaive)
 	hotRes := Result{Scenario: "relay/ours-10-hot-aggregates", EventsPerSec: f(hot),
 		Events: int64(hotN), Seconds: hotElapsed.Seconds(), Note: fmt.Sprintf("%d events over 10 aggregates; I5 checked on the stream", hotN)}
-	hotRes.compare(hot/hotNaive, "relay/naive-10-hot-aggregates", sample{int64(hotN), hotElapsed.Seconds()}, sample{int64(hotN), hotNaiveElapsed.Seconds()})
+	hotRes.compare(e.o.quick, hot/hotNaive, "relay/naive-10-hot-aggregates", sample{int64(hotN), hotElapsed.Seconds()}, sample{int64(hotN), hotNaiveElapsed.Seconds()})
 	hotResults := []Result{hotRes,
 		{Scenario: "relay/naive-10-hot-aggregates", EventsPerSec: f(hotNaive), Events: int64(hotN), Seconds: hotNaiveElapsed.Seconds()}}
 
@@ -358,13 +358,13 @@ func benchRelay(ctx context.Context, e *env) ([]Result, error) {
 			rate := float64(n) / elapsed.Seconds()
 			e.logf("relay/ours batch %d: %.0f events/s", bs, rate)
 			r := Result{Scenario: fmt.Sprintf("relay/ours-batch-%d", bs), EventsPerSec: f(rate), Events: int64(n), Seconds: elapsed.Seconds()}
-			r.compare(rate/naive, "relay/naive-unordered", sample{int64(n), elapsed.Seconds()}, naiveS)
+			r.compare(e.o.quick, rate/naive, "relay/naive-unordered", sample{int64(n), elapsed.Seconds()}, naiveS)
 			out = append(out, r)
 		}
 	}
 	naive2Res := Result{Scenario: "relay/naive-unordered-2-workers", EventsPerSec: f(naive2),
 		Events: int64(n), Seconds: naive2Time.Seconds(), Note: "the machine's capacity for draining: two naive workers on one table"}
-	naive2Res.compare(naive2/naive, "relay/naive-unordered", sample{int64(n), naive2Time.Seconds()}, naiveS)
+	naive2Res.compare(e.o.quick, naive2/naive, "relay/naive-unordered", sample{int64(n), naive2Time.Seconds()}, naiveS)
 	out = append(out, oursRes,
 		Result{Scenario: "relay/naive-unordered", EventsPerSec: f(naive), Events: int64(2 * n), Seconds: naiveTime.Seconds(),
 			Note: "no ordering: claim 1000, async publish all, wait for acks, mark; two drains, bracketing Watermill's with ours"},
@@ -379,7 +379,7 @@ func benchRelay(ctx context.Context, e *env) ([]Result, error) {
 	for i, v := range variants {
 		r := Result{Scenario: "relay/watermill-" + v.scenario, EventsPerSec: f(wm[i].rate), Events: wm[i].events,
 			Seconds: wm[i].seconds, Note: wm[i].note}
-		r.compare(wm[i].rate/ours, "relay/ours", sample{wm[i].events, wm[i].seconds}, oursS)
+		r.compare(e.o.quick, wm[i].rate/ours, "relay/ours", sample{wm[i].events, wm[i].seconds}, oursS)
 		out = append(out, r)
 		if wm[i].rate > wm[best].rate {
 			best = i
@@ -389,7 +389,7 @@ func benchRelay(ctx context.Context, e *env) ([]Result, error) {
 	head := Result{Scenario: "relay/ours-vs-watermill-best",
 		Note: fmt.Sprintf("ours (two drains of %d events, %.1f s in all, one before and one after Watermill's) beside the fastest Watermill configuration of this run, %s (%d events in %.1f s)",
 			n, oursTime.Seconds(), variants[best].scenario, wmBest.events, wmBest.seconds)}
-	head.compare(ours/wmBest.rate, "relay/watermill-"+variants[best].scenario, oursS, sample{wmBest.events, wmBest.seconds})
+	head.compare(e.o.quick, ours/wmBest.rate, "relay/watermill-"+variants[best].scenario, oursS, sample{wmBest.events, wmBest.seconds})
 	if head.Ratio != nil {
 		head.Target, head.Met = ">= 5.0", b(ours/wmBest.rate >= 5)
 	}
