@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -33,13 +34,15 @@ func TestQuickRun(t *testing.T) {
 	want := []string{
 		"write/order-only/1c", "write/order+event-sql/4c", "write/order+event-fn/4c", "write/order+event-lib/16c",
 		"inbox/go/1c", "inbox/sql/16c",
-		"relay/ours", "relay/naive-unordered", "relay/watermill-defaults", "relay/watermill-batch1000",
-		"relay/ours-vs-watermill-batch1000", "relay/ours-10-hot-aggregates",
+		"relay/ours", "relay/naive-unordered", "relay/ours-vs-watermill-best", "relay/ours-10-hot-aggregates",
 		"latency/commit-to-ack/polling", "latency/commit-to-ack/wakeup",
 		"latency/write-16c/wakeup-off", "latency/write-16c/wakeup-notifier", "latency/write-16c/wakeup-in-tx",
-		"scale/1-relay-processes", "scale/2-relay-processes", "scale/4-relay-processes", "memory/relay-peak-rss",
-		"history/0-published-rows", "history/50k-published-rows", "idle/relay-queries-per-sec",
+		"scale/1-relay-processes", "scale/2-relay-processes", "memory/relay-peak-rss",
+		"history/0-published-rows", "history/20k-published-rows", "idle/relay-queries-per-sec",
 		"dest/nats/relay-ours", "dest/kafka/relay-ours", "dest/kafka/ours-10-hot-aggregates",
+	}
+	for _, v := range o.sz.watermill {
+		want = append(want, "relay/watermill-"+v)
 	}
 	for _, d := range destinations {
 		for _, sc := range []string{"relay-ours", "relay-naive", "commit-to-ack-wakeup", "ours-10-hot-aggregates", "naive-10-hot-aggregates"} {
@@ -72,6 +75,81 @@ func TestQuickRun(t *testing.T) {
 	printTable(&table, results)
 	if !strings.Contains(table.String(), "relay/naive-unordered") {
 		t.Errorf("table lacks the naive relay:\n%s", table.String())
+	}
+	checkSmokeHeadlines(t, results, table.String())
+}
+
+// checkSmokeHeadlines checks that a --quick run prints no headline: no
+// target checked, the Watermill comparison and ours beside the naive relay
+// without a ratio and saying why, and the table opening with the notice.
+func checkSmokeHeadlines(t *testing.T, results []Result, table string) {
+	t.Helper()
+	for _, r := range results {
+		if !r.Smoke || r.Met != nil {
+			t.Errorf("%s: smoke %v, met %v: a --quick result must be marked smoke and check no target", r.Scenario, r.Smoke, r.Met)
+		}
+		switch r.Scenario {
+		case "relay/ours-vs-watermill-best", "relay/ours":
+			if r.Ratio != nil || !strings.Contains(r.Note, "sizes too small for a comparison") {
+				t.Errorf("%s: ratio %s, note %q: a smoke run's drains cannot support it", r.Scenario, ratioText(r.Ratio), r.Note)
+			}
+		}
+	}
+	if !strings.HasPrefix(table, "smoke run (--quick):") {
+		t.Errorf("the table does not open with the smoke notice:\n%s", table)
+	}
+	for _, line := range strings.Split(table, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "relay/ours-vs-watermill-best" {
+			// scenario, events/s, p50, p99, max, value, ratio: all "-"
+			if len(f) < 7 || f[6] != "-" {
+				t.Errorf("the headline's row prints a ratio: %q", line)
+			}
+		}
+	}
+}
+
+// TestCompareNeedsSize: a ratio is printed only when both sides were
+// measured over enough events and time; otherwise the note says why.
+func TestCompareNeedsSize(t *testing.T) {
+	big := sample{events: 400_000, seconds: 20}
+	for _, tc := range []struct {
+		name         string
+		mine, theirs sample
+		smoke        bool
+		ratio        bool
+	}{
+		{"full run", big, sample{events: 150_000, seconds: 40}, false, true},
+		{"a slow peer over 30 s", big, sample{events: 17_100, seconds: 30}, false, true},
+		{"at the limits", sample{events: minFigureEvents, seconds: minFigureSeconds}, big, false, true},
+		{"quick drain of ours", sample{events: 10_000, seconds: 0.5}, big, false, false},
+		{"quick Watermill", big, sample{events: 5_001, seconds: 1.4}, false, false},
+		{"many events, too short", sample{events: 50_000, seconds: 1.9}, big, false, false},
+		{"long, too few events", big, sample{events: 9_999, seconds: 40}, false, false},
+		{"smoke run with big enough drains", big, big, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Result{Scenario: "x", Note: "n"}
+			r.compare(tc.smoke, 5.3, "y", tc.mine, tc.theirs)
+			if r.RatioOf != "y" {
+				t.Errorf("ratio_of %q, want y", r.RatioOf)
+			}
+			if tc.ratio {
+				if r.Ratio == nil || *r.Ratio != 5.3 || r.Note != "n" {
+					t.Errorf("ratio %s, note %q: want 5.3 and the note unchanged", ratioText(r.Ratio), r.Note)
+				}
+				return
+			}
+			if r.Ratio != nil {
+				t.Errorf("ratio %s printed over %s beside %s", ratioText(r.Ratio), tc.mine, tc.theirs)
+			}
+			want := "n; sample too small for a comparison with y"
+			if tc.smoke {
+				want = "n; smoke run: sizes too small for a comparison with y"
+			}
+			if !strings.HasPrefix(r.Note, want) {
+				t.Errorf("note %q does not say why (want it to start with %q)", r.Note, want)
+			}
+		})
 	}
 }
 
@@ -106,4 +184,11 @@ func TestQuickSoak(t *testing.T) {
 	if rows := strings.Count(log.String(), "\n| 0:0"); rows != 3 {
 		t.Errorf("the final table has %d rows, want 3 (6s in 2s intervals):\n%s", rows, log.String())
 	}
+}
+
+func ratioText(p *float64) string {
+	if p == nil {
+		return "null"
+	}
+	return fmt.Sprint(*p)
 }

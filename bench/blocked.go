@@ -22,7 +22,7 @@ import (
 func benchBlocked(ctx context.Context, e *env) ([]Result, error) {
 	counts := []int{0, 100_000, 1_000_000}
 	if e.o.quick {
-		counts = []int{0, 10_000, 50_000}
+		counts = []int{0, 5_000, 20_000}
 	}
 	var out []Result
 	var base float64

@@ -287,7 +287,9 @@ func (e *env) checkOrder(ctx context.Context, stream string) (int, error) {
 	seen := map[string]bool{}
 	read := 0
 	for read < total {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		// No more than the stream has left: a fetch of more waits its whole
+		// FetchMaxWait for messages that never come.
+		batch, err := cons.Fetch(min(1000, total-read), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			return 0, err
 		}

@@ -153,7 +153,7 @@ func benchIdle(ctx context.Context, e *env) ([]Result, error) {
 		return n, err
 	}
 	// Let start-up (connect, checks, LISTEN) pass and the counters flush.
-	if err := sleepCtx(ctx, 3*time.Second); err != nil {
+	if err := sleepCtx(ctx, e.sz.idleSettle); err != nil {
 		return nil, err
 	}
 	c0, err := count()

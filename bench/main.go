@@ -6,7 +6,7 @@
 // peer. Run it from the repository root:
 //
 //	cd bench && go run .            # the default run (about 10 minutes before the destinations group)
-//	cd bench && go run . --quick    # a smoke run (one to two minutes)
+//	cd bench && go run . --quick    # a smoke run, under a minute: every default group but destinations, at sizes too small for figures
 //	cd bench && go run . --long     # a 1,000,000-event backlog
 //	cd bench && go run . --json     # one JSON object per scenario
 //	cd bench && go run . --only soak  # writers and relay together, 10 minutes
@@ -61,6 +61,54 @@ type Result struct {
 	Note    string   `json:"note,omitempty"`
 	// Series is a figure at every second (the pressure group: the backlog).
 	Series []int64 `json:"backlog_per_sec,omitempty"`
+	// Smoke marks a result of a --quick run: it shows that the scenario
+	// runs, not a figure (no target is checked).
+	Smoke bool `json:"smoke,omitempty"`
+}
+
+// A ratio of two measurements is a figure only when each was taken over at
+// least minFigureEvents events (ten batches of 1,000) and minFigureSeconds:
+// below that, the start (connections, the stream's creation, the first
+// claim) and the last partial batch weigh more than the few percent a
+// comparison is about, and a second of load from elsewhere on a shared
+// machine moves it. A --quick run's drains (5,000 events, a fraction of a
+// second) are below, and a --quick run prints no such ratio whatever its
+// drains took (on a slow enough machine they could last 2 s).
+const (
+	minFigureEvents  = 10_000
+	minFigureSeconds = 2.0
+)
+
+// sample is what a rate was measured over.
+type sample struct {
+	events  int64
+	seconds float64
+}
+
+func (s sample) String() string { return fmt.Sprintf("%d events in %.2f s", s.events, s.seconds) }
+
+func (s sample) enough() bool { return s.events >= minFigureEvents && s.seconds >= minFigureSeconds }
+
+// compare sets r's ratio to ratio, of the scenario named of, when both
+// samples support a figure and the run is no smoke run; otherwise it leaves
+// the ratio out (null in the JSON, "-" in the table) and says why in the
+// note.
+func (r *Result) compare(smoke bool, ratio float64, of string, mine, theirs sample) {
+	r.RatioOf = of
+	if !smoke && mine.enough() && theirs.enough() {
+		r.Ratio = f(ratio)
+		return
+	}
+	what := "sample"
+	if smoke {
+		what = "smoke run: sizes"
+	}
+	why := fmt.Sprintf("%s too small for a comparison with %s (this: %s; that: %s; a figure needs %d events and %.0f s on each side, and no --quick)",
+		what, of, mine, theirs, minFigureEvents, minFigureSeconds)
+	if r.Note != "" {
+		why = r.Note + "; " + why
+	}
+	r.Note = why
 }
 
 func f(v float64) *float64 {
@@ -80,13 +128,17 @@ type sizes struct {
 	backlog        int
 	aggregates     int
 	watermillCap   time.Duration
+	watermill      []string // the wmVariants to run, by scenario (nil: all)
 	latencyDur     time.Duration
 	latencyRate    int
 	latencyClients int // writer connections of the latency runs
 	notifyWriteDur time.Duration
 	scaleCounts    []int
+	scaleNoAhead   bool // the scale group also runs 1 and 2 relays with --no-claim-ahead
 	history        int
 	idleDur        time.Duration
+	idleSettle     time.Duration // the idle relay's start-up, before counting
+	checkpoint     bool          // a CHECKPOINT before each group
 	soak           soakSizes
 	outage         time.Duration // cdc-outage: how long no relay runs
 	pressure       pressureSizes
@@ -95,25 +147,38 @@ type sizes struct {
 func defaultSizes() sizes {
 	return sizes{
 		writeDur: time.Second, writeRounds: 6, clients: []int{1, 4, 16},
-		backlog: 200_000, aggregates: 10_000, watermillCap: 40 * time.Second,
+		backlog: 200_000, aggregates: 10_000, watermillCap: 30 * time.Second,
 		latencyDur: 30 * time.Second, latencyRate: 1000, latencyClients: 16, notifyWriteDur: 1500 * time.Millisecond,
-		scaleCounts: []int{1, 2, 4}, history: 5_000_000, idleDur: 20 * time.Second,
-		soak: defaultSoak(), outage: 5 * time.Minute, pressure: defaultPressure(),
+		scaleCounts: []int{1, 2, 4}, scaleNoAhead: true, history: 5_000_000, idleDur: 20 * time.Second, idleSettle: 3 * time.Second,
+		checkpoint: true, soak: defaultSoak(), outage: 5 * time.Minute, pressure: defaultPressure(),
 	}
 }
 
+// quickSizes are a smoke run's: every scenario of quickGroups runs once, on
+// the smallest sizes that still exercise it (a backlog of 5 batches, two
+// relay processes, a second of offered load), so that the run takes under a
+// minute on two cores; none of its figures is one (see Result.Smoke).
 func quickSizes() sizes {
 	return sizes{
-		writeDur: 400 * time.Millisecond, writeRounds: 1, clients: []int{1, 4, 16},
+		writeDur: 250 * time.Millisecond, writeRounds: 1, clients: []int{1, 4, 16},
 		backlog: 5_000, aggregates: 500, watermillCap: 4 * time.Second,
-		latencyDur: 3 * time.Second, latencyRate: 1000, latencyClients: 16, notifyWriteDur: 500 * time.Millisecond,
-		scaleCounts: []int{1, 2, 4}, history: 50_000, idleDur: 4 * time.Second,
+		// One Watermill configuration per schema (the other two differ
+		// only in their settings' values).
+		watermill:  []string{"defaults", "queue-batch1000"},
+		latencyDur: 1500 * time.Millisecond, latencyRate: 1000, latencyClients: 16, notifyWriteDur: 300 * time.Millisecond,
+		scaleCounts: []int{1, 2}, history: 20_000, idleDur: 2 * time.Second, idleSettle: time.Second,
 		soak: quickSoak(), outage: 5 * time.Second, pressure: quickPressure(),
 	}
 }
 
 // groups in the order they run by default.
 var allGroups = []string{"write", "inbox", "relay", "latency", "destinations", "scale", "history", "blocked", "idle"}
+
+// quickGroups are what --quick runs unless --only names groups: the default
+// groups but the destinations group, which is the relay group again for
+// each of four brokers (about a minute on its own; CI's TestQuickRun runs
+// it, and --quick --only destinations does).
+var quickGroups = slices.DeleteFunc(slices.Clone(allGroups), func(g string) bool { return g == "destinations" })
 
 // extraGroups run only when named with --only: they take long.
 var extraGroups = []string{"soak", "cdc", "cdc-outage", "outage", "pressure"}
@@ -136,7 +201,7 @@ func main() {
 	var only string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per scenario instead of the table")
-	fs.BoolVar(&o.quick, "quick", false, "small sizes: a smoke run in under a minute")
+	fs.BoolVar(&o.quick, "quick", false, "a smoke run in under a minute: every default group but destinations (--only names others), at sizes too small for figures: no ratio between drains and no target")
 	fs.BoolVar(&o.long, "long", false, "a 1,000,000-event backlog for the relay throughput scenarios")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schemas and streams (to inspect them)")
 	fs.BoolVar(&o.skipPeer, "skip-peer", false, "skip the Watermill scenarios (to iterate on our relay)")
@@ -201,6 +266,9 @@ func main() {
 		o.sz.latencyClients = latencyClients
 	}
 	o.only = allGroups
+	if o.quick {
+		o.only = quickGroups
+	}
 	if only != "" {
 		o.only = strings.Split(only, ",")
 		for _, g := range o.only {
@@ -286,8 +354,11 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 		// Start each group from a clean slate: the previous group's WAL and
 		// dirty buffers flushed now rather than by a checkpoint in the middle
 		// of this one (pgbench does the same before a run).
-		if _, err := e.admin.Exec(ctx, "CHECKPOINT"); err != nil {
-			e.logf("checkpoint: %v", err)
+		// A smoke run skips it: no figure to protect, seconds to save.
+		if e.sz.checkpoint {
+			if _, err := e.admin.Exec(ctx, "CHECKPOINT"); err != nil {
+				e.logf("checkpoint: %v", err)
+			}
 		}
 		switch g {
 		case "write":
@@ -319,6 +390,9 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 		case "inbox":
 			rs, err = benchInbox(ctx, e)
 		}
+		if o.quick {
+			smoke(rs)
+		}
 		all = append(all, rs...)
 		if err != nil {
 			return all, fmt.Errorf("%s: %w", g, err)
@@ -329,7 +403,17 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 	return all, nil
 }
 
+// smoke marks a --quick run's results: no target is checked on them.
+func smoke(rs []Result) {
+	for i := range rs {
+		rs[i].Smoke, rs[i].Met = true, nil
+	}
+}
+
 func printTable(w io.Writer, rs []Result) {
+	if slices.ContainsFunc(rs, func(r Result) bool { return r.Smoke }) {
+		fmt.Fprintln(w, "smoke run (--quick): every scenario ran, at sizes too small for figures; no ratio below is a comparison and no target is checked (the figures: cd bench && go run .)")
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tevents/s\tp50 ms\tp99 ms\tmax ms\tvalue\tratio\tvs\ttarget\tmet\t")
 	num := func(p *float64, prec int) string {

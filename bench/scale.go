@@ -101,7 +101,9 @@ func benchScale(ctx context.Context, e *env) ([]Result, error) {
 	}
 	// The same without claiming ahead: a relay then leaves the machine idle
 	// between its round trips, and a second one uses that time.
-	runs = append(runs, run{1, []string{"--no-claim-ahead"}}, run{2, []string{"--no-claim-ahead"}})
+	if e.sz.scaleNoAhead {
+		runs = append(runs, run{1, []string{"--no-claim-ahead"}}, run{2, []string{"--no-claim-ahead"}})
+	}
 	var oneSeq float64
 	for _, rn := range runs {
 		k := rn.k
