@@ -181,7 +181,7 @@ type RelayConfig struct {
 	// relay that died, once their lease expires, and rows without a
 	// dispatch_xid (written before migration 009). After the relay's first,
 	// a full scan reads from a low-water mark (the oldest pending event, at
-	// most twelve intervals before now) and, every sixty intervals, from the
+	// most two intervals before now) and, every sixty intervals, from the
 	// start (docs/design.md, "Cost"). A full scan that fills its
 	// batch is followed by another one at once. A negative value makes every
 	// claim a full scan, as before the incremental claim existed. A safety

@@ -12,7 +12,7 @@ import (
 // xmin, the entries of every published event stay in outbox_dispatch_idx,
 // and a look that reads it from the start walks all of them. The
 // background full scan's look starts at its low-water mark instead, which
-// moves up to the oldest pending event, or to a margin (twelve rescan
+// moves up to the oldest pending event, or to a margin (two rescan
 // intervals) before now: after 6,200 events published under the pin it
 // reads what it read after 200, while the complete look, which runs every
 // sixty rescan intervals as the backstop, reads every entry.
@@ -25,7 +25,7 @@ func TestFullScanLookFlatUnderPinnedXmin(t *testing.T) {
 	pinXmin(t)
 	cfg := quietConfig(schema, b.pub)
 	cfg.BatchSize = 100
-	cfg.RescanInterval = 50 * time.Millisecond // margin 600 ms, complete every 3 s
+	cfg.RescanInterval = 50 * time.Millisecond // margin 100 ms, complete every 3 s
 	r, _ := startRelay(t, pool, cfg)
 	measure := func(n int) (bounded, complete claimPlan) {
 		writeEvents(t, pool, w, 100, n/100)
@@ -76,7 +76,7 @@ func TestFullScanCompleteLookFindsWhatIsBehindTheMark(t *testing.T) {
 	w := newWriter(t, schema)
 	b := newNATS(t, outboxtest.NATSURL(), 0)
 	cfg := quietConfig(schema, b.pub)
-	cfg.RescanInterval = 50 * time.Millisecond // margin 600 ms, complete every 3 s
+	cfg.RescanInterval = 50 * time.Millisecond // margin 100 ms, complete every 3 s
 	r, _ := startRelay(t, pool, cfg)
 	writeEvents(t, pool, w, 3, 2)
 	// A mark within the margin of now: the event below is behind it.
