@@ -47,18 +47,7 @@ func quarantinePlansUseTheirIndex(t *testing.T, stats string) {
 	case "analyzed empty":
 		exec(`ANALYZE ` + events)
 	case "analyzed under a pinned xmin":
-		pinned, err := pool.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pinned.Release()
-		if _, err := pinned.Exec(ctx, `BEGIN`); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _, _ = pinned.Exec(context.Background(), `ROLLBACK`) }()
-		if _, err := pinned.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
-			t.Fatal(err)
-		}
+		pinXmin(t)
 		exec(`INSERT INTO ` + events + ` (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload_bytes)
 			SELECT gen_random_uuid(), 'order', 'o' || (g % 2000), g, 'OrderCreated', '{}' FROM generate_series(1, 20000) g`)
 		exec(`UPDATE ` + events + ` SET published_at = now() WHERE aggregate_sequence > 20`)
