@@ -2,8 +2,12 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
@@ -42,3 +46,64 @@ func TestAdv22ARelayHealthNotOfTheShapeDoesNotBlankTheStatus(t *testing.T) {
 		t.Fatalf("History: %v", err)
 	}
 }
+
+// nulPublisher acknowledges every message but those fail refuses.
+type nulPublisher struct {
+	fail func(m outbox.Message) error
+}
+
+func (p nulPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	failed := false
+	for i, m := range msgs {
+		if errs[i] = p.fail(m); errs[i] != nil {
+			failed = true
+		}
+	}
+	if !failed {
+		return nil
+	}
+	return errs
+}
+
+// TestAdv22ADestinationsErrorOfAnyTextIsRecorded: a destination's error
+// text is recorded as the event's last_error, in the settle transaction of
+// the whole batch. A text PostgreSQL's text refuses (a NUL, as a webhook's
+// protobuf error body quoted in the error holds; bytes that are not UTF-8;
+// a multi-byte character cut at 2,000 bytes) failed that transaction: the
+// batch's acknowledged events were not marked published either, the
+// failure was never counted, and at every lease the batch was published
+// again, for ever, the refused event never quarantined.
+func TestAdv22ADestinationsErrorOfAnyTextIsRecorded(t *testing.T) {
+	t.Parallel()
+	for name, text := range map[string]string{
+		"nul":         "endpoint answered 400: \x08\x96\x01\x00\x12",
+		"latin1":      "endpoint answered 400: caf\xe9",
+		"cut-in-rune": strings.Repeat("a", 1999) + "é and the rest",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool, schema := outboxtest.Schema(t)
+			w := newWriter(t, schema)
+			pub := nulPublisher{fail: func(m outbox.Message) error {
+				if m.AggregateID == "agg-1" && m.Sequence == 1 {
+					return outbox.Permanent(errors.New(text))
+				}
+				return nil
+			}}
+			writeEvents(t, pool, w, 3, 2)
+			cfg := quietConfig(schema, pub)
+			cfg.LeaseDuration = 2 * time.Second
+			startRelay(t, pool, cfg)
+			outboxtest.Eventually(t, 60*time.Second, "the other lanes published and agg-1's head quarantined", func() bool {
+				var pending, quarantined int
+				err := pool.QueryRow(ctx0, `SELECT count(*) FILTER (WHERE published_at IS NULL AND aggregate_id <> 'agg-1'),
+	count(*) FILTER (WHERE quarantined_at IS NOT NULL)
+FROM `+schema+`.outbox_events`).Scan(&pending, &quarantined)
+				return err == nil && pending == 0 && quarantined == 1
+			})
+		})
+	}
+}
+
+var ctx0 = context.Background()
