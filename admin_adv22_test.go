@@ -107,3 +107,27 @@ FROM `+schema+`.outbox_events`).Scan(&pending, &quarantined)
 }
 
 var ctx0 = context.Background()
+
+// TestAdv22ARelayHealthOfAnOutageWithANulIsRecorded: the relay records
+// its /readyz reason in its heartbeat row as JSON; a reason holding a NUL
+// (the destination's error text) is "\u0000" in JSON, which jsonb refuses:
+// the health was not recorded (a debug line), and the console and `outbox
+// status` went on showing the relay's last health, "ready", through the
+// outage.
+func TestAdv22ARelayHealthOfAnOutageWithANulIsRecorded(t *testing.T) {
+	t.Parallel()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	pub := nulPublisher{fail: func(m outbox.Message) error {
+		return outbox.Unavailable(errors.New("broker closed the connection: \x00\x01"))
+	}}
+	writeEvents(t, pool, w, 1, 1)
+	cfg := quietConfig(schema, pub)
+	cfg.HeartbeatInterval = 100 * time.Millisecond
+	startRelay(t, pool, cfg)
+	outboxtest.Eventually(t, 60*time.Second, "the relay's health recorded as not ready", func() bool {
+		var ready *bool
+		err := pool.QueryRow(ctx0, `SELECT (health->>'ready')::boolean FROM `+schema+`.outbox_relays`).Scan(&ready)
+		return err == nil && ready != nil && !*ready
+	})
+}
