@@ -117,3 +117,51 @@ func TestAdv22ACallErrorOfAnyTextIsRecorded(t *testing.T) {
 		})
 	}
 }
+
+// TestAdv22AResumedHandlerThatPanicsReleasesItsWait: a handler that
+// panics under Resume, the panic recovered by the application, leaves the
+// wait as it was and unlocked: the next round runs it (over database/sql
+// the transaction stayed open, its FOR UPDATE lock on the wait with it,
+// and every later round skipped the wait as locked by another Resume).
+func TestAdv22AResumedHandlerThatPanicsReleasesItsWait(t *testing.T) {
+	t.Parallel()
+	forKinds(t, func(t *testing.T, k txKind) {
+		b := setupKind(t, sideeffect.Neither, k)
+		// Cancelled at the end, before the database/sql database closes
+		// (which would wait for a leaked transaction).
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		c := b.caller(t, nil)
+		id := uuid.New()
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			return c.WaitTx(ctx, tx, sideeffect.Wait{Consumer: "billing", Key: id.String(),
+				Message: outbox.Message{ID: id, AggregateType: "order", AggregateID: "a", Sequence: 1, Type: "T"}})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		panicking := true
+		run := func() error {
+			if panicking {
+				panic("handler bug")
+			}
+			return nil
+		}
+		r := sideeffect.Resumer{Consumer: "billing",
+			Handle:    func(ctx context.Context, tx pgx.Tx, msg outbox.Message) error { return run() },
+			HandleSQL: func(ctx context.Context, tx *sql.Tx, msg outbox.Message) error { return run() }}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("the handler's panic did not pass through")
+				}
+			}()
+			_, _ = c.ResumeOnce(ctx, r)
+		}()
+		panicking = false
+		rep, err := c.ResumeOnce(ctx, r)
+		if err != nil || rep.Resumed != 1 {
+			t.Fatalf("ResumeOnce after the recovered panic: %+v, %v; want the wait resumed", rep, err)
+		}
+	})
+}
