@@ -80,6 +80,11 @@ func TestAdv22ADestinationsErrorOfAnyTextIsRecorded(t *testing.T) {
 		"nul":         "endpoint answered 400: \x08\x96\x01\x00\x12",
 		"latin1":      "endpoint answered 400: caf\xe9",
 		"cut-in-rune": strings.Repeat("a", 1999) + "é and the rest",
+		// Two-byte characters throughout: the cut at 2,000 bytes lands
+		// inside one whatever prefix the relay puts before the text, unless
+		// the prefix is of an even length; three-byte ones for that case.
+		"cut-in-rune-2": strings.Repeat("é", 1500),
+		"cut-in-rune-3": "x" + strings.Repeat("€", 1000),
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
