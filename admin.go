@@ -194,11 +194,13 @@ type RelayInfo struct {
 	Alive bool `json:"alive"`
 	// AckDurability is what the relay learnt at start about its
 	// destination's acknowledgement (see DurabilityChecker); nil until it
-	// recorded it.
+	// recorded it, or when what it recorded is not a document this version
+	// reads.
 	AckDurability *AckDurability `json:"ack_durability,omitempty"`
 	// Health is what the relay last recorded of its readiness, last error
 	// and counts per minute (migration 015; see RelayHealth); nil until it
-	// recorded it.
+	// recorded it, or when what it recorded is not a document this version
+	// reads (a relay of another version, a row written by hand).
 	Health *RelayHealth `json:"health,omitempty"`
 }
 
@@ -362,16 +364,20 @@ FROM `+a.t.relays+` r ORDER BY relay_id`)
 		var ack, health []byte
 		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive, &ack, &health)
 		r.StartedAt, r.HeartbeatAt, r.ExpiresAt = r.StartedAt.UTC(), r.HeartbeatAt.UTC(), r.ExpiresAt.UTC()
+		// Both documents are a relay's notes, written by the relay role and
+		// by relays of other versions: one that this version cannot read is
+		// left unknown (nil), as History skips unreadable minutes, rather
+		// than failing the whole status over one row's monitoring note.
 		if err == nil && len(ack) > 0 && string(ack) != "null" {
-			r.AckDurability = new(AckDurability)
-			if jerr := json.Unmarshal(ack, r.AckDurability); jerr != nil {
-				return r, fmt.Errorf("relay %s: ack_durability: %w", r.ID, jerr)
+			var d AckDurability
+			if json.Unmarshal(ack, &d) == nil {
+				r.AckDurability = &d
 			}
 		}
 		if err == nil && len(health) > 0 && string(health) != "null" {
-			r.Health = new(RelayHealth)
-			if jerr := json.Unmarshal(health, r.Health); jerr != nil {
-				return r, fmt.Errorf("relay %s: health: %w", r.ID, jerr)
+			var h RelayHealth
+			if json.Unmarshal(health, &h) == nil {
+				r.Health = &h
 			}
 		}
 		return r, err

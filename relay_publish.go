@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/pgoutbox/outbox/internal/failpoint"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 )
 
 type failure struct {
@@ -255,9 +256,10 @@ func containsFailure(fs []failure, id uuid.UUID) bool {
 	return false
 }
 
+// truncate makes an error text storable as last_error: cut to n bytes on a
+// character, NUL and bytes that are not UTF-8 replaced. A destination's
+// text holds anything (a webhook's binary body quoted); one PostgreSQL's
+// text refuses failed the settle of the whole batch, at every lease.
 func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
+	return pgtext.Clean(s, n)
 }

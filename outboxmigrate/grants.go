@@ -150,6 +150,7 @@ var operatorGrants = []grant{
 	{"UPDATE (processed_at)", "processed_events", "the clean-up's row locks (FOR UPDATE)"},
 	{"SELECT, INSERT, UPDATE", "inbox_aggregates", "inbox status|resolve"},
 	{"SELECT, UPDATE", "side_effects", "status (side effects) and sideeffect.Admin.Resolve"},
+	{"SELECT", "side_effect_waits", "the events waiting on an attempt (sideeffect show, sideeffect.Admin.Waiting)"},
 }
 
 // consumerGrants: inbox.Inbox's statements (inbox/inbox.go): the
@@ -157,7 +158,10 @@ var operatorGrants = []grant{
 // INSERT alone), the per-aggregate mark (an upsert that locks the row,
 // then updates it), and the consumer's start point (insert once, read);
 // and the SQL inbox's functions (migration 012), which run with these same
-// rights (SECURITY INVOKER). Nothing on the outbox's own tables.
+// rights (SECURITY INVOKER); and package sideeffect's Caller: its
+// attempts (a claim inserts or updates the row, a call not sent deletes
+// the row it created) and the events waiting on one (WaitTx's upsert,
+// Resume's lock, update and delete). Nothing on the outbox's own tables.
 var consumerGrants = []grant{
 	{"INSERT", "processed_events", "the applied event (Handle)"},
 	{"SELECT, INSERT, UPDATE", "inbox_aggregates", "the consumer's per-aggregate mark (Handle, Seed)"},
@@ -165,6 +169,8 @@ var consumerGrants = []grant{
 	{"EXECUTE", "FUNCTION inbox_claim(text, uuid, text, text, bigint, bigint, timestamptz, boolean, interval, text)", "the SQL inbox (any language): apply, duplicate or early"},
 	{"EXECUTE", "FUNCTION inbox_seed(text, text, text, bigint, text)", "the SQL inbox's seed"},
 	{"EXECUTE", "FUNCTION inbox_start_point(text)", "the start point, for inbox_claim's start_at_first_seen"},
+	{"SELECT, INSERT, UPDATE, DELETE", "side_effects", "the consumer's external calls (sideeffect.Caller: Do, Reconcile)"},
+	{"SELECT, INSERT, UPDATE, DELETE", "side_effect_waits", "events waiting on a parked call (Caller.WaitTx, Resume)"},
 }
 
 // Grants returns SQL that grants the roles the rights they need on the
@@ -186,7 +192,8 @@ var consumerGrants = []grant{
 //     log, which it cannot update or delete; it cannot insert events,
 //     delete an unpublished one, or change a payload or a sequence;
 //   - the consumer records what its inbox applied (processed_events,
-//     inbox_aggregates, inbox_consumers) and nothing else of the outbox.
+//     inbox_aggregates, inbox_consumers) and its side effects
+//     (side_effects, side_effect_waits), and nothing else of the outbox.
 //
 // The script first revokes every right the roles have on the schema's
 // tables and functions, so that running it after an upgrade takes away

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/outbox/internal/failpoint"
 	"github.com/pgoutbox/outbox/internal/pgretry"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
@@ -444,6 +445,10 @@ func (c *Caller) recordCtx(ctx context.Context) (context.Context, context.Cancel
 func (c *Caller) record(ctx context.Context, cl claim, o outcome) (Result, error) {
 	rctx, cancel := c.recordCtx(ctx)
 	defer cancel()
+	// The error's text comes from the call (a provider's body echoed, a
+	// driver): stored as PostgreSQL's text takes it, or the outcome could
+	// not be recorded at all.
+	o.err = pgtext.Clean(o.err, 0)
 	res := Result{Key: cl.key, State: o.state, Response: o.response, Error: o.err}
 	var via, lastErr *string
 	if o.state != Unknown {
@@ -530,7 +535,7 @@ func (c *Caller) recordNotSent(ctx context.Context, cl claim, callErr error) err
 		_, err = c.db.Exec(rctx, `UPDATE `+c.t+` SET state = 'unknown', attempts = attempts - 1, blind_retries = blind_retries - $4,
 	last_error = $5, lease_until = NULL, next_check_at = now() + make_interval(secs => $6), updated_at = now()
 WHERE name = $1 AND key = $2 AND lease_token = $3 AND state = 'started'`,
-			c.cfg.Name, cl.key, cl.token, blind, "not sent: "+callErr.Error(), secs(c.backoff(cl.checks)))
+			c.cfg.Name, cl.key, cl.token, blind, pgtext.Clean("not sent: "+callErr.Error(), 0), secs(c.backoff(cl.checks)))
 	}
 	if err != nil {
 		return fmt.Errorf("release the attempt after a call not sent: %w", err)

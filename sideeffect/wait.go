@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/internal/pgtx"
 )
 
@@ -307,10 +308,10 @@ WHERE consumer_name = $1 AND event_id = $2`, consumer, id)
 		if !errors.Is(herr, ErrParked) {
 			next = c.backoff(wakes)
 		}
-		msg := herr.Error()
-		if len(msg) > 2000 {
-			msg = msg[:2000]
-		}
+		// Any text the handler's error holds (a NUL, bytes not UTF-8) is
+		// stored as PostgreSQL's text takes it, cut on a character: a text
+		// refused there failed the round at this wait, every round.
+		msg := pgtext.Clean(herr.Error(), 2000)
 		// last_woken_at is taken after the handler: a change of the
 		// attempt by the handler's own Do does not count as a new one.
 		if _, err := tx.Exec(ctx, `UPDATE `+c.waits+` SET wakes = wakes + 1, last_woken_at = clock_timestamp(), last_error = $3,

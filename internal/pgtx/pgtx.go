@@ -209,14 +209,20 @@ func (d SQLDB) BeginFunc(ctx context.Context, opts TxOptions, fn func(Querier) e
 	if err != nil {
 		return err
 	}
+	// Rolled back unless committed: on fn's error and also when fn
+	// panics (as pgx.BeginTxFunc does), so that a panic the application
+	// recovers from leaves no transaction open holding its connection and
+	// locks until the context ends.
+	committed := false
 	defer func() {
-		if err != nil {
+		if !committed {
 			_ = tx.Rollback()
 		}
 	}()
 	if err = fn(SQL(tx)); err != nil {
 		return err
 	}
+	committed = true
 	return tx.Commit()
 }
 
