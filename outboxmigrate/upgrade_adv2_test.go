@@ -110,7 +110,16 @@ func TestAdv2UpgradeTo013KeepsThePayloadLimit(t *testing.T) {
 			_, _ = pool.Exec(ctx, "DROP ROLE "+writerRole+r)
 		})
 	}
-	if _, err := pool.Exec(ctx, script); err != nil {
+	// The printed grants are for a schema at this version's migration;
+	// the lines about a table of a later migration than 012
+	// (side_effect_waits, 016) are left out here.
+	var lines []string
+	for _, line := range strings.Split(script, "\n") {
+		if !strings.Contains(line, "side_effect_waits") {
+			lines = append(lines, line)
+		}
+	}
+	if _, err := pool.Exec(ctx, strings.Join(lines, "\n")); err != nil {
 		t.Fatalf("grants: %v", err)
 	}
 	for _, fn := range []string{"enqueue(text, text, text, bytea, text, jsonb, text, integer, uuid)", "enqueue_many(jsonb)"} {
