@@ -76,6 +76,11 @@ func TestMigrateOnlyConsumer(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, `"components": "consumer"`) || !strings.Contains(stdout, `"up_to_date": true`) {
 		t.Fatalf("migrate --status --json on a consumer-only schema: exit %d, %s", code, stdout)
 	}
+	// The outbox's commands say what the schema holds and where to look.
+	if _, stderr, code := runOutbox(t, nil, "status", "--schema", schema); code == 0 || !strings.Contains(stderr, "holds the consumer side only") ||
+		!strings.Contains(stderr, "outbox inbox status") {
+		t.Fatalf("status on a consumer-only schema: exit %d, stderr %q", code, stderr)
+	}
 	// The consumer side's commands work on such a schema.
 	if _, stderr, code := runOutbox(t, nil, "inbox", "status", "--schema", schema); code != 0 {
 		t.Fatalf("inbox status on a consumer-only schema: exit %d: %s", code, stderr)

@@ -27,6 +27,9 @@ func requireLatestSchema(ctx context.Context, pool *pgxpool.Pool, schema string)
 	latest := all[len(all)-1].Version
 	switch {
 	case v == 0:
+		if c, err := outboxmigrate.VersionComponents(ctx, pool, schema, outboxmigrate.ComponentsConsumer); err == nil && c > 0 {
+			return fmt.Errorf("schema %s holds the consumer side only ('outbox migrate --only consumer'), no outbox tables: 'outbox inbox status' and 'outbox sideeffect parked' read it; 'outbox migrate --schema %s' adds the outbox side", schema, schema)
+		}
 		return fmt.Errorf("schema %s has no outbox tables: run 'outbox migrate --schema %s' first", schema, schema)
 	case v < latest:
 		return fmt.Errorf("schema %s is at migration version %d, this binary needs %d: run 'outbox migrate --schema %s'", schema, v, latest, schema)
