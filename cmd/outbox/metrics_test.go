@@ -30,7 +30,8 @@ type relayProcess struct {
 	addr    chan string
 	mu      sync.Mutex
 	stderr  strings.Builder
-	waitErr chan error
+	waitErr chan error    // the exit's error, once; a test that reads it owns it
+	exited  chan struct{} // closed once the process has exited
 }
 
 var metricsAddrRE = regexp.MustCompile(`msg="metrics listening" addr=(\S+)`)
@@ -44,7 +45,7 @@ func startRelayProcess(t *testing.T, args ...string) *relayProcess {
 // environment given: env, nothing inherited.
 func startRelayProcessEnv(t *testing.T, env []string, args ...string) *relayProcess {
 	t.Helper()
-	p := &relayProcess{addr: make(chan string, 1), waitErr: make(chan error, 1)}
+	p := &relayProcess{addr: make(chan string, 1), waitErr: make(chan error, 1), exited: make(chan struct{})}
 	p.cmd = exec.Command(outboxBinary(t), append([]string{"relay"}, args...)...)
 	p.cmd.Env = env
 	stderr, err := p.cmd.StderrPipe()
@@ -66,12 +67,17 @@ func startRelayProcessEnv(t *testing.T, env []string, args ...string) *relayProc
 			}
 		}
 		_, _ = io.Copy(io.Discard, stderr)
-		p.waitErr <- p.cmd.Wait()
+		err := p.cmd.Wait()
+		close(p.exited)
+		p.waitErr <- err
 	}()
+	// The clean-up waits for the exit on exited, not waitErr: a test that
+	// stopped the relay has read waitErr already, and the clean-up then
+	// waited its 10 s for nothing (most of each relay test's time).
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Kill()
 		select {
-		case <-p.waitErr:
+		case <-p.exited:
 		case <-time.After(10 * time.Second):
 		}
 	})
