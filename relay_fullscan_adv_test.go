@@ -22,12 +22,15 @@ func TestFullScanBatchTakenDuringBacklog(t *testing.T) {
 	w := newWriter(t, schema)
 	b := newNATS(t, outboxtest.NATSURL(), 0)
 	writeEvents(t, pool, w, 100, 40)
-	cfg := quietConfig(schema, slowPublisher{next: b.pub, delay: 3 * time.Millisecond})
+	// 1,000 batches of 8 ms at least: the backlog lasts 8 s or more, so
+	// that a batch left to its end stays leased past its lease by far more
+	// than stale (5 s), which is room for a loaded machine's slow round.
+	cfg := quietConfig(schema, slowPublisher{next: b.pub, delay: 8 * time.Millisecond})
 	cfg.BatchSize = 4
 	cfg.LeaseDuration = 300 * time.Millisecond
 	cfg.RescanInterval = 50 * time.Millisecond
 	r, _ := startRelay(t, pool, cfg)
-	const stale = 2 * time.Second
+	const stale = 5 * time.Second
 	start := time.Now()
 	for time.Since(start) < 60*time.Second {
 		var left, expired int
@@ -80,7 +83,10 @@ func TestStopDoesNotWaitForABackgroundFullScan(t *testing.T) {
 	stopped := make(chan struct{})
 	start := time.Now()
 	go func() { defer close(stopped); stop() }()
-	const bound = 3 * time.Second
+	// The held scan is let go only below: a stop that waits for it never
+	// returns, so a bound far beyond ShutdownTimeout (a minute) tells it
+	// from a loaded machine's slow stop.
+	const bound = time.Minute
 	select {
 	case <-stopped:
 	case <-time.After(bound):

@@ -31,16 +31,22 @@ import (
 // the locked rows too: the stop is prompt, the other lanes are handed over,
 // and a lane still locked is left, as a relay that dies leaves its lanes,
 // to the other relays' full scans (here relay B's, every second).
+//
+// A's ShutdownTimeout is two minutes, so that a hand-off waiting on the
+// lock would hold the stop that long: the bound on the stop (20 s) then
+// tells that wait from a loaded machine's slow stop.
 func TestLivenessStopWithALockedLaneInOver(t *testing.T) {
 	t.Parallel()
+	const shutdown, bound = 2 * time.Minute, 20 * time.Second
 	l := startLockedLane(t, 8,
-		func(c *outbox.RelayConfig) { c.ShutdownTimeout = 3 * time.Second },
+		func(c *outbox.RelayConfig) { c.ShutdownTimeout = shutdown },
 		func(c *outbox.RelayConfig) { c.RescanInterval = time.Second }) // the net for a lane left locked at A's stop
 	// The lane is in A's over now. A stops while the lock is held.
 	start := time.Now()
 	l.stopA()
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("relay A took %s to stop: its hand-off (handOffLanes) waited on the application's row lock", d.Round(time.Millisecond))
+	if d := time.Since(start); d > bound {
+		t.Errorf("relay A took %s to stop (ShutdownTimeout %s), want well under it (%s): its hand-off (handOffLanes) waited on the application's row lock",
+			d.Round(time.Millisecond), shutdown, bound)
 	}
 	if err := l.lock.Rollback(context.Background()); err != nil {
 		t.Fatal(err)
@@ -90,7 +96,11 @@ func TestSweepHandLiftWaitsOnTheHeadsLockHoldingTheLane(t *testing.T) {
 	if _, err := op.Exec(ctx, `SELECT 1 FROM `+schema+`.outbox_events WHERE event_id = $1 FOR UPDATE`, head); err != nil {
 		t.Fatal(err)
 	}
-	sweepCtx, cancelSweep := context.WithTimeout(ctx, 10*time.Second)
+	// The head's lock is held until the test ends: a sweep (and a writer
+	// behind it) that waits on it waits that long, so the bounds below
+	// (30 s each) tell that wait from a loaded machine's slow statement.
+	const bound = 30 * time.Second
+	sweepCtx, cancelSweep := context.WithCancel(ctx)
 	defer cancelSweep()
 	sweepDone := make(chan time.Duration, 1)
 	go func() {
@@ -103,11 +113,11 @@ func TestSweepHandLiftWaitsOnTheHeadsLockHoldingTheLane(t *testing.T) {
 	select {
 	case d := <-sweepDone:
 		t.Logf("sweep took %s", d)
-	case <-time.After(5 * time.Second):
-		t.Errorf("the lane sweep is still waiting on the head's row lock held by another transaction")
+	case <-time.After(bound):
+		t.Errorf("the lane sweep is still waiting on the head's row lock held by another transaction, after %s", bound)
 	}
 	// A writer appends to the lane, as the application does all day.
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	start := time.Now()
 	werr := pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {

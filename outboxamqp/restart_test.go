@@ -20,8 +20,10 @@ import (
 func TestBrokerRestart(t *testing.T) {
 	node := rabbittest.Start(t)
 	// A classic durable queue: it keeps a message across the restart only
-	// if it was published persistent.
-	p, b := setupQueue(t, node.URL(), outboxamqp.Config{ConfirmTimeout: 3 * time.Second, DialTimeout: time.Second}, false, "outbox.order")
+	// if it was published persistent. A dial to the stopped node is refused
+	// at once; DialTimeout (10 s) is room for the probe after the restart
+	// on a loaded machine (1 s was not).
+	p, b := setupQueue(t, node.URL(), outboxamqp.Config{ConfirmTimeout: 3 * time.Second, DialTimeout: 10 * time.Second}, false, "outbox.order")
 
 	var (
 		mu      sync.Mutex

@@ -22,7 +22,10 @@ func TestClockDecidesTheLeaseCheck(t *testing.T) {
 	t.Parallel()
 	pool, schema := outboxtest.Schema(t)
 	ctx := context.Background()
-	const lease = 3 * time.Second
+	// A call must start within (Lease - CallTimeout)/2 of the claim on
+	// the unmoved clock: a minute's lease leaves 29.5 s, room for a loaded
+	// machine (3 s left one second); the moved clock jumps a whole lease.
+	const lease = time.Minute
 	for _, jump := range []time.Duration{0, lease} {
 		var readings atomic.Int64
 		clock := func() time.Time {

@@ -139,8 +139,13 @@ func pauseFirstCall(t *testing.T, d time.Duration) {
 func TestPausedCallerDoesNotCallPastItsLease(t *testing.T) {
 	const (
 		callTimeout = time.Second
-		lease       = 2 * time.Second // a call must start within 0.5s of its claim
+		lease       = 2 * time.Second // the paused caller's: a call must start within 0.5s of its claim
 		pause       = 4 * time.Second // the paused caller wakes 2s after its lease ended
+		// The redelivery's lease: its call must start within 29.5 s of
+		// its claim, which a loaded machine does (with the paused
+		// caller's 0.5 s, the redelivery failed whenever its own claim
+		// and call were more than half a second apart).
+		redeliveryLease = time.Minute
 	)
 	for _, c := range []struct {
 		mode  provider.Mode
@@ -157,7 +162,7 @@ func TestPausedCallerDoesNotCallPastItsLease(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			newCaller := func() *sideeffect.Caller {
+			newCaller := func(lease time.Duration) *sideeffect.Caller {
 				cfg := sideeffect.Config{Name: "payments.charge", Schema: schema, Mode: c.smode,
 					Lookup: p.lookup(c.mode), CallTimeout: callTimeout, Lease: lease, BlindRetry: c.mode == provider.ModeNeither}
 				caller, err := sideeffect.New(pool, cfg)
@@ -178,7 +183,7 @@ func TestPausedCallerDoesNotCallPastItsLease(t *testing.T) {
 			}
 			paused := make(chan outcome, 1)
 			go func() {
-				res, err := newCaller().Do(ctx, key, body, p.charge(req))
+				res, err := newCaller(lease).Do(ctx, key, body, p.charge(req))
 				paused <- outcome{res, err}
 			}()
 			// The redelivery: once the paused caller's lease has ended.
@@ -186,7 +191,7 @@ func TestPausedCallerDoesNotCallPastItsLease(t *testing.T) {
 				a, err := admin.Attempt(ctx, "payments.charge", key)
 				return err == nil && a.Expired
 			})
-			res, err := newCaller().Do(ctx, key, body, p.charge(req))
+			res, err := newCaller(redeliveryLease).Do(ctx, key, body, p.charge(req))
 			if err != nil || res.State != sideeffect.Succeeded || !res.Called {
 				t.Fatalf("the redelivery's Do: %+v, %v; want it to call and succeed", res, err)
 			}
@@ -233,10 +238,12 @@ func TestReconcilerLooksUpOnlyWithinItsLease(t *testing.T) {
 		<-ctx.Done() // CallTimeout
 		return sideeffect.LookupResult{}, ctx.Err()
 	})
-	// A lookup must start within (Lease - CallTimeout)/2 = 500ms of the
-	// claim; each takes 500ms.
+	// A lookup must start within (Lease - CallTimeout)/2 = 5s of the
+	// claim; each takes 5s. The first starts at once (5 s is room for a
+	// loaded machine: with 500 ms, a slow start deferred it too); the
+	// second starts 5 s after it at least, whatever the load: too late.
 	c := b.caller(t, func(cfg *sideeffect.Config) {
-		cfg.Lookup, cfg.CallTimeout, cfg.Lease = hang, 500*time.Millisecond, 1500*time.Millisecond
+		cfg.Lookup, cfg.CallTimeout, cfg.Lease = hang, 5*time.Second, 15*time.Second
 	})
 	call, req := b.p.call(10)
 	keys := []string{uuid.NewString(), uuid.NewString(), uuid.NewString()}

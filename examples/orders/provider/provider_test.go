@@ -302,14 +302,37 @@ func TestRefunds(t *testing.T) {
 }
 
 // TestFaultTimeoutAfterCommit: the provider commits and never answers; the
-// caller times out (ambiguous) while the ledger has the charge, and a retry
-// with the same key gets the stored charge, not a second one.
+// caller gives up (ambiguous) while the ledger has the charge, and a retry
+// with the same key gets the stored charge, not a second one. The caller
+// gives up once the charge is in the ledger (a time-out of its own, 500 ms,
+// could end before a loaded machine's provider committed).
 func TestFaultTimeoutAfterCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, provider.ModeIdempotent, provider.Rule{Fault: provider.FaultTimeoutAfterCommit, Next: 1})
-	tctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	tctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	_, err := b.client.Charge(tctx, "key-1", eur("order-1", 100))
+	charged := make(chan error, 1)
+	go func() {
+		_, err := b.client.Charge(tctx, "key-1", eur("order-1", 100))
+		charged <- err
+	}()
+	// The fault is drawn for the charge (no other request is made before
+	// that), then the charge commits; the caller then gives up.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if b.svc.FaultStatus().Injected[provider.FaultTimeoutAfterCommit] == 1 && len(b.ledger(t, "order-1").Entries) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no charge in the ledger a minute into the hanging request: %+v", b.svc.FaultStatus())
+		}
+	}
+	select {
+	case err := <-charged:
+		t.Fatalf("the charge returned while the provider hangs: %v", err)
+	default:
+	}
+	cancel()
+	err := <-charged
 	wantErr(t, err, provider.ErrAmbiguous)
 	l := b.wantCharges(t, "order-1", 1)
 	got, err := b.client.LookupByKey(ctx, "key-1")
