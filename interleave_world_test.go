@@ -67,8 +67,18 @@ const (
 	// on its own, within the liveness bound, without the full scan's help.
 	ilvRescanLong = time.Hour
 	// ilvSlack is the liveness bound beyond an event's own retry backoff:
-	// once the faults stop, every committed event is published within it.
-	ilvSlack = 3 * time.Second
+	// once the faults stop, every committed event is published within it,
+	// and within ilvSlackRounds claims of every running relay: on a loaded
+	// machine the relays' rounds, not the clock, say how long they had (a
+	// relay starved of CPU for seconds makes few claims in ilvSlack, while
+	// an event the relays pass over stays unpublished whatever their
+	// number). On an idle machine a relay makes ilvSlackRounds claims well
+	// within ilvSlack (one every ilvPoll at least), so the bound is
+	// ilvSlack there, as before; ilvSlackCap bounds the wait for the rounds
+	// (a relay that makes no claim for that long is itself reported).
+	ilvSlack       = 3 * time.Second
+	ilvSlackRounds = 50
+	ilvSlackCap    = time.Minute
 	// ilvLockGrace: a relay waiting this long on a lock while every other
 	// actor is idle waits on an application's transaction.
 	ilvLockGrace    = time.Second
@@ -487,6 +497,7 @@ type ilvRelay struct {
 	freed   chan struct{} // closed: no more holding (liveness phase)
 	cancel  context.CancelFunc
 	done    chan error
+	claims  atomic.Int64 // claims made (ObserveClaim), empty or not
 
 	// Harness side (set before release, read by the relay after it).
 	at      ilvGate
@@ -519,7 +530,10 @@ func (g *ilvRelay) Probe(ctx context.Context) error {
 }
 
 // ObserveClaim holds the relay after every claim, empty or not.
-func (g *ilvRelay) ObserveClaim(o outbox.ClaimObservation) { g.hold(gateClaim, o.Events, o.Err) }
+func (g *ilvRelay) ObserveClaim(o outbox.ClaimObservation) {
+	g.claims.Add(1)
+	g.hold(gateClaim, o.Events, o.Err)
+}
 
 func (g *ilvRelay) hold(at ilvGate, n int, err error) {
 	select {
