@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -16,54 +15,22 @@ import (
 // there, and each JSON object carries scenario, events_per_sec, p50_ms,
 // p99_ms and ratio. It checks no target: the figures of a smoke run on a
 // shared machine mean nothing.
-//
-// Each group (and each destination of the destinations group) is a
-// parallel subtest with a run of its own (its own env: schemas and streams
-// named after the run), so that the groups' fixed durations overlap: one
-// after the other they took 102 s (the destinations alone 49 s), which the
-// bench phase of .ci/run waited for; it runs them four at a time
-// (-parallel 4: eight ran the shared server out of connections).
 func TestQuickRun(t *testing.T) {
 	// In parallel with the module's other tests: each runs on schemas
 	// and streams of its own, and checks what must hold on any machine,
 	// not figures; most of their time is waiting on fixed durations.
 	t.Parallel()
+	o := options{quick: true, only: allGroups, sz: quickSizes(),
+		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222"), amqpURL: envOr("AMQP_URL", "amqp://127.0.0.1:5672/")}
 	var logw io.Writer = io.Discard
 	if testing.Verbose() {
 		logw = os.Stderr
 	}
-	var mu sync.Mutex
-	var results []Result
-	t.Run("groups", func(t *testing.T) {
-		for _, g := range allGroups {
-			dests := [][]string{nil}
-			if g == "destinations" {
-				dests = nil
-				for _, d := range destinations {
-					dests = append(dests, []string{d.name})
-				}
-			}
-			for _, ds := range dests {
-				name := g
-				if ds != nil {
-					name += "/" + ds[0]
-				}
-				t.Run(name, func(t *testing.T) {
-					t.Parallel()
-					o := options{quick: true, only: []string{g}, dests: ds, sz: quickSizes(),
-						databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
-						natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222"), amqpURL: envOr("AMQP_URL", "amqp://127.0.0.1:5672/")}
-					rs, err := run(context.Background(), o, logw)
-					mu.Lock()
-					results = append(results, rs...)
-					mu.Unlock()
-					if err != nil {
-						t.Fatal(err)
-					}
-				})
-			}
-		}
-	})
+	results, err := run(context.Background(), o, logw)
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := []string{
 		"write/order-only/1c", "write/order+event-sql/4c", "write/order+event-fn/4c", "write/order+event-lib/16c",
 		"inbox/go/1c", "inbox/sql/16c",
