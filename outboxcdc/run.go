@@ -102,6 +102,14 @@ type Relay struct {
 	legacyLogged bool
 }
 
+// setLastErr records why the stream last ended, for Ready. It stores a
+// copy: Run goes on changing its own err (errors.Join of what a repair
+// found), which Ready, on another goroutine, must not see half-written.
+func (r *Relay) setLastErr(err error) {
+	e := err
+	r.lastErr.Store(&e)
+}
+
 // Ready reports whether the relay does its job: nil while it streams the
 // slot or stands by for another process that does; otherwise why not (not
 // started, stopped, or the error that ended its last stream while it
@@ -175,7 +183,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case fatal(err):
 			return err
 		default:
-			r.lastErr.Store(&err)
+			r.setLastErr(err)
 			d := jitter(failures, r.cfg.RetryMin, r.cfg.RetryMax)
 			r.log.Warn("cdc set-up failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
 			sleep(ctx, d)
@@ -211,7 +219,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		if err != nil {
-			r.lastErr.Store(&err)
+			r.setLastErr(err)
 		}
 		var active *errSlotActive
 		if errors.As(err, &active) || isCode(err, "55006") { // object_in_use: the slot is active for another PID
