@@ -104,6 +104,7 @@ func (r *Relay) claimKind1(ctx context.Context, kind claimKind) (batch, error) {
 	if kind != claimFresh {
 		r.cursor.fullDone(start, time.Since(start), b.total, r.cfg.BatchSize)
 	}
+	r.cursor.claimedLanes(b)
 	r.takenOver.Add(takenOver)
 	b.takenOver = int(takenOver)
 	if cut := orderLanes(b.lanes); len(cut) > 0 {

@@ -41,6 +41,11 @@ const minClaimWindow = 16
 // (claimCursor.cont) to this many windows.
 const contKeepFactor = 4
 
+// aheadKeepFactor bounds the lanes set aside until the cursor reaches their
+// next event (claimCursor.ahead) to this many windows; the rest are handed
+// over (claimCursor.over).
+const aheadKeepFactor = 16
+
 // contRetries is how many claims a lane's next event is looked for while a
 // concurrent claim statement holds it locked (see claimCursor.cont); then
 // it is handed over (claimCursor.over), never dropped.
@@ -89,6 +94,12 @@ type laneNext struct {
 	tries   int
 }
 
+// laneAhead is a lane whose next event lies at pos, at or past the cursor.
+type laneAhead struct {
+	laneNext
+	pos cursorPos
+}
+
 // claimCursor is where a relay's incremental claim starts.
 //
 // Every pending event that is not quarantined and is as written
@@ -110,6 +121,11 @@ type claimCursor struct {
 	// over: lanes beyond contKeepFactor windows of cont, to make due
 	// before the next incremental claim (claimFresh).
 	over []laneNext
+	// ahead: lanes of cont whose next event the claim found at or past
+	// from. The range scan reads it there, so it is not looked for by key
+	// (nor locked) at every claim; once from passes it, the lane goes back
+	// to cont and is looked for once more (advance, settleAhead).
+	ahead []laneAhead
 	// lastFull is when the last full scan ran and lastFullCost how long it
 	// took; fullAgain asks for another one at once (the last full scan
 	// returned a full batch).
@@ -258,6 +274,14 @@ type freshMeta struct {
 	// now have events the claim read and left (not leased here): a
 	// conservative cursor looks them up again.
 	keepPoints []string
+	// aheadLanes are the 1-based positions in cont of lanes whose next
+	// event lies at or past the cursor's position (as written, not
+	// quarantined), and aheadPos their positions ("xid/event_id"): the
+	// range scan reads them there, and the cursor sets them aside
+	// (claimCursor.ahead) instead of looking for them by key and locking
+	// them at every claim.
+	aheadLanes []int64
+	aheadPos   []string
 }
 
 // advance moves the cursor after an incremental claim that read with window
@@ -281,8 +305,23 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 	if err != nil {
 		return err
 	}
+	ahead := make([]laneAhead, 0, len(m.aheadLanes))
+	for i, n := range m.aheadLanes {
+		if n < 1 || int(n) > len(cont) || i >= len(m.aheadPos) {
+			continue
+		}
+		pos, err := parseCursorPos(m.aheadPos[i])
+		if err != nil {
+			return err
+		}
+		ahead = append(ahead, laneAhead{laneNext: cont[n-1], pos: pos})
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// Whatever from becomes, the lanes set aside come back once it passes
+	// them (docs/design.md, "Why nothing is left behind").
+	c.ahead = append(c.ahead, ahead...)
+	defer c.settleAhead(window)
 	for _, n := range m.keepLanes {
 		if n < 1 || int(n) > len(cont) {
 			continue
@@ -384,6 +423,70 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 	}
 	c.from, c.points = to, uniqueXIDs(points)
 	return nil
+}
+
+// settleAhead puts the lanes set aside whose next event from has passed
+// back into cont, to be looked for by key at the next claim: the range scan
+// no longer reads where they lie. Their event may have been claimed and
+// published since (the lookup then finds nothing), or read while another
+// statement held it locked and passed. Beyond aheadKeepFactor windows, the
+// lanes furthest ahead are handed over. c.mu is held.
+func (c *claimCursor) settleAhead(window int) {
+	kept := c.ahead[:0]
+	for _, l := range c.ahead {
+		if l.pos.before(c.from) {
+			c.cont = append(c.cont, l.laneNext)
+			continue
+		}
+		kept = append(kept, l)
+	}
+	clear(c.ahead[len(kept):])
+	c.ahead = kept
+	if limit := aheadKeepFactor * window; len(c.ahead) > limit {
+		slices.SortFunc(c.ahead, func(a, b laneAhead) int {
+			switch {
+			case a.pos.before(b.pos):
+				return -1
+			case b.pos.before(a.pos):
+				return 1
+			}
+			return 0
+		})
+		for _, l := range c.ahead[limit:] {
+			c.over = append(c.over, l.laneNext)
+		}
+		clear(c.ahead[limit:])
+		c.ahead = c.ahead[:limit]
+	}
+}
+
+// claimedLanes forgets the lanes set aside whose next event this relay
+// has just claimed (b): it publishes them and continues those lanes
+// itself. Without it each would be looked for once more, by key and
+// under a lock, when the cursor passes it.
+func (c *claimCursor) claimedLanes(b batch) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.ahead) == 0 || len(b.lanes) == 0 {
+		return
+	}
+	type span struct{ first, last int64 }
+	claimed := make(map[[2]string]span, len(b.lanes))
+	for _, lane := range b.lanes {
+		if len(lane) == 0 {
+			continue
+		}
+		claimed[[2]string{lane[0].AggregateType, lane[0].AggregateID}] = span{lane[0].Sequence, lane[len(lane)-1].Sequence}
+	}
+	kept := c.ahead[:0]
+	for _, l := range c.ahead {
+		if sp, ok := claimed[[2]string{l.typ, l.id}]; ok && l.seq >= sp.first && l.seq <= sp.last {
+			continue
+		}
+		kept = append(kept, l)
+	}
+	clear(c.ahead[len(kept):])
+	c.ahead = kept
 }
 
 // uniqueXIDs returns xs sorted, without repeats.
@@ -509,17 +612,29 @@ func (r *Relay) startCursor(ctx context.Context) error {
 // their event was there but locked by another claim.
 func fastClaimSQL(events string, batchSize int, heads string, conservative bool) string {
 	limit, window := strconv.Itoa(batchSize), strconv.Itoa(claimWindow(batchSize))
-	// left is the condition on a fresh row f, not claimed, that keeps the
-	// cursor at or before it.
-	left := `f.event_id IN (SELECT event_id FROM all_heads)`
+	// firstLeft is the lowest position of a row of fresh, not claimed,
+	// that keeps the cursor at or before it: a head left for lack of room.
+	// The heads the range scan read are the rows of all_heads at or past
+	// the cursor and as written (the other sources' rows are not: cont's
+	// and points' lie before it, due's are scheduled). Written as the rows
+	// of fresh that are IN all_heads, it was planned as a nested loop over
+	// both, a thousand rows by a few hundred: a quarter of a drain's claim.
+	firstLeft := `(SELECT f.dispatch_xid::text || '/' || f.event_id::text FROM all_heads f
+	 WHERE f.event_id NOT IN (SELECT event_id FROM claimed)
+	   AND f.available_at = f.occurred_at AND f.dispatch_xid IS NOT NULL
+	   AND (f.dispatch_xid, f.event_id) >= ($5::text::xid8, $10::uuid)
+	 ORDER BY f.dispatch_xid, f.event_id LIMIT 1)`
 	if conservative {
 		// Not a head when read: whoever publishes its predecessor looks
 		// for it (cont; the CDC stream's waiting set), as for any cursor.
-		left = `NOT (f.claimed_by IS NOT DISTINCT FROM $2 AND f.claim_until >= now())
-	   AND ` + isHead(events, "f")
+		firstLeft = `(SELECT f.dispatch_xid::text || '/' || f.event_id::text FROM fresh f
+	 WHERE f.event_id NOT IN (SELECT event_id FROM claimed)
+	   AND NOT (f.claimed_by IS NOT DISTINCT FROM $2 AND f.claim_until >= now())
+	   AND ` + isHead(events, "f") + `
+	 ORDER BY f.dispatch_xid, f.event_id LIMIT 1)`
 	}
 	headCond := isHead(events, "f")
-	young := ""
+	young, contYoung := "", ""
 	if heads != "" { // a further condition on the heads, alias f (see reconcileHeadSQL)
 		headCond += `
 	  AND ` + heads
@@ -528,6 +643,7 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 		// locking them, even for the statement, made the stream's claim skip
 		// them and its marks wait (issue 27).
 		young = ` WHERE ` + heads
+		contYoung = ` AND ` + heads
 	}
 	return `WITH fresh AS (
 	SELECT e.event_id, e.dispatch_xid, e.claimed_by, e.claim_until, e.available_at, e.occurred_at,
@@ -559,28 +675,30 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	ORDER BY e.available_at
 	LIMIT ` + window + `
 ), cont AS (
-	SELECT c.n, e.event_id, e.claim_until, e.quarantined_at, e.occurred_at
+	SELECT c.n, e.event_id, e.claim_until, e.quarantined_at, e.occurred_at, e.dispatch_xid,
+		NOT (e.quarantined_at IS NULL AND e.dispatch_xid IS NOT NULL AND e.available_at = e.occurred_at
+		     AND (e.dispatch_xid, e.event_id) >= ($5::text::xid8, $10::uuid)) AS behind
 	FROM unnest($7::text[], $8::text[], $9::bigint[]) WITH ORDINALITY AS c(t, i, s, n)
 	CROSS JOIN LATERAL (
-		SELECT e.event_id, e.claim_until, e.quarantined_at, e.published_at, e.occurred_at FROM ` + events + ` e
+		SELECT e.event_id, e.claim_until, e.quarantined_at, e.published_at, e.occurred_at, e.available_at, e.dispatch_xid FROM ` + events + ` e
 		WHERE e.aggregate_type = c.t AND e.aggregate_id = c.i AND e.aggregate_sequence = c.s
 		OFFSET 0) e
 	WHERE e.published_at IS NULL
 ), scan AS (
-	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at
+	SELECT e.event_id, e.claimed_by, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.available_at, e.occurred_at, e.dispatch_xid
 	FROM (SELECT f.event_id FROM fresh f` + young + ` UNION SELECT f.event_id FROM points f` + young + `
-		UNION SELECT f.event_id FROM due f` + young + ` UNION SELECT f.event_id FROM cont f` + young + `) i
+		UNION SELECT f.event_id FROM due f` + young + ` UNION SELECT f.event_id FROM cont f WHERE f.behind` + contYoung + `) i
 	CROSS JOIN LATERAL (
 		SELECT * FROM ` + events + ` e WHERE e.event_id = i.event_id OFFSET 0 FOR UPDATE SKIP LOCKED) e
 	WHERE ` + claimableNow("e") + `
 ), all_heads AS (
-	SELECT f.event_id, f.claimed_by, f.aggregate_type, f.aggregate_id, f.aggregate_sequence, f.available_at, f.occurred_at FROM (
+	SELECT f.event_id, f.claimed_by, f.aggregate_type, f.aggregate_id, f.aggregate_sequence, f.available_at, f.occurred_at, f.dispatch_xid FROM (
 		SELECT DISTINCT ON (w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C") w.* FROM scan w
 		ORDER BY w.aggregate_type COLLATE "C", w.aggregate_id COLLATE "C", w.aggregate_sequence) f
 	WHERE ` + headCond + `
 ), heads AS (
 	SELECT h.event_id, h.claimed_by, h.aggregate_type, h.aggregate_id, h.aggregate_sequence FROM all_heads h
-	ORDER BY h.available_at, h.occurred_at
+	ORDER BY h.available_at, h.occurred_at, h.dispatch_xid, h.event_id
 	LIMIT ` + limit + `
 ), ` + successorsSQL(events) + `
 ), candidates AS (
@@ -596,7 +714,7 @@ func fastClaimSQL(events string, batchSize int, heads string, conservative bool)
 	  AND e.event_id = ANY (ARRAY(SELECT event_id FROM candidates))
 	RETURNING ` + messageColumnsSkipped(events, "e", `CASE WHEN c.head THEN `+skippedFromSQL(events, "e")+` ELSE 0 END`) + `, e.attempt_count, c.claimed_by
 )
-SELECT false, c.*, NULL::text, 0::bigint, 0::bigint, false, NULL::text, NULL::text, NULL::bigint[], NULL::text[] FROM claimed c
+SELECT false, c.*, NULL::text, 0::bigint, 0::bigint, false, NULL::text, NULL::text, NULL::bigint[], NULL::text[], NULL::bigint[], NULL::text[] FROM claimed c
 UNION ALL
 SELECT true, '00000000-0000-0000-0000-000000000000'::uuid, '', '', 0::bigint, '', 0, '', ''::bytea, '{}', now(), 0::bigint, 0, NULL::text,
 	pg_current_snapshot()::text,
@@ -605,16 +723,15 @@ SELECT true, '00000000-0000-0000-0000-000000000000'::uuid, '', '', 0::bigint, ''
 	(SELECT count(*) FROM all_heads) > ` + limit + `,
 	(SELECT f.dispatch_xid::text || '/' || f.event_id::text FROM fresh f
 	 ORDER BY f.dispatch_xid DESC, f.event_id DESC LIMIT 1),
-	(SELECT f.dispatch_xid::text || '/' || f.event_id::text FROM fresh f
-	 WHERE f.event_id NOT IN (SELECT event_id FROM claimed)
-	   AND ` + left + `
-	 ORDER BY f.dispatch_xid, f.event_id LIMIT 1),
+	` + firstLeft + `,
 	ARRAY(SELECT c.n FROM cont c
-	 WHERE c.event_id NOT IN (SELECT event_id FROM claimed)
+	 WHERE c.behind AND c.event_id NOT IN (SELECT event_id FROM claimed)
 	   AND c.quarantined_at IS NULL AND (c.claim_until IS NULL OR c.claim_until < now())),
 	ARRAY(SELECT DISTINCT p.dispatch_xid::text FROM points p
 	 WHERE p.event_id NOT IN (SELECT event_id FROM claimed)
-	   AND NOT (p.claimed_by IS NOT DISTINCT FROM $2 AND p.claim_until >= now()))`
+	   AND NOT (p.claimed_by IS NOT DISTINCT FROM $2 AND p.claim_until >= now())),
+	ARRAY(SELECT c.n FROM cont c WHERE NOT c.behind ORDER BY c.n),
+	ARRAY(SELECT c.dispatch_xid::text || '/' || c.event_id::text FROM cont c WHERE NOT c.behind ORDER BY c.n)`
 }
 
 // claimKind decides how the claim starting at now looks for events (see
@@ -651,7 +768,8 @@ func (r *Relay) claimFresh(ctx context.Context, q querier, b *batch) (int64, err
 		var fresh, points int64
 		var headsCut bool
 		dest := append([]any{&isMeta}, row.dest(&attempts, &prevOwner)...)
-		dest = append(dest, &snap, &fresh, &points, &headsCut, &meta.lastRead, &meta.firstLeft, &meta.keepLanes, &meta.keepPoints)
+		dest = append(dest, &snap, &fresh, &points, &headsCut, &meta.lastRead, &meta.firstLeft, &meta.keepLanes, &meta.keepPoints,
+			&meta.aheadLanes, &meta.aheadPos)
 		if err := rows.Scan(dest...); err != nil {
 			r.cursor.restore(cont)
 			return l.takenOver, fmt.Errorf("claim batch: %w", err)
@@ -745,7 +863,10 @@ func laneArrays(lanes []laneNext) (types, ids []string, seqs []int64) {
 func (r *Relay) handOffLanes(ctx context.Context) {
 	r.cursor.mu.Lock()
 	cont := append(r.cursor.cont, r.cursor.over...)
-	r.cursor.cont, r.cursor.over = nil, nil
+	for _, l := range r.cursor.ahead {
+		cont = append(cont, l.laneNext)
+	}
+	r.cursor.cont, r.cursor.over, r.cursor.ahead = nil, nil, nil
 	from, valid, conservative := r.cursor.from, r.cursor.valid, r.cursor.conservative
 	r.cursor.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
