@@ -113,7 +113,7 @@ func fetchStatus(t *testing.T, ctx context.Context, path, form string) int {
 // first (the pages need a login), it logs in, retries one
 // event and skips another with a reason, checks the audit rows, finds the
 // parked side-effect charges on the overview and resolves one on the
-// side-effect page, resolves an inbox gap, checks that
+// side-effect page, lists the events waiting on them, resolves an inbox gap, checks that
 // a POST without the CSRF token (logged in) or the session (logged out) is
 // refused, finds an aggregate's lane and an event (whose payload's markup
 // is shown as text), previews and confirms a bulk retry, and saves
@@ -146,6 +146,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	// A consumer's charges: two parked for an operator, one unknown, one
 	// in flight.
 	se := addAttempts(t, f.pool, f.schema, 2, 1)
+	// Two of the consumer's events wait on the parked charges.
+	waits := addWaits(t, f.pool, f.schema, "payments", se.parked[0], se.parked[1])
 	srv := serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken, Refresh: -1})
 	dir := t.ArtifactDir()
 	t.Logf("screenshots in %s", dir)
@@ -182,6 +184,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	if alert := text(t, ctx, "#sideeffects-alert"); !strings.Contains(alert, "2 parked") {
 		t.Fatalf("the overview's alert says %q", alert)
+	}
+	if w := text(t, ctx, "#sideeffects-waiting"); w != "2 events waiting" {
+		t.Fatalf("the overview's side-effect card says %q, want 2 events waiting", w)
 	}
 	for _, id := range []string{"#chart-failed", "#chart-backlog", "#chart-latency"} {
 		if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(id+" svg"))); err != nil {
@@ -319,6 +324,24 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("side-effect page, open attempts: %v", err)
 	}
 	screenshot(t, ctx, dir, "sideeffects-open.png")
+	// The events waiting on the parked charges, the first one's aggregate
+	// id markup shown as text.
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/sideeffects?show=waiting"), chromedp.WaitVisible(chromedp.CSS(`table.waits`))); err != nil {
+		t.Fatalf("side-effect page, waiting events: %v", err)
+	}
+	if w := text(t, ctx, "#se-waiting"); w != "2" {
+		t.Fatalf("side-effect page counts %s waiting events, want 2", w)
+	}
+	for i, id := range waits {
+		r := text(t, ctx, `tr[data-event="`+id+`"]`)
+		if !strings.Contains(r, se.parked[i]) || !strings.Contains(r, "payments") || !strings.Contains(r, "PaymentRequested") || !strings.Contains(r, " ago") {
+			t.Fatalf("the waiting event %s's row says %q; want the key it waits on, its consumer, type and age", id, r)
+		}
+	}
+	if r := text(t, ctx, `tr[data-event="`+waits[0]+`"]`); !strings.Contains(r, markupAggregate) {
+		t.Fatalf("the waiting event's aggregate id is not shown as text: %q", r)
+	}
+	screenshot(t, ctx, dir, "sideeffects-waiting.png")
 	if s := fetchStatus(t, ctx, "/sideeffects/resolve", "name="+seName+"&key="+se.unknown[0]+"&as=failed&reason=x"); s != 403 {
 		t.Fatalf("POST resolve without the CSRF token: %d, want 403", s)
 	}

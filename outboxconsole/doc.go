@@ -28,7 +28,14 @@
 // time (keyset pagination: every query reads at most a page from an index),
 // so the console stays usable with a million pending events. The
 // side-effect page reads Config.SideEffectSchema's side_effects table; a
-// schema without one is said so on the page and the overview.
+// schema without one is said so on the page and the overview. Its third
+// tab lists the consumers' events waiting on an attempt
+// (sideeffect.Caller.WaitTx; sideeffect.Admin.Waits, keyset on the waits'
+// primary key), which resolving the attempt wakes: the event, its
+// aggregate, the consumer, the attempt's name and key, since when, and
+// Resume's runs and last error; the page's tiles and the overview's card
+// count them (sideeffect.Admin.CountWaits, reading at most
+// sideeffect.CountWaitsMax rows: "10,000+" past it).
 //
 // # Finding an event
 //

@@ -169,7 +169,7 @@ WHERE aggregate_type = 'order' AND aggregate_id = 'ord-5000' AND aggregate_seque
 		raw, _ := json.Marshal(v)
 		return base64.RawURLEncoding.EncodeToString(raw)
 	}
-	pages := []string{"/", "/quarantine", "/quarantine?after=2026-01-01T00:00:00Z_00000000-0000-0000-0000-000000000000", "/inbox", "/operations", "/operations?before=5000", "/sideeffects", "/sideeffects?show=open",
+	pages := []string{"/", "/quarantine", "/quarantine?after=2026-01-01T00:00:00Z_00000000-0000-0000-0000-000000000000", "/inbox", "/operations", "/operations?before=5000", "/sideeffects", "/sideeffects?show=open", "/sideeffects?show=waiting",
 		// Finding an event: by id, by aggregate (its lane, then a page of
 		// its events), by type (a bounded walk: a common type, one that
 		// is not there, the settled ones, and later pages of each).

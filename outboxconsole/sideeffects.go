@@ -15,7 +15,8 @@ import (
 // The side-effect page: the consumers' external calls (package sideeffect)
 // that need an operator (parked), whose outcome is unknown, or that are in
 // flight, with the audited resolution of a parked or unknown one
-// (sideeffect.Admin.Resolve).
+// (sideeffect.Admin.Resolve), and the consumers' events waiting on a
+// parked attempt (sideeffect.Caller.WaitTx), which resolving it wakes.
 
 // sideEffectsData is the side-effect page's and the overview card's data.
 type sideEffectsData struct {
@@ -31,11 +32,16 @@ type sideEffectsData struct {
 	Parked, Unknown         int64
 	InFlight                int64
 	OldestUnknownAgeSeconds float64
-	// Show is the list shown: "parked" or "open"; NameFilter its filter;
-	// Attempts the page of it.
+	// Waiting counts the events waiting on an attempt (at most
+	// sideeffect.CountWaitsMax; WaitingMore when there are more).
+	Waiting     int64
+	WaitingMore bool
+	// Show is the list shown: "parked", "open" or "waiting"; NameFilter
+	// its filter; Attempts (or, for "waiting", Waits) the page of it.
 	Show       string
 	NameFilter string
 	Attempts   []sideeffect.Attempt
+	Waits      []sideeffect.WaitingEvent
 }
 
 // Stuck counts the attempts that need an operator or a reconciler: parked
@@ -45,7 +51,8 @@ func (s *sideEffectsData) Stuck() int64 { return s.Parked + s.Unknown }
 // sideEffectsSummary reads the gauges: one query on the partial indexes of
 // open and parked attempts (their cost grows with the names and the open
 // attempts, not with the finished ones), after checking that the table
-// exists.
+// exists, and the count of waiting events (bounded by
+// sideeffect.CountWaitsMax).
 func (c *console) sideEffectsSummary(ctx context.Context) (*sideEffectsData, error) {
 	d := &sideEffectsData{Schema: c.cfg.SideEffectSchema}
 	ok, err := c.se.Exists(ctx)
@@ -62,7 +69,8 @@ func (c *console) sideEffectsSummary(ctx context.Context) (*sideEffectsData, err
 		d.InFlight += g.Started
 		d.OldestUnknownAgeSeconds = max(d.OldestUnknownAgeSeconds, g.OldestUnknownAgeSeconds)
 	}
-	return d, nil
+	d.Waiting, d.WaitingMore, err = c.se.CountWaits(ctx)
+	return d, err
 }
 
 func (c *console) sideEffects(w http.ResponseWriter, r *http.Request) {
@@ -74,9 +82,9 @@ func (c *console) sideEffects(w http.ResponseWriter, r *http.Request) {
 	switch show {
 	case "":
 		show = "parked"
-	case "parked", "open":
+	case "parked", "open", "waiting":
 	default:
-		c.fail(w, r, http.StatusBadRequest, "bad filter", fmt.Errorf("show=%q: use parked or open", show))
+		c.fail(w, r, http.StatusBadRequest, "bad filter", fmt.Errorf("show=%q: use parked, open or waiting", show))
 		return
 	}
 	se, err := c.sideEffectsSummary(r.Context())
@@ -91,7 +99,8 @@ func (c *console) sideEffects(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var next any
-	if show == "parked" {
+	switch show {
+	case "parked":
 		f := sideeffect.ParkedFilter{Name: se.NameFilter, Limit: c.cfg.PageSize}
 		if a := q.Get("after"); a != "" {
 			f.After = new(sideeffect.Cursor)
@@ -109,7 +118,7 @@ func (c *console) sideEffects(w http.ResponseWriter, r *http.Request) {
 		if page.Next != nil {
 			next = page.Next
 		}
-	} else {
+	case "open":
 		f := sideeffect.OpenFilter{Name: se.NameFilter, Limit: c.cfg.PageSize}
 		if a := q.Get("after"); a != "" {
 			f.After = new(sideeffect.OpenCursor)
@@ -124,6 +133,24 @@ func (c *console) sideEffects(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		se.Attempts = page.Attempts
+		if page.Next != nil {
+			next = page.Next
+		}
+	case "waiting":
+		f := sideeffect.WaitsFilter{Name: se.NameFilter, Limit: c.cfg.PageSize}
+		if a := q.Get("after"); a != "" {
+			f.After = new(sideeffect.WaitCursor)
+			if err := decodeCursor(a, f.After); err != nil || !validText(f.After.Consumer) {
+				c.fail(w, r, http.StatusBadRequest, "bad page cursor", fmt.Errorf("%q is not a cursor of this page", a))
+				return
+			}
+		}
+		page, err := c.se.Waits(r.Context(), f)
+		if err != nil {
+			c.fail(w, r, http.StatusInternalServerError, "read the waiting events", err)
+			return
+		}
+		se.Waits = page.Waits
 		if page.Next != nil {
 			next = page.Next
 		}

@@ -1,18 +1,24 @@
 package outboxconsole_test
 
 import (
+	"cmp"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxconsole"
 	"github.com/pgoutbox/outbox/sideeffect"
@@ -284,4 +290,125 @@ func TestSideEffectsNotInstalled(t *testing.T) {
 	if code, _ := c.do(http.MethodPost, "/sideeffects/resolve", url.Values{"name": {seName}, "key": {"k"}, "as": {"failed"}, "reason": {"x"}, "csrf": {c.csrf}}, nil); code != http.StatusNotFound {
 		t.Fatalf("resolve without the table: %d, want 404", code)
 	}
+}
+
+// markupAggregate is the aggregate id of a waiting event: markup that must
+// be shown escaped.
+const markupAggregate = `ord-<b onmouseover="alert(1)">7</b>`
+
+// addWaits records, for each key, that an event of consumer waits on the
+// attempt of seName and that key (sideeffect.Caller.WaitTx), and returns
+// the events' ids.
+func addWaits(t testing.TB, pool *pgxpool.Pool, schema, consumer string, keys ...string) []string {
+	t.Helper()
+	ctx := context.Background()
+	c, err := sideeffect.New(pool, sideeffect.Config{Name: seName, Schema: schema, Mode: sideeffect.Neither, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i, key := range keys {
+		id := uuid.Must(uuid.NewV7())
+		msg := outbox.Message{ID: id, AggregateType: "order", AggregateID: fmt.Sprintf("ord-%04d", i), Sequence: int64(i + 1),
+			Type: "PaymentRequested", SchemaVersion: 1, ContentType: "application/json", Payload: []byte(`{"amount_cents":1299}`)}
+		if i == 0 {
+			msg.AggregateID = markupAggregate
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return c.WaitTx(ctx, tx, sideeffect.Wait{Consumer: consumer, Key: key, Message: msg})
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id.String())
+	}
+	return ids
+}
+
+// TestSideEffectWaitsListed: the side-effect page counts the events waiting
+// on a parked attempt (sideeffect.Caller.WaitTx) in a tile and the
+// overview's card, and its Waiting tab lists them (event, aggregate,
+// consumer, the attempt's name and key, since when), escaped, a page at a
+// time: following the next-page links lists every one once, by consumer
+// then event id; a name filter narrows them; a bad cursor is 400.
+func TestSideEffectWaitsListed(t *testing.T) {
+	t.Parallel()
+	f := newSEFixture(t, 3, 1)
+	ids := addWaits(t, f.pool, f.schema, "payments", f.parked[0], f.parked[1], f.parked[0])
+	ids = append(ids, addWaits(t, f.pool, f.schema, "billing", f.parked[2], f.parked[2])...)
+	want := slices.Clone(ids)
+	slices.SortFunc(want, func(a, b string) int {
+		ca, cb := "payments", "payments"
+		if slices.Index(ids, a) >= 3 {
+			ca = "billing"
+		}
+		if slices.Index(ids, b) >= 3 {
+			cb = "billing"
+		}
+		return cmp.Or(cmp.Compare(ca, cb), cmp.Compare(a, b))
+	})
+
+	c := newClient(t, serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken, PageSize: 2}))
+	c.login("alice")
+	_, body := c.get("/sideeffects")
+	if !strings.Contains(body, `id="se-waiting">5<`) || !strings.Contains(body, `id="show-waiting"`) {
+		t.Fatalf("the side-effect page does not count the 5 waiting events:\n%s", body)
+	}
+	if _, body = c.get("/"); !strings.Contains(body, `id="sideeffects-waiting">5 events waiting<`) {
+		t.Fatalf("the overview's side-effect card does not count the 5 waiting events:\n%s", body)
+	}
+
+	var seen []string
+	path := "/sideeffects?show=waiting"
+	for pages := 0; path != ""; pages++ {
+		if pages > 3 {
+			t.Fatalf("more than 3 pages of 2 from %s", path)
+		}
+		code, body := c.get(path)
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d\n%s", path, code, body)
+		}
+		if pages == 0 {
+			// The page lists waits, not attempts, each with the attempt it
+			// waits on and since when.
+			if len(keysOn(body)) != 0 || !strings.Contains(body, `class="mono small wait-key">`+f.parked[2]+`<`) ||
+				!strings.Contains(body, "PaymentRequested") || !strings.Contains(body, ">billing<") || !strings.Contains(body, " ago<") {
+				t.Fatalf("the first page of waits lacks its columns:\n%s", body)
+			}
+		}
+		if strings.Contains(body, markupAggregate) {
+			t.Fatalf("GET %s shows the aggregate id's markup unescaped", path)
+		}
+		seen = append(seen, eventsOn(body)...)
+		path = ""
+		if m := seNextRE.FindStringSubmatch(body); m != nil {
+			path = strings.ReplaceAll(m[1], "&amp;", "&")
+		}
+	}
+	if strings.Join(seen, ",") != strings.Join(want, ",") {
+		t.Fatalf("the waiting pages list\n%v\nwant\n%v", seen, want)
+	}
+	_, body = c.get("/sideeffects?show=waiting&name=no.such.name")
+	if got := eventsOn(body); len(got) != 0 || !strings.Contains(body, "No event waits on an attempt of that name") {
+		t.Fatalf("a name with no attempt lists %v", got)
+	}
+	_, body = c.get("/sideeffects?show=waiting")
+	if !strings.Contains(body, "ord-&lt;b onmouseover=&#34;alert(1)&#34;&gt;7&lt;/b&gt;") {
+		t.Fatalf("the waiting event's aggregate id is not shown escaped:\n%s", body)
+	}
+	for _, bad := range []string{"/sideeffects?show=waiting&after=%FF", "/sideeffects?show=waiting&after=bm90IGpzb24",
+		"/sideeffects?show=waiting&after=" + url.QueryEscape(base64.RawURLEncoding.EncodeToString([]byte(`{"consumer":"a","event_id":"not-a-uuid"}`)))} {
+		if code, _ := c.get(bad); code != http.StatusBadRequest {
+			t.Errorf("GET %s: %d, want 400", bad, code)
+		}
+	}
+}
+
+var waitRowRE = regexp.MustCompile(`<tr data-event="([0-9a-f-]{36})"`)
+
+func eventsOn(body string) []string {
+	var ids []string
+	for _, m := range waitRowRE.FindAllStringSubmatch(body, -1) {
+		ids = append(ids, m[1])
+	}
+	return ids
 }

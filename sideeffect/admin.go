@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
@@ -439,8 +438,11 @@ func (a *Admin) Resolve(ctx context.Context, r Resolution) (Attempt, error) {
 // WaitingEvent is a consumer's event waiting on an attempt (Caller.WaitTx),
 // to be run again by the consumer's Resume once the attempt is resolved.
 type WaitingEvent struct {
-	Consumer      string    `json:"consumer"`
-	EventID       string    `json:"event_id"`
+	Consumer string `json:"consumer"`
+	EventID  string `json:"event_id"`
+	// Name and Key are the attempt it waits on.
+	Name          string    `json:"name"`
+	Key           string    `json:"key"`
 	EventType     string    `json:"event_type"`
 	AggregateType string    `json:"aggregate_type"`
 	AggregateID   string    `json:"aggregate_id"`
@@ -458,23 +460,17 @@ const WaitingMax = 100
 // Waiting lists the events waiting on the attempt of name and key (at most
 // WaitingMax, longest waiting first): what resolving it wakes. A schema
 // without the side_effect_waits table (before migration 16) has none.
+// Admin.Waits lists the events waiting on any attempt, a page at a time.
 func (a *Admin) Waiting(ctx context.Context, name, key string) ([]WaitingEvent, error) {
-	rows, err := a.db.Query(ctx, `SELECT consumer_name, event_id::text, event_type, aggregate_type, aggregate_id, sequence,
-	waiting_since, wakes, coalesce(last_error, '')
+	rows, err := a.db.Query(ctx, `SELECT `+waitingColumns+`
 FROM `+a.waits+` WHERE name = $1 AND key = $2
 ORDER BY waiting_since, consumer_name, event_id
 LIMIT $3`, name, key, WaitingMax)
 	var out []WaitingEvent
 	if err == nil {
-		out, err = pgtx.Collect(rows, func(row pgtx.Row) (WaitingEvent, error) {
-			var w WaitingEvent
-			err := row.Scan(&w.Consumer, &w.EventID, &w.EventType, &w.AggregateType, &w.AggregateID, &w.Sequence, &w.Since, &w.Wakes, &w.LastError)
-			w.Since = w.Since.UTC()
-			return w, err
-		})
+		out, err = pgtx.Collect(rows, scanWaiting)
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined table: before migration 16
+	if undefinedTable(err) { // before migration 16
 		return []WaitingEvent{}, nil
 	}
 	if err != nil {
