@@ -12,10 +12,29 @@ import (
 	"github.com/pgoutbox/outbox"
 )
 
-// actor is who the audit log says acted: "console:<name>".
+// Audit actors. The audit log (outbox_operations.actor, and the by of a
+// skip, an inbox resolution or a side-effect resolution) records a
+// console action as ActorTokenPrefix or ActorProxyPrefix followed by the
+// operator's name, so that it says how the console knew who acted.
+// Before these, both were recorded as "console:<name>".
+const (
+	// ActorTokenPrefix: the operator logged in with the shared token and
+	// typed the name after it at login (a claim of whoever holds the
+	// token; never contains a colon).
+	ActorTokenPrefix = "console:token:"
+	// ActorProxyPrefix: a trusted proxy (Config.AuthProxyHeader) passed
+	// the name after it, as it authenticated the operator.
+	ActorProxyPrefix = "console:proxy:"
+)
+
+// actor is who the audit log says acted: ActorTokenPrefix or
+// ActorProxyPrefix, then the operator's name.
 func actor(r *http.Request) string {
 	op, _ := operatorOf(r)
-	return "console:" + op.name
+	if op.viaProxy {
+		return ActorProxyPrefix + op.name
+	}
+	return ActorTokenPrefix + op.name
 }
 
 func (c *console) eventParam(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {

@@ -24,7 +24,7 @@ const (
 )
 
 // namePattern is what an operator may call themselves at login: it ends up
-// in the audit log as "console:<name>".
+// in the audit log as ActorTokenPrefix + name.
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9._@+-]{1,64}$`)
 
 // deriveKey keys the session HMACs from the token and a per-process salt.
@@ -156,8 +156,12 @@ type ctxKey int
 const operatorKey ctxKey = 0
 
 // operator is the logged-in operator's name and session identity
-// (sessionID), set by guard on requests with a valid session.
-type operator struct{ name, session string }
+// (sessionID), set by guard on requests with a valid session; viaProxy
+// when a trusted proxy named the operator instead (proxyIdentity).
+type operator struct {
+	name, session string
+	viaProxy      bool
+}
 
 func operatorOf(r *http.Request) (operator, bool) {
 	op, ok := r.Context().Value(operatorKey).(operator)

@@ -132,7 +132,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.refuse.Delete(ev.AggregateID)
-	if _, err := f.admin.Skip(context.Background(), earlier, "console:bob", "duplicate capture, refunded in the PSP (OPS-1417)"); err != nil {
+	if _, err := f.admin.Skip(context.Background(), earlier, "console:token:bob", "duplicate capture, refunded in the PSP (OPS-1417)"); err != nil {
 		t.Fatal(err)
 	}
 	outboxtest.Eventually(t, 30*time.Second, "the skipped event's aggregate drained", func() bool {
@@ -227,13 +227,13 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	waitNotice(t, ctx, "Event "+skipped.String()+" skipped")
 	screenshot(t, ctx, dir, "after-actions.png")
-	checkAudit(t, f, "console:alice", retried, skipped, reason)
+	checkAudit(t, f, "console:token:alice", retried, skipped, reason)
 
 	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/operations"), chromedp.WaitVisible(chromedp.CSS(`table.operations`))); err != nil {
 		t.Fatalf("operations page: %v", err)
 	}
 	ops := text(t, ctx, "table.operations")
-	if !strings.Contains(ops, "console:alice") || !strings.Contains(ops, "OPS-1432") {
+	if !strings.Contains(ops, "console:token:alice") || !strings.Contains(ops, "OPS-1432") {
 		t.Fatalf("the operations page does not show the actions:\n%s", ops)
 	}
 	screenshot(t, ctx, dir, "operations.png")
@@ -317,7 +317,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("resolve: %v", err)
 	}
 	waitNotice(t, ctx, "Attempt resolved as succeeded")
-	if a, err := se.admin.Attempt(context.Background(), seName, resolved); err != nil || a.State != "succeeded" || a.Operator == nil || a.Operator.By != "console:alice" || a.Operator.Reason != seReason {
+	if a, err := se.admin.Attempt(context.Background(), seName, resolved); err != nil || a.State != "succeeded" || a.Operator == nil || a.Operator.By != "console:token:alice" || a.Operator.Reason != seReason {
 		t.Fatalf("the resolved attempt: %+v, %v", a, err)
 	}
 	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/sideeffects?show=open"), chromedp.WaitVisible(chromedp.CSS(`table.sideeffects`))); err != nil {

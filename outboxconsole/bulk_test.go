@@ -89,8 +89,8 @@ func TestBulkRetryAppliesExactlyThePreview(t *testing.T) {
 	ops := operationsOf(t, f)
 	var got []uuid.UUID
 	for _, o := range ops {
-		if o.Action != "retry" || o.Actor != "console:alice" || o.EventID == nil {
-			t.Fatalf("audit row %+v, want retries by console:alice", o)
+		if o.Action != "retry" || o.Actor != "console:token:alice" || o.EventID == nil {
+			t.Fatalf("audit row %+v, want retries by console:token:alice", o)
 		}
 		got = append(got, *o.EventID)
 	}

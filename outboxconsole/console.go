@@ -53,6 +53,8 @@ type Config struct {
 	// allowed to act, and to see the pages unless PublicRead (at least
 	// TokenMinLength bytes, of at least TokenMinDistinctBytes different
 	// bytes). Without it the console is read-only and its pages public.
+	// An operator's actions are recorded as "console:token:<name>"
+	// (ActorTokenPrefix), with the name typed at login.
 	Token string
 	// PublicRead serves the pages without a login even though Token is
 	// set; actions still need one. Off by default: with a token, every
@@ -72,11 +74,12 @@ type Config struct {
 	// of the console passes the signed-in operator. It replaces the token
 	// login (Token must then be empty): a request from a TrustedProxies
 	// address carrying the header is that operator, whose actions are
-	// recorded as "console:<value>"; without the header it has no
-	// operator (pages need one, unless PublicRead). A request from any
-	// other address carrying the header is refused (403), and a value
-	// that is not a name (two values, a control or invisible character,
-	// more than ProxyNameMaxLength bytes) is refused (400).
+	// recorded as "console:proxy:<value>" (ActorProxyPrefix); without the
+	// header it has no operator (pages need one, unless PublicRead). A
+	// request from any other address carrying the header is refused
+	// (403), and a value that is not a name (two values, a control or
+	// invisible character, more than ProxyNameMaxLength bytes) is refused
+	// (400).
 	AuthProxyHeader string
 	// TrustedProxies are the proxies whose AuthProxyHeader is believed:
 	// addresses ("10.0.0.7", "::1") and networks ("10.0.0.0/24"), matched

@@ -308,13 +308,18 @@ func TestQuarantinePagesWalkEveryEventOnce(t *testing.T) {
 }
 
 // TestActionsAreAudited: a retry and a skip from the console land in
-// outbox_operations with the operator's name and the skip's reason, and do
-// what the CLI's do.
+// outbox_operations as console:token:<name> (a token login) with the skip's
+// reason, and do what the CLI's do. A login name with a colon is refused,
+// so that a token login never reads as another kind (console:proxy:…).
 func TestActionsAreAudited(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, 1, 2, 3)
-	c := newClient(t, serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken}))
+	srv := serve(t, outboxconsole.Config{Pool: f.pool, Schema: f.schema, Token: testToken})
+	if code, _ := newClient(t, srv).do(http.MethodPost, "/login", url.Values{"name": {"proxy:alice"}, "token": {testToken}}, nil); code != http.StatusBadRequest {
+		t.Fatalf("login as proxy:alice: %d, want 400", code)
+	}
+	c := newClient(t, srv)
 	c.login("alice")
 	retried, skipped := f.quarantined[0], f.quarantined[1]
 	ev, err := f.admin.Event(ctx, retried)
@@ -334,12 +339,12 @@ func TestActionsAreAudited(t *testing.T) {
 	if code, _ := c.do(http.MethodPost, "/quarantine/skip", url.Values{"event_id": {skipped.String()}, "csrf": {c.csrf}, "reason": {"again"}}, nil); code != http.StatusConflict {
 		t.Fatalf("skip of a skipped event: %d; want 409", code)
 	}
-	checkAudit(t, f, "console:alice", retried, skipped, "merchant will never accept EUR")
+	checkAudit(t, f, "console:token:alice", retried, skipped, "merchant will never accept EUR")
 	outboxtest.Eventually(t, 30*time.Second, "the retried event and its aggregate published", func() bool {
 		e, err := f.admin.Event(ctx, retried)
 		return err == nil && e.State() == "published"
 	})
-	if e, err := f.admin.Event(ctx, skipped); err != nil || e.State() != "skipped" || e.SkippedBy != "console:alice" {
+	if e, err := f.admin.Event(ctx, skipped); err != nil || e.State() != "skipped" || e.SkippedBy != "console:token:alice" {
 		t.Fatalf("skipped event: %+v, %v", e, err)
 	}
 }
@@ -382,7 +387,7 @@ WHERE event_id = ANY($1) ORDER BY operation_id`, []uuid.UUID{retried, skipped})
 
 // TestReplayOneAggregate: with a publisher, a logged-in operator replays one
 // aggregate's published events from the overview, in order, and the replay
-// is in the audit log by console:<name>; without one, replay is neither
+// is in the audit log by console:token:<name>; without one, replay is neither
 // offered nor accepted.
 func TestReplayOneAggregate(t *testing.T) {
 	t.Parallel()
@@ -417,8 +422,8 @@ func TestReplayOneAggregate(t *testing.T) {
 		}
 	}
 	ops, err := f.admin.Operations(ctx, outbox.OperationFilter{})
-	if err != nil || len(ops) != 1 || ops[0].Action != "replay" || ops[0].Actor != "console:bob" || ops[0].Detail["aggregate_id"] != "ord-0001" {
-		t.Fatalf("audit log after the replay: %+v, %v; want one replay of ord-0001 by console:bob", ops, err)
+	if err != nil || len(ops) != 1 || ops[0].Action != "replay" || ops[0].Actor != "console:token:bob" || ops[0].Detail["aggregate_id"] != "ord-0001" {
+		t.Fatalf("audit log after the replay: %+v, %v; want one replay of ord-0001 by console:token:bob", ops, err)
 	}
 	if code, _ := c.do(http.MethodPost, "/replay", url.Values{"aggregate_type": {"order"}, "csrf": {c.csrf}}, nil); code != http.StatusBadRequest {
 		t.Fatalf("replay without an aggregate id: %d, want 400", code)

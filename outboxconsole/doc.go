@@ -60,9 +60,16 @@
 // succeeded, as failed or "call again", with a reason; and on the overview
 // replays one aggregate's events (when Config.Publisher is set). These call
 // Admin.Retry, Admin.Skip, inbox.Admin.Resolve, sideeffect.Admin.Resolve
-// and Admin.Replay, the audited operations the CLI runs, with the actor
-// "console:<name>" (the name given at login): each lands in
-// outbox_operations with who and why.
+// and Admin.Replay, the audited operations the CLI runs: each lands in
+// outbox_operations with who and why. The actor says how the console knew
+// who acted: "console:token:<name>" (ActorTokenPrefix) for an operator who
+// logged in with the token, the name being the one typed at login (a
+// claim of whoever holds the shared token), and
+// "console:proxy:<name>" (ActorProxyPrefix) for one a trusted proxy
+// named (Config.AuthProxyHeader). Rows written by earlier versions say
+// "console:<name>" for both; a login name never holds a colon, so the
+// three forms are told apart. Both prefixes are stable: match them, e.g.
+// actor LIKE 'console:proxy:%'.
 //
 // A bulk action retries or skips every quarantined event of an event type
 // or whose last error contains a text: /quarantine/bulk first previews how
@@ -101,7 +108,7 @@
 // (e.g. "X-Forwarded-Email") replaces the token login: a request whose
 // remote address (the TCP peer, never X-Forwarded-For or Forwarded) is in
 // Config.TrustedProxies and that carries the header is that operator, and
-// its actions are recorded as "console:<value>"; the forms' CSRF token is
+// its actions are recorded as "console:proxy:<value>"; the forms' CSRF token is
 // an HMAC of that name. The header from any other address is refused
 // (403), and a value that is not a name (twice, a control or invisible
 // character, not UTF-8, over ProxyNameMaxLength bytes) too (400). A

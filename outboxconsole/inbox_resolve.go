@@ -25,7 +25,7 @@ func inboxResolveStatus(err error) int {
 
 // inboxResolve moves a waiting aggregate's mark past its gap, as `outbox
 // inbox resolve` without --to does (inbox.Admin.Resolve, audited as
-// "inbox_resolve" by console:<name>, with the reason): the events in the
+// "inbox_resolve" by the operator (actor), with the reason): the events in the
 // gap are given up and the waiting one is applied at its next delivery.
 func (c *console) inboxResolve(w http.ResponseWriter, r *http.Request) {
 	res := inbox.Resolution{

@@ -15,7 +15,7 @@ import (
 // aggregate's gap, as `outbox inbox resolve` does; refused without a
 // session or the CSRF token and without a reason; otherwise the mark moves
 // just below the lowest sequence seen, the wait ends, and the audit log has
-// it by console:<name>; a second resolution is a conflict.
+// it by console:token:<name>; a second resolution is a conflict.
 func TestInboxResolveFromConsole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -52,11 +52,11 @@ func TestInboxResolveFromConsole(t *testing.T) {
 		t.Fatalf("resolve: %d %s", code, body)
 	}
 	a, err := admin.Aggregate(ctx, "inventory", "order", "ord-0042")
-	if err != nil || a.Wait != nil || a.LastSequence != 1 || a.Start == nil || a.Start.By != "console:carol" {
-		t.Fatalf("after resolving: %+v (start %+v), %v; want mark 1, no wait, by console:carol", a, a.Start, err)
+	if err != nil || a.Wait != nil || a.LastSequence != 1 || a.Start == nil || a.Start.By != "console:token:carol" {
+		t.Fatalf("after resolving: %+v (start %+v), %v; want mark 1, no wait, by console:token:carol", a, a.Start, err)
 	}
 	var actor, got string
-	if err := f.pool.QueryRow(ctx, `SELECT actor, reason FROM `+f.schema+`.outbox_operations WHERE action = 'inbox_resolve'`).Scan(&actor, &got); err != nil || actor != "console:carol" || got != reason {
+	if err := f.pool.QueryRow(ctx, `SELECT actor, reason FROM `+f.schema+`.outbox_operations WHERE action = 'inbox_resolve'`).Scan(&actor, &got); err != nil || actor != "console:token:carol" || got != reason {
 		t.Fatalf("audit row: %q %q, %v", actor, got, err)
 	}
 	if code, _ := c.do(http.MethodPost, "/inbox/resolve", form("again", c.csrf), nil); code != http.StatusConflict {

@@ -180,7 +180,7 @@ func (c *console) proxyIdentity(w http.ResponseWriter, r *http.Request) (*http.R
 	// The forms' CSRF token is keyed on this identity: the same for every
 	// request of this operator while the console runs, never guessable
 	// from another site (the key is drawn at start-up).
-	op := operator{name: name, session: "proxy:" + name}
+	op := operator{name: name, session: "proxy:" + name, viaProxy: true}
 	return r.WithContext(context.WithValue(r.Context(), operatorKey, op)), true
 }
 

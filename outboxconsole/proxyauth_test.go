@@ -27,7 +27,7 @@ func asProxy(name string, more ...string) map[string]string {
 // TestProxyIdentityAudited: behind a trusted proxy (the test's client
 // connects from 127.0.0.1, which is trusted), the header is the operator:
 // the pages show them without a login, their retry and skip land in
-// outbox_operations as console:<their name>, and the forms' CSRF token is
+// outbox_operations as console:proxy:<their name>, and the forms' CSRF token is
 // theirs alone. A request from the proxy without the header has no
 // operator: no page, no action.
 func TestProxyIdentityAudited(t *testing.T) {
@@ -77,7 +77,7 @@ func TestProxyIdentityAudited(t *testing.T) {
 	if code, body := c.do(http.MethodPost, "/quarantine/skip", url.Values{"event_id": {skipped.String()}, "csrf": {csrf}, "reason": {"merchant will never accept EUR"}}, asProxy(alice)); code != http.StatusSeeOther {
 		t.Fatalf("skip: %d %s", code, body)
 	}
-	checkAudit(t, f, "console:"+alice, retried, skipped, "merchant will never accept EUR")
+	checkAudit(t, f, "console:proxy:"+alice, retried, skipped, "merchant will never accept EUR")
 
 	// From the proxy, without the header: the pages go to the login page,
 	// which says where the identity comes from.

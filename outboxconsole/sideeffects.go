@@ -203,7 +203,7 @@ func sideEffectStatus(err error) int {
 }
 
 // sideEffectResolve settles a parked or unknown attempt through the
-// audited sideeffect.Admin.Resolve, as "console:<name>", with a reason.
+// audited sideeffect.Admin.Resolve, as the operator (actor), with a reason.
 func (c *console) sideEffectResolve(w http.ResponseWriter, r *http.Request) {
 	res := sideeffect.Resolution{
 		Name: r.PostForm.Get("name"), Key: r.PostForm.Get("key"),

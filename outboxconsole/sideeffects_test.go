@@ -114,7 +114,7 @@ func keysOn(body string) []string {
 // ones; the overview shows the parked and unknown count; a resolution is
 // refused without a session or the CSRF token (nothing changes), needs a
 // reason, and otherwise settles the attempt through Admin.Resolve, with an
-// audit row by console:<name>; a settled or in-flight attempt is a
+// audit row by console:token:<name>; a settled or in-flight attempt is a
 // conflict.
 func TestSideEffectsPageAndResolve(t *testing.T) {
 	t.Parallel()
@@ -182,8 +182,8 @@ func TestSideEffectsPageAndResolve(t *testing.T) {
 		t.Fatalf("resolve: %d %s", code, body)
 	}
 	a, err := f.admin.Attempt(ctx, seName, key)
-	if err != nil || a.State != sideeffect.Succeeded || a.Via != "operator" || a.Operator == nil || a.Operator.By != "console:alice" || a.Operator.Reason != reason {
-		t.Fatalf("resolved attempt: %+v (operator %+v), %v; want succeeded by console:alice", a, a.Operator, err)
+	if err != nil || a.State != sideeffect.Succeeded || a.Via != "operator" || a.Operator == nil || a.Operator.By != "console:token:alice" || a.Operator.Reason != reason {
+		t.Fatalf("resolved attempt: %+v (operator %+v), %v; want succeeded by console:token:alice", a, a.Operator, err)
 	}
 	if code, _ := c.do(http.MethodPost, "/sideeffects/resolve", form("failed", "again", c.csrf), nil); code != http.StatusConflict {
 		t.Errorf("resolve of a settled attempt: %d, want 409", code)
@@ -216,7 +216,7 @@ WHERE action = 'sideeffect_resolve' ORDER BY operation_id`)
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	wantAudit := []string{"console:alice|" + f.parked[0] + "|succeeded|" + reason, "console:alice|" + f.unknown[0] + "|failed|provider has no such charge"}
+	wantAudit := []string{"console:token:alice|" + f.parked[0] + "|succeeded|" + reason, "console:token:alice|" + f.unknown[0] + "|failed|provider has no such charge"}
 	if strings.Join(audit, "\n") != strings.Join(wantAudit, "\n") {
 		t.Fatalf("audit rows:\n%s\nwant:\n%s", strings.Join(audit, "\n"), strings.Join(wantAudit, "\n"))
 	}

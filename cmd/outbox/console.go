@@ -34,12 +34,12 @@ aggregates waiting on a gap (resolve), side-effect attempts parked, unknown or i
 
 The token is in env OUTBOX_CONSOLE_TOKEN (or in the file --token-file names), at least 16
 bytes of at least 8 different values, never a flag: an operator logs in with it and a name,
-and every action is recorded in outbox_operations as console:<name>. With a token every page
+and every action is recorded in outbox_operations as console:token:<name>. With a token every page
 needs that login, unless --public-read (actions always do); failed logins are throttled and
 logging out ends the session on the server. Behind a reverse proxy that signs operators in
 (oauth2-proxy, SSO at the ingress), --auth-proxy-header X-Forwarded-Email replaces the token
 login: a request from a --trusted-proxy address (the TCP peer, never X-Forwarded-For) carrying
-that header is that operator, recorded as console:<value>; the same header from any other
+that header is that operator, recorded as console:proxy:<value>; the same header from any other
 address is refused (403), and a value with a control or invisible character or over 256 bytes
 too (400). Without a token or a proxy the console is read-only, and then it serves only a
 loopback address unless both --read-only and --public-read are given.
