@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -34,6 +37,19 @@ type Wait struct {
 	Message outbox.Message
 }
 
+// ErrMessageNotStorable is wrapped by WaitTx's refusal of a message holding
+// text PostgreSQL cannot store as given: a NUL byte, or bytes that are not
+// UTF-8, in a header's name or value, or in the message's type, aggregate
+// type, aggregate id or content type (or in Wait.Consumer or Wait.Key).
+// The outbox writer refuses such text in an event (outbox.ErrInvalidEvent:
+// a header value holds no control character and is UTF-8), so a message
+// that holds it was not delivered as an outbox writer wrote it (another
+// producer on the stream, a header added on the way). WaitTx checks before
+// it runs any statement: nothing is written and tx is as it was, so the
+// consumer may drop or clean the field and call WaitTx again in the same
+// transaction.
+var ErrMessageNotStorable = errors.New("the message holds text PostgreSQL cannot store as given (a NUL byte, or bytes that are not UTF-8)")
+
 // WaitTx records, in tx (the event's inbox transaction), that w.Message
 // waits on the parked attempt w.Key of the Caller, so that the consumer
 // can acknowledge the delivery instead of having it redelivered while Do
@@ -52,6 +68,10 @@ type Wait struct {
 // without waiting for this one's effect. Record in tx, besides the wait,
 // whatever the later events must know of it (the example's payments row
 // says charge_parked).
+//
+// The message is stored as given, or not at all: one holding a NUL byte
+// or bytes that are not UTF-8 in a header or another text field is refused
+// with ErrMessageNotStorable before anything is run in tx.
 func (c *Caller) WaitTx(ctx context.Context, tx pgx.Tx, w Wait) error {
 	if tx == nil {
 		return errors.New("sideeffect: WaitTx needs a transaction")
@@ -80,6 +100,9 @@ func (c *Caller) wait(ctx context.Context, tx pgtx.Querier, w Wait) error {
 	if m.ID == uuid.Nil {
 		return errors.New("sideeffect: Wait.Message has no ID")
 	}
+	if err := storable(w); err != nil {
+		return fmt.Errorf("sideeffect %s, key %s: record that event %s of consumer %s waits: %w", c.cfg.Name, w.Key, m.ID, w.Consumer, err)
+	}
 	headers := "{}"
 	if len(m.Headers) > 0 {
 		b, err := json.Marshal(m.Headers)
@@ -105,6 +128,40 @@ ON CONFLICT (consumer_name, event_id) DO UPDATE SET name = excluded.name, key = 
 		m.Type, m.SchemaVersion, m.ContentType, m.Payload, headers, occurred, m.SkippedFrom)
 	if err != nil {
 		return fmt.Errorf("sideeffect %s, key %s: record that event %s of consumer %s waits: %w", c.cfg.Name, w.Key, m.ID, w.Consumer, err)
+	}
+	return nil
+}
+
+// storable checks that the text WaitTx stores is text PostgreSQL takes as
+// it is (ErrMessageNotStorable otherwise): a statement refused in the
+// caller's transaction would abort it, and json.Marshal would store a
+// header's bytes that are not UTF-8 as U+FFFD, another message than the
+// one delivered.
+func storable(w Wait) error {
+	check := func(what, v string) error {
+		if i := strings.IndexByte(v, 0); i >= 0 {
+			return fmt.Errorf("%w: %s holds a NUL byte at byte %d", ErrMessageNotStorable, what, i)
+		}
+		if !utf8.ValidString(v) {
+			return fmt.Errorf("%w: %s is not valid UTF-8", ErrMessageNotStorable, what)
+		}
+		return nil
+	}
+	m := w.Message
+	for _, f := range []struct{ what, v string }{{"Wait.Consumer", w.Consumer}, {"Wait.Key", w.Key},
+		{"Message.Type", m.Type}, {"Message.AggregateType", m.AggregateType}, {"Message.AggregateID", m.AggregateID},
+		{"Message.ContentType", m.ContentType}} {
+		if err := check(f.what, f.v); err != nil {
+			return err
+		}
+	}
+	for k, v := range m.Headers {
+		if err := check(fmt.Sprintf("the name of header %q", k), k); err != nil {
+			return err
+		}
+		if err := check("header "+strconv.Quote(k), v); err != nil {
+			return err
+		}
 	}
 	return nil
 }
