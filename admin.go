@@ -132,7 +132,8 @@ type Status struct {
 	// nothing pending and nothing published in the last minute are left
 	// out).
 	AggregateTypes []AggregateTypeStatus `json:"aggregate_types"`
-	// RelaysAlive counts relays whose heartbeat has not expired.
+	// RelaysAlive counts relays whose heartbeat has not expired (and is
+	// believed: see RelayInfo.Untrusted).
 	RelaysAlive int `json:"relays_alive"`
 	// Relays are the heartbeat rows, alive or expired (pruned an hour after).
 	Relays []RelayInfo `json:"relays"`
@@ -190,7 +191,10 @@ type RelayInfo struct {
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	ExpiresAt   time.Time `json:"expires_at"`
-	// Alive reports that the heartbeat has not expired.
+	// Alive reports that the heartbeat has not expired, and is believed:
+	// a heartbeat_at more than RelayClockSkew ahead of the database's
+	// clock was not written by a relay's heartbeat (which takes the
+	// database's now()), so that row is never alive.
 	Alive bool `json:"alive"`
 	// AckDurability is what the relay learnt at start about its
 	// destination's acknowledgement (see DurabilityChecker); nil until it
@@ -200,9 +204,31 @@ type RelayInfo struct {
 	// Health is what the relay last recorded of its readiness, last error
 	// and counts per minute (migration 015; see RelayHealth); nil until it
 	// recorded it, or when what it recorded is not a document this version
-	// reads (a relay of another version, a row written by hand).
+	// reads (a relay of another version, a row written by hand), or when
+	// it is over RelayNoteMaxBytes (not read).
 	Health *RelayHealth `json:"health,omitempty"`
+	// Untrusted, when set, says what of the row is not believed: a
+	// heartbeat_at in the future (the row is not alive), a health or
+	// ack_durability document over RelayNoteMaxBytes (left unread). The
+	// relay role writes these rows; they are monitoring notes, not
+	// evidence.
+	Untrusted string `json:"untrusted,omitempty"`
 }
+
+// Bounds on what Admin.Status and Admin.History believe of a heartbeat row
+// (outbox_relays), which the relay role writes.
+const (
+	// RelayClockSkew is how far ahead of the database's clock a relay's
+	// heartbeat_at may be and still be believed. A relay's heartbeat takes
+	// the database's now(), so any later one was written otherwise.
+	RelayClockSkew = time.Minute
+	// RelayNoteMaxBytes is the largest health or ack_durability document
+	// read from a heartbeat row (a relay's health is a few kilobytes: an
+	// hour of minutes and two error texts). A larger one is left unread,
+	// as if not recorded, rather than fetched and parsed by every status
+	// and console page.
+	RelayNoteMaxBytes = 64 << 10
+)
 
 // TableSize is the size of one table.
 type TableSize struct {
@@ -352,18 +378,42 @@ GROUP BY aggregate_type ORDER BY aggregate_type`)
 
 func (a *Admin) relays(ctx context.Context, q pgtx.Querier) ([]RelayInfo, error) {
 	// ack_durability (migration 010) and health (015) are read through
-	// to_jsonb, which works on a schema without the columns too.
-	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at, expires_at > now(),
-	to_jsonb(r) -> 'ack_durability', to_jsonb(r) -> 'health'
-FROM `+a.t.relays+` r ORDER BY relay_id`)
+	// to_jsonb, which works on a schema without the columns too, and only
+	// when at most RelayNoteMaxBytes: the relay role writes them.
+	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at,
+	expires_at > now() AND NOT ahead, ahead, extract(epoch FROM heartbeat_at - now())::float8,
+	CASE WHEN coalesce(pg_column_size(d.ack), 0) <= $1 THEN d.ack END, coalesce(pg_column_size(d.ack), 0),
+	CASE WHEN coalesce(pg_column_size(d.health), 0) <= $1 THEN d.health END, coalesce(pg_column_size(d.health), 0)
+FROM `+a.t.relays+` r
+CROSS JOIN LATERAL (SELECT to_jsonb(r) -> 'ack_durability' AS ack, to_jsonb(r) -> 'health' AS health,
+	r.heartbeat_at > now() + make_interval(secs => $2) AS ahead) d
+ORDER BY relay_id`, RelayNoteMaxBytes, RelayClockSkew.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("read relays: %w", err)
 	}
 	out, err := pgtx.Collect(rows, func(row pgtx.Row) (RelayInfo, error) {
 		var r RelayInfo
 		var ack, health []byte
-		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive, &ack, &health)
+		var ahead bool
+		var aheadSecs float64
+		var ackSize, healthSize int64
+		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive, &ahead, &aheadSecs,
+			&ack, &ackSize, &health, &healthSize)
 		r.StartedAt, r.HeartbeatAt, r.ExpiresAt = r.StartedAt.UTC(), r.HeartbeatAt.UTC(), r.ExpiresAt.UTC()
+		var untrusted []string
+		if ahead {
+			untrusted = append(untrusted, fmt.Sprintf("heartbeat_at is %s ahead of the database's clock: not a relay's heartbeat (it takes the database's now()); not counted alive",
+				time.Duration(aheadSecs*float64(time.Second)).Round(time.Second)))
+		}
+		for _, n := range []struct {
+			what string
+			size int64
+		}{{"ack_durability", ackSize}, {"health", healthSize}} {
+			if n.size > RelayNoteMaxBytes {
+				untrusted = append(untrusted, fmt.Sprintf("%s document of %d bytes, over the %d read: not read", n.what, n.size, RelayNoteMaxBytes))
+			}
+		}
+		r.Untrusted = strings.Join(untrusted, "; ")
 		// Both documents are a relay's notes, written by the relay role and
 		// by relays of other versions: one that this version cannot read is
 		// left unknown (nil), as History skips unreadable minutes, rather
@@ -453,8 +503,9 @@ type Gauges struct {
 func (a *Admin) Gauges(ctx context.Context) (Gauges, error) {
 	g := Gauges{TableBytes: map[string]int64{}}
 	err := a.db.BeginFunc(ctx, pgtx.TxOptions{ReadOnly: true}, func(tx pgtx.Querier) error {
-		if err := tx.QueryRow(ctx, `SELECT `+backlogColumns+`, (SELECT count(*) FROM `+a.t.relays+` WHERE expires_at > now())
-FROM `+a.t.events+` e WHERE e.published_at IS NULL`).Scan(append(g.Backlog.scanArgs(), &g.RelaysAlive)...); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT `+backlogColumns+`, (SELECT count(*) FROM `+a.t.relays+`
+	WHERE expires_at > now() AND heartbeat_at <= now() + make_interval(secs => $1))
+FROM `+a.t.events+` e WHERE e.published_at IS NULL`, RelayClockSkew.Seconds()).Scan(append(g.Backlog.scanArgs(), &g.RelaysAlive)...); err != nil {
 			return fmt.Errorf("read backlog: %w", err)
 		}
 		rows, err := tx.Query(ctx, `SELECT c.relname, pg_total_relation_size(c.oid)

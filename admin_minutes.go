@@ -128,8 +128,12 @@ FROM `+a.t.events+` e WHERE e.published_at IS NULL GROUP BY 1`, start)
 			occurredAfter -= occurredIn[i]
 			out[i].Unsettled = max(pendingUpTo+settledAfter-occurredAfter, 0)
 		}
-		// The failures the relays recorded.
-		rows, err = tx.Query(ctx, `SELECT to_jsonb(r) -> 'health' -> 'minutes' FROM `+a.t.relays+` r`)
+		// The failures the relays recorded: not those of a row whose
+		// heartbeat is ahead of the clock, nor of a health document over
+		// RelayNoteMaxBytes (Admin.Status does not believe them either).
+		rows, err = tx.Query(ctx, `SELECT CASE WHEN coalesce(pg_column_size(h.health), 0) <= $1 THEN h.health -> 'minutes' END
+FROM `+a.t.relays+` r CROSS JOIN LATERAL (SELECT to_jsonb(r) -> 'health' AS health) h
+WHERE r.heartbeat_at <= now() + make_interval(secs => $2)`, RelayNoteMaxBytes, RelayClockSkew.Seconds())
 		if err != nil {
 			return fmt.Errorf("read the relays: %w", err)
 		}
@@ -140,7 +144,9 @@ FROM `+a.t.events+` e WHERE e.published_at IS NULL GROUP BY 1`, start)
 				return nil // not recorded, or not readable: no failures to add
 			}
 			for _, rm := range minutes {
-				if i := idx(rm.Minute); i >= 0 && !rm.Minute.Before(start) {
+				// A minute past the current one (beyond a relay clock's
+				// RelayClockSkew) is not a minute any relay lived.
+				if i := idx(rm.Minute); i >= 0 && !rm.Minute.Before(start) && !rm.Minute.After(nowMinute.Add(RelayClockSkew)) {
 					out[i].Failed += rm.Failed
 				}
 			}

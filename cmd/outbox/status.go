@@ -115,6 +115,11 @@ func printOutboxStatus(w io.Writer, st outbox.Status) {
 		relays += "  <- nothing publishes: start 'outbox relay'"
 	}
 	fmt.Fprintf(tw, "relays\t%s\n", relays)
+	for _, r := range st.Relays {
+		if r.Untrusted != "" {
+			fmt.Fprintf(tw, "\trelay %s: %s\n", r.ID, r.Untrusted)
+		}
+	}
 	printAckDurability(tw, st)
 	fmt.Fprintf(tw, "pending\t%d (oldest %s, %d retrying after failures)\n", st.Pending, opAge(opSeconds(st.OldestPendingAgeSeconds)), st.Retrying)
 	expired := ""
