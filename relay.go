@@ -454,7 +454,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		probed := r.outages > 0 && r.prober != nil
-		n, err := r.runBatch(ctx)
+		n, more, err := r.runBatch(ctx)
 		if err == nil && n == 0 && probed {
 			r.endOutage("the probe succeeded and nothing is left to publish")
 		}
@@ -483,6 +483,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		case r.outages > 0:
 			dbBackoff, quickLeft = 0, lostConnRetries
 			r.waitOutage(ctx)
+		case more:
+			// The cursor crossed a full window it could claim nothing (or
+			// little) from: what lies past it is committed and unread.
+			// Waiting PollInterval for each window, a block of a lane's
+			// events behind a head backing off held everything past it for
+			// minutes (TestLivenessAdv37OneRelayCrossesABlockAtPollPace),
+			// a lane set aside there too, which the probe of its next event
+			// used to claim at once (TestLivenessAdv37SetAsideBehindALaggingCursor).
+			dbBackoff, quickLeft = 0, lostConnRetries
 		case n == 0:
 			dbBackoff, quickLeft = 0, lostConnRetries
 			r.waitIdle(ctx, r.routesUntilProbe(r.idleInterval()))
@@ -499,8 +508,9 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // runBatch claims, publishes and settles one batch. It returns how many
-// events were claimed.
-func (r *Relay) runBatch(ctx context.Context) (int, error) {
+// events were claimed, and whether the claim has more to read at once
+// (batch.more).
+func (r *Relay) runBatch(ctx context.Context) (int, bool, error) {
 	// The claim, and then publishing, go on after ctx ends, for at most
 	// ShutdownTimeout, so a shutdown does not throw away acknowledged work,
 	// nor leave a claim's rows leased: a claim cancelled while its
@@ -519,17 +529,17 @@ func (r *Relay) runBatch(ctx context.Context) (int, error) {
 	b, claimDur, full, err := r.nextClaim(workCtx)
 	r.observeClaim(b, claimDur, err, full)
 	if err != nil || b.total == 0 {
-		return 0, err
+		return 0, b.more, err
 	}
 	if err := failpoint.Hit("relay/after-claim"); err != nil {
-		return b.total, r.release(context.WithoutCancel(ctx), b, allIDs(b))
+		return b.total, false, r.release(context.WithoutCancel(ctx), b, allIDs(b))
 	}
 	r.claimAhead(ctx, b)
 	err = r.publishAndSettle(workCtx, b)
 	if err != nil || r.outages > 0 || ctx.Err() != nil {
 		r.dropAhead(ctx)
 	}
-	return b.total, err
+	return b.total, b.more, err
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -41,6 +41,12 @@ type batch struct {
 	total    int
 	// takenOver counts events claimed from an expired lease.
 	takenOver int
+	// more: the incremental claim's range scan filled its window and its
+	// cursor passed everything it read (events of lanes blocked elsewhere,
+	// leased, locked): more events are committed past its window, and the
+	// next claim reads them at once instead of after PollInterval. A lane
+	// set aside ahead of the cursor (claimCursor.ahead) waits for it.
+	more bool
 }
 
 // claim claims the next batch: the incremental claim, or the full scan when

@@ -300,10 +300,14 @@ type freshMeta struct {
 // window is not full: docs/design.md, "Why nothing is left behind". Were a
 // lane's events behind its blocked head held too, a window of them would
 // hold the cursor until the head moved, and no claim would read past them.
-func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
+//
+// It reports whether the range scan filled its window and the cursor moved
+// to the last position it read: every event it read was passed, and more
+// are committed past them, which the next claim reads (see batch.more).
+func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) (more bool, err error) {
 	_, xmax, xip, err := parseSnapshot(m.snapshot)
 	if err != nil {
-		return err
+		return false, err
 	}
 	ahead := make([]laneAhead, 0, len(m.aheadLanes))
 	for i, n := range m.aheadLanes {
@@ -312,7 +316,7 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 		}
 		pos, err := parseCursorPos(m.aheadPos[i])
 		if err != nil {
-			return err
+			return false, err
 		}
 		ahead = append(ahead, laneAhead{laneNext: cont[n-1], pos: pos})
 	}
@@ -363,13 +367,13 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 	full := m.fresh >= window || m.points >= window || m.headsCut
 	if !full && !c.conservative {
 		c.from, c.points = cursorPos{xid: xmax}, xip
-		return nil
+		return false, nil
 	}
 	to := cursorPos{xid: xmax}
 	if m.firstLeft != nil {
 		v, err := parseCursorPos(*m.firstLeft)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if v.before(to) {
 			to = v
@@ -385,11 +389,14 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 		// transaction for good (TestLivenessBulkWriteBehindUnparkedQuarantine).
 		v, err := parseCursorPos(*m.lastRead)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if v.before(to) {
 			to = v
 		}
+		// Every event it read was passed (none of them holds the cursor):
+		// more are committed past them.
+		more = to == v && c.from.before(to)
 	}
 	if to.before(c.from) {
 		to = c.from
@@ -402,7 +409,7 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 		for _, p := range m.keepPoints {
 			v, err := strconv.ParseUint(p, 10, 64)
 			if err != nil {
-				return fmt.Errorf("claim cursor: %w", err)
+				return false, fmt.Errorf("claim cursor: %w", err)
 			}
 			points = append(points, v)
 		}
@@ -422,7 +429,7 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) error {
 		}
 	}
 	c.from, c.points = to, uniqueXIDs(points)
-	return nil
+	return more, nil
 }
 
 // settleAhead puts the lanes set aside whose next event from has passed
@@ -789,9 +796,11 @@ func (r *Relay) claimFresh(ctx context.Context, q querier, b *batch) (int64, err
 		r.cursor.restore(cont)
 		return l.takenOver, errors.New("claim batch: the incremental claim returned no cursor row")
 	}
-	if err := r.cursor.advance(meta, claimWindow(r.cfg.BatchSize), cont); err != nil {
+	more, err := r.cursor.advance(meta, claimWindow(r.cfg.BatchSize), cont)
+	if err != nil {
 		return l.takenOver, err
 	}
+	b.more = more
 	return l.takenOver, nil
 }
 
