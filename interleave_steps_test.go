@@ -68,6 +68,7 @@ var ilvKinds = []ilvKind{
 	{"unpin", 0, parseNoArgs("unpin", func() ilvStep { return pinStep{} }), nil},
 	{"resume", 3, parseResume, genResume},
 	{"provider", 1, parseProvider, genProvider},
+	{"wide", 3, parseWide, genWide},
 }
 
 // ilvAggs are the aggregates writers pick from: a few often (so that
@@ -201,6 +202,73 @@ func parseWrite(a []string) (ilvStep, error) {
 func genWrite(g *ilvGen) ilvStep {
 	g.written++
 	return writeStep{agg: g.agg(), n: 1 + g.rng.IntN(3)*g.rng.IntN(2), big: g.rng.IntN(10) == 0}
+}
+
+// wideStep commits one event of each of its aggregates in one
+// transaction: a transaction wider than a claim's window (16 rows), whose
+// lanes continue in the next wide transaction. The claims then fill their
+// windows, leave heads for lack of room, and the relays set aside the lanes
+// whose next event lies ahead of their cursor (claimCursor.ahead).
+// Aggregates an open writer holds are left out (it would wait for them).
+type wideStep struct{ aggs []string }
+
+func (s wideStep) String() string { return "wide " + strings.Join(s.aggs, ",") }
+
+func (s wideStep) run(w *world) error {
+	var events []outbox.Event
+	for _, a := range s.aggs {
+		if w.heldBy(ilvAggID(a), "") != "" {
+			continue
+		}
+		events = append(events, outbox.Event{AggregateType: ilvAggType, AggregateID: ilvAggID(a), Type: "Changed", Payload: []byte(`{"n":1}`)})
+	}
+	if len(events) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	var evs []*ilvEvent
+	err := pgx.BeginFunc(ctx, w.env.app, func(tx pgx.Tx) error {
+		recs, err := w.env.writer.InsertTx(ctx, tx, events...)
+		if err != nil {
+			return err
+		}
+		for i, r := range recs {
+			evs = append(evs, &ilvEvent{id: r.ID, agg: events[i].AggregateID, seq: r.Sequence})
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", s, err)
+	}
+	w.commitEvents(evs)
+	w.wake()
+	return nil
+}
+
+func parseWide(a []string) (ilvStep, error) {
+	if len(a) != 1 || a[0] == "" {
+		return nil, errors.New("want: wide A,B,...")
+	}
+	return wideStep{aggs: strings.Split(a[0], ",")}, nil
+}
+
+// genWide draws a wide transaction over a pool of thirty aggregates that
+// wide transactions share (and a few of the common ones), or, one time in
+// three, a bulk write of one aggregate longer than a window.
+func genWide(g *ilvGen) ilvStep {
+	if g.rng.IntN(3) == 0 {
+		g.written++
+		return writeStep{agg: g.agg(), n: 17 + g.rng.IntN(24)}
+	}
+	pool := make([]string, 0, 33)
+	for i := range 30 {
+		pool = append(pool, fmt.Sprintf("w%d", i))
+	}
+	pool = append(pool, ilvAggs[:3]...)
+	g.rng.Shuffle(len(pool), func(i, j int) { pool[i], pool[j] = pool[j], pool[i] })
+	g.written++
+	return wideStep{aggs: pool[:17+g.rng.IntN(len(pool)-16)]}
 }
 
 // beginStep writes n events in writer transaction w, opening it first

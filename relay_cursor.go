@@ -477,17 +477,21 @@ func (c *claimCursor) claimedLanes(b batch) {
 	if len(c.ahead) == 0 || len(b.lanes) == 0 {
 		return
 	}
-	type span struct{ first, last int64 }
-	claimed := make(map[[2]string]span, len(b.lanes))
+	// The claim returns a lane's rows in no particular order (orderLanes
+	// sorts them later): each claimed sequence is looked up itself.
+	type key struct {
+		typ, id string
+		seq     int64
+	}
+	claimed := make(map[key]struct{}, b.total)
 	for _, lane := range b.lanes {
-		if len(lane) == 0 {
-			continue
+		for _, ev := range lane {
+			claimed[key{ev.AggregateType, ev.AggregateID, ev.Sequence}] = struct{}{}
 		}
-		claimed[[2]string{lane[0].AggregateType, lane[0].AggregateID}] = span{lane[0].Sequence, lane[len(lane)-1].Sequence}
 	}
 	kept := c.ahead[:0]
 	for _, l := range c.ahead {
-		if sp, ok := claimed[[2]string{l.typ, l.id}]; ok && l.seq >= sp.first && l.seq <= sp.last {
+		if _, ok := claimed[key{l.typ, l.id, l.seq}]; ok {
 			continue
 		}
 		kept = append(kept, l)

@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,4 +146,96 @@ func TestLivenessAdv37OneRelayCrossesABlockAtPollPace(t *testing.T) {
 	start := time.Now()
 	publishedSoon(t, pool, schema, fmt.Sprintf("an event written after a block of %d events that are not heads", block), "after")
 	t.Logf("published %s after it was written", time.Since(start).Round(time.Millisecond))
+}
+
+// holdAfter holds the relay it observes in its claim after the armed one,
+// until released: the relay's state is then that claim's.
+type holdAfter struct {
+	armed    atomic.Bool
+	held     chan struct{}
+	released chan struct{}
+	once     sync.Once
+}
+
+func (h *holdAfter) ObserveClaim(outbox.ClaimObservation) {
+	if h.armed.Load() {
+		h.once.Do(func() { close(h.held); <-h.released })
+	}
+}
+
+// TestLivenessAdv37StopWithALaneSetAside: relay A publishes k and sets
+// k+1 aside (it lies past a block of more than a window of events that are
+// not heads, ahead of A's cursor), while relay B's cursor has passed k+1
+// (not a head while k was in flight). A stops right after that claim: its
+// last write must hand the lane set aside over, as it does the lanes it
+// still looks for by key, else nobody reads k+1 before the full scan.
+// (TestLivenessStoppedRelayHandsItsLanesOver stops its relay before any
+// claim sets the lane aside.)
+func TestLivenessAdv37StopWithALaneSetAside(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	b := newNATS(t, outboxtest.NATSURL(), 0)
+	inGate, openGate := make(chan struct{}), make(chan struct{})
+	hold := &holdAfter{held: make(chan struct{}), released: make(chan struct{})}
+	var released sync.Once
+	release := func() { released.Do(func() { close(hold.released) }) }
+	busyFails := func(m outbox.Message) error {
+		if m.AggregateID == "busy" && m.Sequence == 1 {
+			return errors.New("try again in an hour")
+		}
+		return nil
+	}
+	cfgA := freshOnly(schema, failingPublisher{next: b.pub, fail: func(m outbox.Message) error {
+		if m.AggregateID == "lane" && m.Sequence == 1 {
+			close(inGate)
+			<-openGate
+		}
+		return busyFails(m)
+	}})
+	cfgA.ID = "relay-a"
+	cfgA.BatchSize = 4 // a window of 16
+	cfgA.Observer = hold
+	cfgA.RetryBackoffMin, cfgA.RetryBackoffMax = time.Hour, time.Hour
+	_, stopA := startRelay(t, pool, cfgA)
+	t.Cleanup(release) // registered after A's stop, so it runs before it
+	warmUp(t, pool, w, schema)
+	writeEventsFor(t, pool, w, "busy")
+	outboxtest.Eventually(t, livenessWait, "the busy aggregate's head failed once", func() bool {
+		var attempts int
+		if err := pool.QueryRow(ctx, `SELECT attempt_count FROM `+schema+`.outbox_events WHERE aggregate_id = 'busy'`).Scan(&attempts); err != nil {
+			t.Fatal(err)
+		}
+		return attempts == 1
+	})
+	writeEventsFor(t, pool, w, "lane")
+	<-inGate // A publishes k, blocked
+	cfgB := freshOnly(schema, failingPublisher{next: b.pub, fail: busyFails})
+	cfgB.ID = "relay-b"
+	cfgB.BatchSize = 4
+	cfgB.RetryBackoffMin, cfgB.RetryBackoffMax = time.Hour, time.Hour
+	_, stopB := startRelay(t, pool, cfgB)
+	defer stopB()
+	writeBulkFor(t, pool, w, "busy", 40) // more than a window: A's next claim does not reach k+1
+	writeEventsFor(t, pool, w, "lane")   // k+1
+	writeEventsFor(t, pool, w, "after")
+	publishedSoon(t, pool, schema, "an event after the block and k+1, by relay-b", "after")
+	hold.armed.Store(true)
+	close(openGate) // A marks k; its next claim sets k+1 aside, and A is held there
+	<-hold.held
+	var pending bool
+	if err := pool.QueryRow(ctx, `SELECT published_at IS NULL FROM `+schema+`.outbox_events
+		WHERE aggregate_id = 'lane' AND aggregate_sequence = 2`).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if !pending {
+		t.Fatal("k+1 was published before A stopped (the test's premise)")
+	}
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stopA() }()
+	release()
+	<-stopped
+	writeEventsFor(t, pool, w, "poke") // B's claims keep coming
+	publishedSoon(t, pool, schema, "k+1, set aside by relay-a when it stopped; relay-b is alive", "lane", "poke")
 }
