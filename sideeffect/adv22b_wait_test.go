@@ -21,7 +21,8 @@ import (
 // two fields have ranges narrower than Go's: schema_version is an integer
 // (int4) and occurred_at a timestamptz (up to 294276 AD). A message with
 // either out of range must be refused without aborting the transaction
-// (an error is fine; an aborted inbox transaction is not).
+// (ErrMessageNotStorable, as for text; an aborted inbox transaction is
+// not). The bounds themselves are stored: year 294276 and 4713 BC.
 func TestAdv22bWaitNonTextFieldsKeepTxUsable(t *testing.T) {
 	forKinds(t, func(t *testing.T, k txKind) {
 		b := setupKind(t, sideeffect.Neither, k)
@@ -36,6 +37,7 @@ func TestAdv22bWaitNonTextFieldsKeepTxUsable(t *testing.T) {
 			{"negative schema version", func(m *outbox.Message) { m.SchemaVersion = math.MinInt32 - 1 }},
 			{"occurred_at past timestamptz", func(m *outbox.Message) { m.OccurredAt = time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC) }},
 			{"occurred_at before timestamptz", func(m *outbox.Message) { m.OccurredAt = time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC) }},
+			{"occurred_at just past timestamptz", func(m *outbox.Message) { m.OccurredAt = time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC) }},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				bad := base
@@ -45,10 +47,9 @@ func TestAdv22bWaitNonTextFieldsKeepTxUsable(t *testing.T) {
 				clean.ID = uuid.New()
 				run := func(wait func(sideeffect.Wait) error, exec func(string) error) error {
 					err := wait(sideeffect.Wait{Consumer: "billing", Key: bad.ID.String(), Message: bad})
-					if err == nil {
-						return fmt.Errorf("WaitTx of a message with %s stored it", tc.name)
+					if !errors.Is(err, sideeffect.ErrMessageNotStorable) {
+						return fmt.Errorf("WaitTx of a message with %s: %v; want ErrMessageNotStorable", tc.name, err)
 					}
-					t.Logf("refusal: %v (ErrMessageNotStorable: %v)", err, errors.Is(err, sideeffect.ErrMessageNotStorable))
 					if err := exec(`SELECT 1`); err != nil {
 						return fmt.Errorf("the transaction after WaitTx's error (%s): %v (aborted)", tc.name, err)
 					}
@@ -76,4 +77,21 @@ func TestAdv22bWaitNonTextFieldsKeepTxUsable(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestAdv22bWaitStoresTimestamptzBounds: the range check is not narrower
+// than PostgreSQL's: the first and last representable instants are stored.
+func TestAdv22bWaitStoresTimestamptzBounds(t *testing.T) {
+	b := setupKind(t, sideeffect.Neither, txKinds[0])
+	c := b.caller(t, nil)
+	ctx := context.Background()
+	for _, at := range []time.Time{time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC), time.Date(294276, 12, 31, 23, 59, 59, 999999000, time.UTC)} {
+		m := (&waitWorld{}).message()
+		m.OccurredAt = at
+		if err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			return c.WaitTx(ctx, tx, sideeffect.Wait{Consumer: "billing", Key: m.ID.String(), Message: m})
+		}); err != nil {
+			t.Fatalf("WaitTx of occurred_at %s: %v", at, err)
+		}
+	}
 }
