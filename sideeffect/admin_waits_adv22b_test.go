@@ -65,3 +65,51 @@ WHERE relid = $1::regclass`, b.schema+".side_effect_waits").Scan(&n); err != nil
 		t.Fatalf("two pages of 10 of 5,000 waiting events read %d rows; want about 22 (the primary key in order)", n)
 	}
 }
+
+// TestAdv22bWaitsPagesEveryEventOnce: paging Admin.Waits with its cursor
+// over consumers whose names differ in case and length, with and without
+// a Name filter, lists every waiting event exactly once (the order is the
+// database collation's, so it is not checked here).
+func TestAdv22bWaitsPagesEveryEventOnce(t *testing.T) {
+	b := setup(t, sideeffect.Neither)
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `INSERT INTO `+b.schema+`.side_effect_waits (consumer_name, event_id, name, key, aggregate_type, aggregate_id,
+	sequence, event_type, schema_version, content_type, payload)
+SELECT c, gen_random_uuid(), CASE WHEN i % 3 = 0 THEN 'a' ELSE 'b' END, 'k' || i, 'order', 'ord-' || i, 1, 'OrderPlaced', 1, 'application/json', '\x7b7d'
+FROM unnest(ARRAY['B', 'a', 'aa', 'a-b', 'é']) c, generate_series(1, 23) i`); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"", "a", "b"} {
+		var want int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.schema+`.side_effect_waits WHERE $1 = '' OR name = $1`, name).Scan(&want); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		f := sideeffect.WaitsFilter{Name: name, Limit: 7}
+		for pages := 0; ; pages++ {
+			if pages > 100 {
+				t.Fatalf("name %q: paging does not end", name)
+			}
+			page, err := b.admin.Waits(ctx, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range page.Waits {
+				if seen[w.Consumer+"/"+w.EventID] {
+					t.Fatalf("name %q: %s/%s listed twice", name, w.Consumer, w.EventID)
+				}
+				seen[w.Consumer+"/"+w.EventID] = true
+				if name != "" && w.Name != name {
+					t.Fatalf("name %q: listed a wait on %q", name, w.Name)
+				}
+			}
+			if page.Next == nil {
+				break
+			}
+			f.After = page.Next
+		}
+		if len(seen) != want {
+			t.Fatalf("name %q: paged through %d waits of %d", name, len(seen), want)
+		}
+	}
+}
