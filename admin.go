@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -380,8 +381,14 @@ func (a *Admin) relays(ctx context.Context, q pgtx.Querier) ([]RelayInfo, error)
 	// ack_durability (migration 010) and health (015) are read through
 	// to_jsonb, which works on a schema without the columns too, and only
 	// when at most RelayNoteMaxBytes: the relay role writes them.
-	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid, started_at, heartbeat_at, expires_at,
-	expires_at > now() AND NOT ahead, ahead, extract(epoch FROM heartbeat_at - now())::float8,
+	// The times are timestamptz, which takes 'infinity' and '-infinity':
+	// neither is a time a relay wrote, nor one time.Time holds, so such a
+	// time is read as NULL (zero), flagged, and its row is not alive.
+	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid,
+	CASE WHEN isfinite(started_at) THEN started_at END, CASE WHEN isfinite(heartbeat_at) THEN heartbeat_at END,
+	CASE WHEN isfinite(expires_at) THEN expires_at END,
+	expires_at > now() AND NOT ahead AND isfinite(heartbeat_at) AND isfinite(expires_at), ahead,
+	CASE WHEN isfinite(heartbeat_at) THEN extract(epoch FROM heartbeat_at - now())::float8 END,
 	CASE WHEN coalesce(pg_column_size(d.ack), 0) <= $1 THEN d.ack END, coalesce(pg_column_size(d.ack), 0),
 	CASE WHEN coalesce(pg_column_size(d.health), 0) <= $1 THEN d.health END, coalesce(pg_column_size(d.health), 0)
 FROM `+a.t.relays+` r
@@ -395,15 +402,31 @@ ORDER BY relay_id`, RelayNoteMaxBytes, RelayClockSkew.Seconds())
 		var r RelayInfo
 		var ack, health []byte
 		var ahead bool
-		var aheadSecs float64
+		var aheadSecs *float64
+		var started, beat, expires *time.Time
 		var ackSize, healthSize int64
-		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &r.StartedAt, &r.HeartbeatAt, &r.ExpiresAt, &r.Alive, &ahead, &aheadSecs,
+		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &started, &beat, &expires, &r.Alive, &ahead, &aheadSecs,
 			&ack, &ackSize, &health, &healthSize)
-		r.StartedAt, r.HeartbeatAt, r.ExpiresAt = r.StartedAt.UTC(), r.HeartbeatAt.UTC(), r.ExpiresAt.UTC()
 		var untrusted []string
+		for _, t := range []struct {
+			what string
+			at   *time.Time
+			to   *time.Time
+		}{{"started_at", started, &r.StartedAt}, {"heartbeat_at", beat, &r.HeartbeatAt}, {"expires_at", expires, &r.ExpiresAt}} {
+			if t.at == nil {
+				if err == nil {
+					untrusted = append(untrusted, t.what+" is not a finite time: not counted alive")
+				}
+				continue
+			}
+			*t.to = t.at.UTC()
+		}
 		if ahead {
-			untrusted = append(untrusted, fmt.Sprintf("heartbeat_at is %s ahead of the database's clock: not a relay's heartbeat (it takes the database's now()); not counted alive",
-				time.Duration(aheadSecs*float64(time.Second)).Round(time.Second)))
+			by := "infinitely"
+			if aheadSecs != nil {
+				by = (time.Duration(min(*aheadSecs, float64(math.MaxInt64/time.Second))) * time.Second).String()
+			}
+			untrusted = append(untrusted, fmt.Sprintf("heartbeat_at is %s ahead of the database's clock: not a relay's heartbeat (it takes the database's now()); not counted alive", by))
 		}
 		for _, n := range []struct {
 			what string
@@ -504,7 +527,7 @@ func (a *Admin) Gauges(ctx context.Context) (Gauges, error) {
 	g := Gauges{TableBytes: map[string]int64{}}
 	err := a.db.BeginFunc(ctx, pgtx.TxOptions{ReadOnly: true}, func(tx pgtx.Querier) error {
 		if err := tx.QueryRow(ctx, `SELECT `+backlogColumns+`, (SELECT count(*) FROM `+a.t.relays+`
-	WHERE expires_at > now() AND heartbeat_at <= now() + make_interval(secs => $1))
+	WHERE expires_at > now() AND heartbeat_at <= now() + make_interval(secs => $1) AND isfinite(heartbeat_at) AND isfinite(expires_at))
 FROM `+a.t.events+` e WHERE e.published_at IS NULL`, RelayClockSkew.Seconds()).Scan(append(g.Backlog.scanArgs(), &g.RelaysAlive)...); err != nil {
 			return fmt.Errorf("read backlog: %w", err)
 		}

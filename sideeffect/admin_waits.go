@@ -57,9 +57,12 @@ func (a *Admin) Waits(ctx context.Context, f WaitsFilter) (WaitsPage, error) {
 		cond = ` AND (consumer_name, event_id) > ($3, $4)`
 		args = append(args, f.After.Consumer, f.After.EventID)
 	}
-	rows, err := a.db.Query(ctx, `SELECT `+waitingColumns+` FROM `+a.waits+`
+	// The ORDER BY names the table's columns (w.): a bare event_id would
+	// be the select list's event_id::text, which no index holds in order,
+	// and every page would scan and sort every waiting event.
+	rows, err := a.db.Query(ctx, `SELECT `+waitingColumns+` FROM `+a.waits+` w
 WHERE ($1 = '' OR name = $1)`+cond+`
-ORDER BY consumer_name, event_id
+ORDER BY w.consumer_name, w.event_id
 LIMIT $2`, args...)
 	var list []WaitingEvent
 	if err == nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -40,7 +41,9 @@ type Wait struct {
 // ErrMessageNotStorable is wrapped by WaitTx's refusal of a message holding
 // text PostgreSQL cannot store as given: a NUL byte, or bytes that are not
 // UTF-8, in a header's name or value, or in the message's type, aggregate
-// type, aggregate id or content type (or in Wait.Consumer or Wait.Key).
+// type, aggregate id or content type (or in Wait.Consumer or Wait.Key); or
+// a schema version or occurred-at time outside PostgreSQL's integer or
+// timestamptz range.
 // The outbox writer refuses such text in an event (outbox.ErrInvalidEvent:
 // a header value holds no control character and is UTF-8), so a message
 // that holds it was not delivered as an outbox writer wrote it (another
@@ -132,6 +135,13 @@ ON CONFLICT (consumer_name, event_id) DO UPDATE SET name = excluded.name, key = 
 	return nil
 }
 
+// PostgreSQL's timestamptz range: from 4714-11-24 BC (Go's year -4713)
+// up to, not including, 294277-01-01, both UTC.
+var (
+	minTimestamptz = time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC)
+	endTimestamptz = time.Date(294277, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
 // storable checks that the text WaitTx stores is text PostgreSQL takes as
 // it is (ErrMessageNotStorable otherwise): a statement refused in the
 // caller's transaction would abort it, and json.Marshal would store a
@@ -148,6 +158,15 @@ func storable(w Wait) error {
 		return nil
 	}
 	m := w.Message
+	// Two fields have a range narrower than Go's: schema_version is an
+	// integer, occurred_at a timestamptz (4714 BC to 294276 AD). PostgreSQL
+	// refusing the time aborted tx; pgx refuses the integer itself.
+	if m.SchemaVersion < math.MinInt32 || m.SchemaVersion > math.MaxInt32 {
+		return fmt.Errorf("%w: Message.SchemaVersion %d is out of an integer's range", ErrMessageNotStorable, m.SchemaVersion)
+	}
+	if !m.OccurredAt.IsZero() && (m.OccurredAt.Before(minTimestamptz) || !m.OccurredAt.Before(endTimestamptz)) {
+		return fmt.Errorf("%w: Message.OccurredAt %s is out of timestamptz's range", ErrMessageNotStorable, m.OccurredAt.UTC().Format(time.RFC3339Nano))
+	}
 	for _, f := range []struct{ what, v string }{{"Wait.Consumer", w.Consumer}, {"Wait.Key", w.Key},
 		{"Message.Type", m.Type}, {"Message.AggregateType", m.AggregateType}, {"Message.AggregateID", m.AggregateID},
 		{"Message.ContentType", m.ContentType}} {
