@@ -7,38 +7,6 @@ import (
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
-// TestAdv22bRelayRowExpiringInACenturyIsNotAlive: 4d0d0b2 bounded
-// heartbeat_at so that the relay role cannot make status --check and the
-// console count a dead relay alive "until any date". expires_at is not
-// bounded: a row whose last heartbeat was a day ago (not ahead of the
-// clock) and that expires in a hundred years is counted alive, unflagged,
-// by Status (status --check) and Gauges (outbox_relays_alive). A relay
-// writes expires_at = heartbeat_at + 3 * HeartbeatInterval; a row whose
-// heartbeat is a day stale yet alive for a century is not one a relay
-// wrote.
-func TestAdv22bRelayRowExpiringInACenturyIsNotAlive(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool, schema := outboxtest.Schema(t)
-	a := newAdmin(t, pool, schema)
-	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_relays (relay_id, heartbeat_at, expires_at)
-	VALUES ('forever', now() - interval '1 day', now() + interval '100 years')`); err != nil {
-		t.Fatal(err)
-	}
-	st, err := a.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := a.Gauges(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.RelaysAlive != 0 || g.RelaysAlive != 0 {
-		t.Fatalf("a row last beating a day ago, expiring in 100 years: Status counts %d alive (untrusted %q), Gauges %d; want 0",
-			st.RelaysAlive, st.Relays[0].Untrusted, g.RelaysAlive)
-	}
-}
-
 // TestAdv22bRelayRowAtInfinityDoesNotBreakStatus: the relay role can store
 // 'infinity' in heartbeat_at or expires_at (timestamptz takes it). Status
 // must still answer (the console's pages, status --check, which would
