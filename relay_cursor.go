@@ -10,6 +10,7 @@ package outbox
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,13 +62,16 @@ type cursorPos struct {
 	id  uuid.UUID
 }
 
-// before reports whether p sorts before q.
-func (p cursorPos) before(q cursorPos) bool {
-	if p.xid != q.xid {
-		return p.xid < q.xid
+// compare orders positions as outbox_fresh_key_idx does: -1, 0 or +1.
+func (p cursorPos) compare(q cursorPos) int {
+	if c := cmp.Compare(p.xid, q.xid); c != 0 {
+		return c
 	}
-	return bytes.Compare(p.id[:], q.id[:]) < 0
+	return bytes.Compare(p.id[:], q.id[:])
 }
+
+// before reports whether p sorts before q.
+func (p cursorPos) before(q cursorPos) bool { return p.compare(q) < 0 }
 
 // parseCursorPos reads the "xid/event_id" text of the incremental claim's
 // report.
@@ -439,26 +443,15 @@ func (c *claimCursor) advance(m freshMeta, window int, cont []laneNext) (more bo
 // statement held it locked and passed. Beyond aheadKeepFactor windows, the
 // lanes furthest ahead are handed over. c.mu is held.
 func (c *claimCursor) settleAhead(window int) {
-	kept := c.ahead[:0]
-	for _, l := range c.ahead {
+	c.ahead = slices.DeleteFunc(c.ahead, func(l laneAhead) bool {
 		if l.pos.before(c.from) {
 			c.cont = append(c.cont, l.laneNext)
-			continue
+			return true
 		}
-		kept = append(kept, l)
-	}
-	clear(c.ahead[len(kept):])
-	c.ahead = kept
+		return false
+	})
 	if limit := aheadKeepFactor * window; len(c.ahead) > limit {
-		slices.SortFunc(c.ahead, func(a, b laneAhead) int {
-			switch {
-			case a.pos.before(b.pos):
-				return -1
-			case b.pos.before(a.pos):
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(c.ahead, func(a, b laneAhead) int { return a.pos.compare(b.pos) })
 		for _, l := range c.ahead[limit:] {
 			c.over = append(c.over, l.laneNext)
 		}
@@ -489,15 +482,10 @@ func (c *claimCursor) claimedLanes(b batch) {
 			claimed[key{ev.AggregateType, ev.AggregateID, ev.Sequence}] = struct{}{}
 		}
 	}
-	kept := c.ahead[:0]
-	for _, l := range c.ahead {
-		if _, ok := claimed[key{l.typ, l.id, l.seq}]; ok {
-			continue
-		}
-		kept = append(kept, l)
-	}
-	clear(c.ahead[len(kept):])
-	c.ahead = kept
+	c.ahead = slices.DeleteFunc(c.ahead, func(l laneAhead) bool {
+		_, ok := claimed[key{l.typ, l.id, l.seq}]
+		return ok
+	})
 }
 
 // uniqueXIDs returns xs sorted, without repeats.
