@@ -234,6 +234,8 @@ func main() {
 	fs.IntVar(&pf.aggregates, "pressure-aggregates", 0, "pressure: events go to this many aggregates (default 2000)")
 	fs.DurationVar(&pf.killEvery, "pressure-kill-every", 0, "pressure: the kill cells' interval between two pg_terminate_backend rounds (default 1s)")
 	fs.BoolVar(&pf.countPending, "pressure-count-pending", false, "pressure: also count the pending rows with count(*) once a second (a monitoring query: itself a load under a pinned xmin)")
+	fs.StringVar(&pf.explain, "pressure-explain", "", "pressure: load auto_explain in the private cluster and save its log, with the plan (rows and buffers per node) of every statement slower than --pressure-explain-min, to this file (a diagnosis; it slows every statement a little)")
+	fs.DurationVar(&pf.explainMin, "pressure-explain-min", 25*time.Millisecond, "pressure: with --pressure-explain, the shortest statement whose plan is logged")
 	fs.StringVar(&o.databaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL (env DATABASE_URL)")
 	fs.StringVar(&o.natsURL, "nats-url", envOr("NATS_URL", "nats://127.0.0.1:4222"), "NATS with JetStream (env NATS_URL)")
 	fs.StringVar(&o.amqpURL, "amqp-url", envOr("AMQP_URL", "amqp://127.0.0.1:5672/"), "RabbitMQ, for the destinations group (env AMQP_URL; no user: guest)")

@@ -21,7 +21,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,6 +70,13 @@ type pressureSizes struct {
 	// monitoring query of issue 24's second figure; itself a load under a
 	// pinned xmin.
 	countPending bool
+	// explain, when not empty, is a file: the private cluster loads
+	// auto_explain and logs the plan, with rows and buffers per node, of
+	// every statement slower than explainMin; the server's log is saved
+	// there when the group ends (a diagnosis: log_analyze costs a little
+	// on every statement).
+	explain    string
+	explainMin time.Duration
 }
 
 func defaultPressure() pressureSizes {
@@ -97,6 +106,8 @@ type pressureFlags struct {
 	recovery, killEvery    time.Duration
 	rate, aggregates       int
 	countPending           bool
+	explain                string
+	explainMin             time.Duration
 }
 
 // apply returns p with the command line's overrides.
@@ -159,6 +170,9 @@ func (fl pressureFlags) apply(p pressureSizes) (pressureSizes, error) {
 		p.aggregates = fl.aggregates
 	}
 	p.countPending = p.countPending || fl.countPending
+	if fl.explain != "" {
+		p.explain, p.explainMin = fl.explain, fl.explainMin
+	}
 	return p, nil
 }
 
@@ -166,13 +180,23 @@ func (fl pressureFlags) apply(p pressureSizes) (pressureSizes, error) {
 // settings (pgcluster's smaller max_connections and shared_buffers are set
 // back to PostgreSQL's defaults, 100 and 128MB), wal_level=logical when CDC
 // runs, and an env on it.
-func pressureCluster(ctx context.Context, e *env, logical bool) (*env, *pgcluster.Cluster, func(), error) {
+func pressureCluster(ctx context.Context, e *env, logical bool, sz pressureSizes) (*env, *pgcluster.Cluster, func(), error) {
 	// pg_stat_statements: the buffers of the relays' claims, first window
 	// against last (claimStatements).
 	settings := map[string]string{"max_connections": "100", "shared_buffers": "128MB",
 		"shared_preload_libraries": "pg_stat_statements"}
 	if logical {
 		settings["wal_level"] = "logical"
+	}
+	if sz.explain != "" {
+		// Rows and buffers per plan node, without per-node timing (its
+		// clock reads cost most of log_analyze's overhead).
+		settings["shared_preload_libraries"] += ",auto_explain"
+		settings["auto_explain.log_min_duration"] = strconv.FormatInt(sz.explainMin.Milliseconds(), 10) + "ms"
+		settings["auto_explain.log_analyze"] = "on"
+		settings["auto_explain.log_buffers"] = "on"
+		settings["auto_explain.log_timing"] = "off"
+		settings["auto_explain.log_nested_statements"] = "on"
 	}
 	cluster, err := pgcluster.Start(pgcluster.Config{Settings: settings})
 	if err != nil {
@@ -190,7 +214,17 @@ func pressureCluster(ctx context.Context, e *env, logical bool) (*env, *pgcluste
 		_ = cluster.Close()
 		return nil, nil, nil, err
 	}
-	return pe, cluster, func() { pe.close(); _ = cluster.Close() }, nil
+	return pe, cluster, func() {
+		pe.close()
+		if sz.explain != "" {
+			if err := os.WriteFile(sz.explain, []byte(cluster.Log()), 0o644); err != nil {
+				e.logf("pressure: --pressure-explain: %v", err)
+			} else {
+				e.logf("pressure: the server's log, with the plans of statements over %s, is in %s", sz.explainMin, sz.explain)
+			}
+		}
+		_ = cluster.Close()
+	}, nil
 }
 
 // benchPressure is the "pressure" group: every selected relay kind through
@@ -212,7 +246,7 @@ func pressureRuns(ctx context.Context, e *env) ([]*pressureOutcome, string, erro
 		return nil, "", err
 	}
 	logical := slices.Contains(sz.relays, "cdc")
-	pe, cluster, closeCluster, err := pressureCluster(ctx, e, logical)
+	pe, cluster, closeCluster, err := pressureCluster(ctx, e, logical, sz)
 	if err != nil {
 		return nil, "", err
 	}
