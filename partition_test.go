@@ -236,3 +236,41 @@ func mustSchema(t *testing.T, name string) pgident.Schema {
 	}
 	return s
 }
+
+// The claim on a partitioned outbox with a few dozen partitions reads the
+// partitions that hold events through their partial indexes, merged in
+// order (Merge Append), never their tables whole. (The planner may read an
+// empty partition's table: no page, nothing to read.)
+func TestPartitionedClaimPlanIsIndexDriven(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.PartitionedSchema(t, outboxmigrate.PartitionConfig{Interval: 10 * time.Second, Ahead: 30})
+	w := newWriter(t, schema)
+	recs := writeEvents(t, pool, w, 500, 4)
+	full := map[string]bool{}
+	for _, r := range recs {
+		full[partman.Name(partman.Align(partman.TimeOf(r.ID), 10*time.Second))] = true
+	}
+	r, err := outbox.NewRelay(pool, quietConfig(schema, discardPublisher{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, explain := range map[string]func(context.Context) (string, error){"claim": r.ExplainClaim, "fresh claim": r.ExplainFreshClaim} {
+		plan, err := explain(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p := range full {
+			if strings.Contains(plan, "Seq Scan on "+p+" ") {
+				t.Errorf("%s reads partition %s, which holds events, whole:\n%s", name, p, plan)
+			}
+		}
+		if name == "claim" && !strings.Contains(plan, "Merge Append") {
+			t.Errorf("%s merges no index scans of the partitions:\n%s", name, plan)
+		}
+	}
+}
+
+type discardPublisher struct{}
+
+func (discardPublisher) Publish(_ context.Context, msgs []outbox.Message) []error { return make([]error, len(msgs)) }
