@@ -273,4 +273,6 @@ func TestPartitionedClaimPlanIsIndexDriven(t *testing.T) {
 
 type discardPublisher struct{}
 
-func (discardPublisher) Publish(_ context.Context, msgs []outbox.Message) []error { return make([]error, len(msgs)) }
+func (discardPublisher) Publish(_ context.Context, msgs []outbox.Message) []error {
+	return make([]error, len(msgs))
+}
