@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/outbox/internal/partman"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/pgtx"
 )
@@ -144,6 +145,101 @@ type Status struct {
 	// RecentOperations are the last operator actions (retry, skip,
 	// replay), newest first.
 	RecentOperations []Operation `json:"recent_operations"`
+	// Partitions describes a partitioned outbox_events
+	// (outboxmigrate.Partition); nil when the table is not partitioned.
+	Partitions *PartitionsStatus `json:"partitions,omitempty"`
+}
+
+// PartitionsStatus describes the partitions of a partitioned outbox_events.
+type PartitionsStatus struct {
+	// IntervalSeconds is the width of the newest partition, the width the
+	// upkeep gives the next ones.
+	IntervalSeconds float64 `json:"interval_seconds"`
+	// ReadyUntil is the end of the newest partition: an event whose id
+	// (a UUIDv7) holds a later time is refused (ErrNoPartition). The
+	// relay's upkeep keeps it RelayConfig.PartitionsAhead intervals ahead;
+	// alert when it is less than two intervals away (no upkeep runs).
+	ReadyUntil time.Time `json:"ready_until"`
+	// Partitions are the partitions, oldest first.
+	Partitions []PartitionStatus `json:"partitions"`
+}
+
+// PartitionStatus is one partition of a partitioned outbox_events.
+type PartitionStatus struct {
+	// Name is the partition's table.
+	Name string `json:"name"`
+	// From and To bound the time its event ids hold (To excluded).
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+	// Rows is the planner's estimate, -1 when never analysed.
+	Rows int64 `json:"rows_estimate"`
+	// TotalBytes is its size, indexes and TOAST included.
+	TotalBytes int64 `json:"total_bytes"`
+	// DetachPending is true while an interrupted DETACH ... CONCURRENTLY
+	// of it waits for the upkeep's next round (FINALIZE).
+	DetachPending bool `json:"detach_pending,omitempty"`
+	// Closed is true once To is past: no id being made now falls in it.
+	// The counts below are read for closed partitions only.
+	Closed bool `json:"closed"`
+	// Unpublished counts its events neither published nor skipped (up to
+	// 100,000); Quarantined those of them quarantined.
+	Unpublished int64 `json:"unpublished"`
+	Quarantined int64 `json:"quarantined"`
+	// SkipMarkers counts its skipped events that a later event of their
+	// aggregate, not yet written or in a later partition, still needs.
+	SkipMarkers int64 `json:"skip_markers"`
+	// LastPublished is the latest publish (or skip) of its events; a
+	// closed partition with nothing else holding it is dropped once this
+	// is older than the replay horizon (the relay's Cleanup.OlderThan).
+	LastPublished *time.Time `json:"last_published,omitempty"`
+	// Held says why a closed partition stays, whatever the horizon:
+	// unpublished or quarantined events, or skip markers. "" when only
+	// the horizon keeps it.
+	Held string `json:"held,omitempty"`
+}
+
+func partitionStatus(p partman.Partition, h partman.Hold, why string) PartitionStatus {
+	ps := PartitionStatus{Name: p.Name, From: p.From, To: p.To, DetachPending: p.DetachPending, Closed: true,
+		Unpublished: h.Unpublished, Quarantined: h.Quarantined, SkipMarkers: h.SkipMarkers, Held: why, Rows: -1}
+	if !h.LastPublished.IsZero() {
+		t := h.LastPublished.UTC()
+		ps.LastPublished = &t
+	}
+	return ps
+}
+
+// partitions reads the partitions of a partitioned outbox_events; nil
+// when it is not.
+func (a *Admin) partitions(ctx context.Context, q pgtx.Querier, now time.Time) (*PartitionsStatus, error) {
+	parted, err := partman.IsPartitioned(ctx, q, a.schema)
+	if err != nil || !parted {
+		return nil, err
+	}
+	parts, err := partman.List(ctx, q, a.schema)
+	if err != nil {
+		return nil, err
+	}
+	out := &PartitionsStatus{IntervalSeconds: partman.Interval(parts).Seconds()}
+	if len(parts) > 0 {
+		out.ReadyUntil = parts[len(parts)-1].To
+	}
+	for _, p := range parts {
+		ps := PartitionStatus{Name: p.Name, From: p.From, To: p.To, DetachPending: p.DetachPending}
+		if !p.To.After(now) {
+			h, err := partman.Check(ctx, q, a.schema, p)
+			if err != nil {
+				return nil, err
+			}
+			ps = partitionStatus(p, h, h.Reason(now))
+		}
+		// A partition dropped meanwhile reads as empty.
+		if err := q.QueryRow(ctx, `SELECT coalesce(max(c.reltuples), -1)::bigint, coalesce(max(pg_total_relation_size(c.oid)), 0)
+FROM pg_class c WHERE c.oid = to_regclass($1)`, a.schema.Table(p.Name)).Scan(&ps.Rows, &ps.TotalBytes); err != nil {
+			return nil, fmt.Errorf("read the size of partition %s: %w", p.Name, err)
+		}
+		out.Partitions = append(out.Partitions, ps)
+	}
+	return out, nil
 }
 
 // Backlog counts the unsettled events (published_at IS NULL).
@@ -368,6 +464,9 @@ GROUP BY aggregate_type ORDER BY aggregate_type`)
 		if st.Tables, st.Indexes, err = a.sizes(ctx, tx); err != nil {
 			return err
 		}
+		if st.Partitions, err = a.partitions(ctx, tx, st.At); err != nil {
+			return fmt.Errorf("read partitions: %w", err)
+		}
 		st.RecentOperations, err = a.operations(ctx, tx, 5)
 		return err
 	})
@@ -462,8 +561,15 @@ ORDER BY relay_id`, RelayNoteMaxBytes, RelayClockSkew.Seconds())
 }
 
 func (a *Admin) sizes(ctx context.Context, q pgtx.Querier) ([]TableSize, []IndexSize, error) {
-	rows, err := q.Query(ctx, `SELECT c.relname, c.reltuples::bigint, pg_relation_size(c.oid), pg_indexes_size(c.oid), pg_total_relation_size(c.oid)
+	// A partitioned table (outbox_events, outboxmigrate.Partition) and its
+	// indexes have no storage of their own: theirs is the sum of their
+	// partitions'. pg_partition_tree of a plain table or index is itself.
+	rows, err := q.Query(ctx, `SELECT c.relname, z.rows, z.heap, z.idx, z.total
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+CROSS JOIN LATERAL (SELECT coalesce(CASE WHEN bool_and(l.reltuples < 0) THEN -1 ELSE sum(greatest(l.reltuples, 0)) END, -1)::bigint AS rows,
+	coalesce(sum(pg_relation_size(l.oid)), 0)::bigint AS heap, coalesce(sum(pg_indexes_size(l.oid)), 0)::bigint AS idx,
+	coalesce(sum(pg_total_relation_size(l.oid)), 0)::bigint AS total
+	FROM pg_partition_tree(c.oid) t JOIN pg_class l ON l.oid = t.relid WHERE t.isleaf) z
 WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname = ANY(string_to_array($2, ','))
 ORDER BY c.relname`, a.schema.Name(), ownTablesList)
 	if err != nil {
@@ -476,7 +582,8 @@ ORDER BY c.relname`, a.schema.Name(), ownTablesList)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read table sizes: %w", err)
 	}
-	rows, err = q.Query(ctx, `SELECT i.relname, t.relname, pg_relation_size(i.oid)
+	rows, err = q.Query(ctx, `SELECT i.relname, t.relname,
+	(SELECT coalesce(sum(pg_relation_size(p.relid)), 0)::bigint FROM pg_partition_tree(i.oid) p WHERE p.isleaf)
 FROM pg_index x
 JOIN pg_class i ON i.oid = x.indexrelid
 JOIN pg_class t ON t.oid = x.indrelid
@@ -990,7 +1097,14 @@ func (a *Admin) Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, 
 	if err := cfg.validate(); err != nil {
 		return CleanupResult{}, err
 	}
-	res, err := newCleaner(a.db, a.schema, a.obs).run(ctx, cfg)
+	c := newCleaner(a.db, a.schema, a.obs)
+	c.upkeep = func(ctx context.Context, horizon time.Duration) (partman.Result, error) {
+		if p, ok := a.db.(pgtx.PgxPool); ok {
+			return upkeepPartitions(ctx, p.Pool, a.schema, horizon, PartitionsAheadDefault)
+		}
+		return partman.Upkeep(ctx, a.db, a.schema, horizon, PartitionsAheadDefault)
+	}
+	res, err := c.run(ctx, cfg)
 	if err != nil {
 		return res, fmt.Errorf("outbox: clean-up of schema %s: %w", a.schema.Name(), err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox/internal/failpoint"
+	"github.com/pgoutbox/outbox/internal/partman"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/pgtx"
 )
@@ -64,6 +65,17 @@ type CleanupResult struct {
 	Batches int
 	// Duration is how long the clean-up took.
 	Duration time.Duration
+	// PartitionsDropped are the partitions detached and dropped, on a
+	// partitioned outbox_events, where clean-up deletes no event (Events
+	// is 0): it drops each partition whose events are all settled and
+	// published longer ago than OlderThan (docs/operations.md,
+	// "Partitioned outbox").
+	PartitionsDropped []string
+	// PartitionsHeld are the partitions past the horizon that stay, each
+	// with why (PartitionStatus.Held).
+	PartitionsHeld []PartitionStatus
+	// PartitionsCreated are the partitions the clean-up created ahead.
+	PartitionsCreated []string
 }
 
 func (c CleanupConfig) validate() error {
@@ -85,7 +97,12 @@ func (c CleanupConfig) validate() error {
 
 // cleaner deletes rows past their horizon in bounded batches.
 type cleaner struct {
-	db           pgtx.DB
+	db     pgtx.DB
+	schema pgident.Schema
+	// upkeep runs the partition upkeep on a partitioned outbox_events;
+	// nil for the relay's clean-up, whose partition loop does it
+	// (relay_partitions.go).
+	upkeep       func(ctx context.Context, horizon time.Duration) (partman.Result, error)
 	obs          CleanupObserver
 	deleteEvents string
 	deleteInbox  string
@@ -94,8 +111,9 @@ type cleaner struct {
 func newCleaner(db pgtx.DB, s pgident.Schema, obs CleanupObserver) *cleaner {
 	processed := s.Table("processed_events")
 	return &cleaner{
-		db:  db,
-		obs: obs,
+		db:     db,
+		schema: s,
+		obs:    obs,
 		// Settled rows only: published_at < horizon excludes every unpublished
 		// (and so every quarantined) row. The batch walks
 		// outbox_published_at_idx from the oldest and locks its rows (SKIP
@@ -136,7 +154,24 @@ func (c *cleaner) run(ctx context.Context, cfg CleanupConfig) (CleanupResult, er
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = CleanupBatchSizeDefault
 	}
-	err := c.table(ctx, cfg, "outbox_events", c.deleteEvents, cfg.OlderThan, &res.Events, &res.Batches)
+	// A partitioned outbox_events loses its settled events with their
+	// partition, never by DELETE.
+	parted, err := partman.IsPartitioned(ctx, c.db, c.schema)
+	switch {
+	case err != nil:
+	case parted && c.upkeep != nil:
+		var r partman.Result
+		r, err = c.upkeep(ctx, cfg.OlderThan)
+		res.PartitionsDropped, res.PartitionsCreated = r.Dropped, r.Created
+		for _, h := range r.Held {
+			res.PartitionsHeld = append(res.PartitionsHeld, partitionStatus(h.Partition, h.Hold, h.Why))
+		}
+		if err != nil {
+			err = fmt.Errorf("partition upkeep: %w", err)
+		}
+	case !parted:
+		err = c.table(ctx, cfg, "outbox_events", c.deleteEvents, cfg.OlderThan, &res.Events, &res.Batches)
+	}
 	if err == nil && cfg.InboxOlderThan > 0 {
 		err = c.table(ctx, cfg, "processed_events", c.deleteInbox, cfg.InboxOlderThan, &res.InboxRows, &res.Batches)
 	}

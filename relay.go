@@ -36,6 +36,9 @@ const (
 	HeartbeatIntervalDefault = 10 * time.Second
 	// CleanupIntervalDefault is how often a relay's periodic clean-up runs.
 	CleanupIntervalDefault = time.Minute
+	// PartitionsAheadDefault is how many partitions a relay keeps ready
+	// after the current one on a partitioned outbox.
+	PartitionsAheadDefault = 6
 	// LaneSweepIntervalDefault is how often a relay's lane sweep runs.
 	LaneSweepIntervalDefault = time.Minute
 	// VacuumIntervalDefault is how often a relay vacuums the outbox tables
@@ -136,6 +139,14 @@ type RelayConfig struct {
 	// CleanupInterval is the pause between two periodic clean-ups. Defaults
 	// to CleanupIntervalDefault.
 	CleanupInterval time.Duration
+	// PartitionsAhead: on a partitioned outbox_events
+	// (outboxmigrate.Partition), the relay's upkeep keeps this many
+	// partitions ready after the current one, and, when Cleanup.OlderThan is
+	// set, drops each partition whose events are all settled and published
+	// longer ago than that, instead of deleting rows (docs/operations.md,
+	// "Partitioned outbox"). The upkeep needs the role that owns the table.
+	// Defaults to PartitionsAheadDefault.
+	PartitionsAhead int
 	// LoneOutageLimit is how many consecutive claims an event may fail as
 	// Unavailable while other events of its batch are published before the
 	// relay stops believing the destination is down and counts the error
@@ -227,6 +238,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	def(&c.CatchUpInterval, CatchUpIntervalDefault)
 	def(&c.HeartbeatInterval, HeartbeatIntervalDefault)
 	def(&c.CleanupInterval, CleanupIntervalDefault)
+	if c.PartitionsAhead == 0 {
+		c.PartitionsAhead = PartitionsAheadDefault
+	}
 	def(&c.LaneSweepInterval, LaneSweepIntervalDefault)
 	def(&c.VacuumInterval, VacuumIntervalDefault)
 	def(&c.RescanInterval, RescanIntervalDefault)
@@ -259,6 +273,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: LoneOutageLimit %d must be positive", c.LoneOutageLimit)
 	case c.HeartbeatInterval < 10*time.Millisecond:
 		return fmt.Errorf("outbox: HeartbeatInterval %s is under 10ms", c.HeartbeatInterval)
+	case c.PartitionsAhead < 0:
+		return fmt.Errorf("outbox: PartitionsAhead %d is negative", c.PartitionsAhead)
 	case c.CleanupInterval < 0:
 		return fmt.Errorf("outbox: CleanupInterval %s is negative", c.CleanupInterval)
 	case c.ReconcileAfter < 0:

@@ -97,6 +97,8 @@ func (r *Relay) startMaintenance(ctx context.Context) (stop func()) {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.vacuumLoop(ctx) }()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); r.partitionLoop(ctx) }()
 	if r.cfg.Cleanup.OlderThan > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.cleanupLoop(ctx) }()

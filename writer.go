@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgoutbox/outbox/internal/partman"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/pgtx"
 )
@@ -281,7 +282,7 @@ func (w *Writer) insertMany(events []Event, later bool, tc traceContext, query q
 		out, err := query(w.insertSQL, ids, arg)
 		if !errors.Is(err, errNoneStored) {
 			if err != nil {
-				return nil, fmt.Errorf("outbox: insert events: %w", err)
+				return nil, insertError(err)
 			}
 			return out, nil
 		}
@@ -291,9 +292,28 @@ func (w *Writer) insertMany(events []Event, later bool, tc traceContext, query q
 		return nil, insertOrderError(events)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("outbox: insert events: %w", err)
+		return nil, insertError(err)
 	}
 	return out, nil
+}
+
+// ErrNoPartition is wrapped by the error of InsertTx and InsertSQLTx when an event's id falls in no
+// partition of a partitioned outbox_events (outboxmigrate.Partition): the
+// id is not a UUIDv7 (an id of the caller's, a UUIDv4 say), or its time is
+// before the oldest partition or after the newest the relay's upkeep
+// created (a clock far off, or no upkeep running for longer than the
+// partitions ahead last). PostgreSQL refused the row (SQLSTATE 23514, "no
+// partition of relation ... found for row"): nothing was written, and the
+// transaction is aborted; roll it back. Leave Event.ID empty to have the
+// writer make a UUIDv7. docs/operations.md, "Partitioned outbox".
+var ErrNoPartition = errors.New("the event id falls in no partition of outbox_events")
+
+// insertError wraps an error of the write statements.
+func insertError(err error) error {
+	if partman.IsNoPartition(err) {
+		return fmt.Errorf("outbox: insert events: %w (ids must be UUIDv7s within the partitions' range; leave Event.ID empty to have one made): %w", ErrNoPartition, err)
+	}
+	return fmt.Errorf("outbox: insert events: %w", err)
 }
 
 // errNoneStored: the statement stored none of the events, which it does only
@@ -409,7 +429,7 @@ func (w *Writer) insert(ctx context.Context, tx pgtx.Querier, events []Event) ([
 			return []Recorded{rec}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return nil, fmt.Errorf("outbox: insert events: %w", err)
+			return nil, insertError(err)
 		}
 		// Not the transaction's first call: the statement for later calls
 		// checks the order. The event keeps the id it was given.

@@ -101,7 +101,7 @@ func ensurePublication(ctx context.Context, pool *pgxpool.Pool, schema, name str
 		return err
 	}
 	_, err = pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{name}.Sanitize()+` FOR TABLE `+s.Table("outbox_events")+
-		` WITH (publish = 'insert')`)
+		` WITH (publish = 'insert', publish_via_partition_root = true)`)
 	if isCode(err, "42710") { // duplicate_object: another process created it
 		return nil
 	}
@@ -126,8 +126,16 @@ func checkPublication(ctx context.Context, pool *pgxpool.Pool, schema, name stri
 	// reports itself streaming while the rest wait for the safety net. The
 	// row filter and column list (PostgreSQL 15) are read through to_jsonb,
 	// which works on servers without those columns.
-	var exists, covers, inserts, whole bool
+	// On a partitioned outbox_events (outboxmigrate.Partition) the stream
+	// must see the inserts as the parent's: publish_via_partition_root,
+	// which the publication this package creates has (and the conversion
+	// sets on the publications of the table). Without it
+	// pg_publication_tables lists the partitions, and the table is not
+	// covered.
+	var exists, covers, inserts, whole, viaRoot bool
 	err = pool.QueryRow(ctx, `SELECT
+		coalesce((SELECT p.pubviaroot OR c.relkind <> 'p' FROM pg_publication p, pg_class c
+		          WHERE p.pubname = $1 AND c.oid = to_regclass(format('%I.outbox_events', $2::text))), true),
 		EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
 		EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox_events'),
 		coalesce((SELECT pubinsert FROM pg_publication WHERE pubname = $1), false),
@@ -135,7 +143,7 @@ func checkPublication(ctx context.Context, pool *pgxpool.Pool, schema, name stri
 			AND (to_jsonb(t) ->> 'rowfilter' IS NOT NULL
 				OR (to_jsonb(t) -> 'attnames') IS NOT NULL AND jsonb_typeof(to_jsonb(t) -> 'attnames') = 'array'
 					AND NOT (to_jsonb(t) -> 'attnames') ?& ARRAY['event_id', 'aggregate_type', 'aggregate_id']))`,
-		name, s.Name()).Scan(&exists, &covers, &inserts, &whole)
+		name, s.Name()).Scan(&viaRoot, &exists, &covers, &inserts, &whole)
 	if err != nil {
 		return false, fmt.Errorf("outboxcdc: look up publication %s: %w", name, err)
 	}
@@ -143,6 +151,9 @@ func checkPublication(ctx context.Context, pool *pgxpool.Pool, schema, name stri
 		return false, nil
 	}
 	switch {
+	case !viaRoot:
+		return true, fmt.Errorf("outboxcdc: publication %s exists but %s.outbox_events is partitioned and the publication lacks publish_via_partition_root = true (ALTER PUBLICATION %s SET (publish_via_partition_root = true)): %w",
+			name, s.Name(), name, errForeignPublication)
 	case !covers:
 		return true, fmt.Errorf("outboxcdc: publication %s exists but %w %s.outbox_events", name, errForeignPublication, s.Name())
 	case !inserts:

@@ -20,7 +20,13 @@ aggregate is settled. With --inbox-older-than it also deletes the inbox's proces
 older than that, which must not be shorter than --older-than (an event that can be replayed must
 still be known to the inboxes). Durations take s, m, h and d (7d). Interrupted or crashed, it
 loses at most the batch in progress: run it again. 'outbox relay --cleanup-older-than' runs the
-same clean-up periodically.`
+same clean-up periodically.
+
+On a partitioned outbox (outbox migrate --partitioned) it deletes no event: it creates the
+partitions due ahead and detaches and drops each partition whose events are all settled and
+published longer ago than --older-than, and says which partitions past the horizon stay and why
+(an unpublished or quarantined event, a skip marker a later event needs). That needs the tables'
+owner: run it as that role (from cron, say) when the relay's role is not.`
 
 // cleanupFlags are the horizon flags shared with `outbox relay`.
 type cleanupFlags struct {
@@ -86,7 +92,14 @@ func runCleanup(ctx context.Context, args []string) error {
 	}
 	if *asJSON {
 		return opJSON(os.Stdout, map[string]any{"events_deleted": res.Events, "inbox_rows_deleted": res.InboxRows,
-			"batches": res.Batches, "seconds": res.Duration.Seconds()})
+			"batches": res.Batches, "seconds": res.Duration.Seconds(), "partitions_dropped": res.PartitionsDropped,
+			"partitions_created": res.PartitionsCreated, "partitions_held": res.PartitionsHeld})
+	}
+	if len(res.PartitionsDropped)+len(res.PartitionsCreated)+len(res.PartitionsHeld) > 0 {
+		fmt.Printf("partitioned outbox: dropped %d partitions past %s, created %d ahead\n", len(res.PartitionsDropped), &horizons.olderThan, len(res.PartitionsCreated))
+		for _, h := range res.PartitionsHeld {
+			fmt.Printf("  %s stays: %s\n", h.Name, h.Held)
+		}
 	}
 	inbox := ""
 	if cfg.InboxOlderThan > 0 {

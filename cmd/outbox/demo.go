@@ -32,10 +32,12 @@ import (
 	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/outboxamqp"
 	"github.com/pgoutbox/outbox/outboxcdc"
+	"github.com/pgoutbox/outbox/outboxmigrate"
 	"github.com/pgoutbox/outbox/outboxnats"
 )
 
 type demoFlags struct {
+	partitioned bool
 	databaseURL string
 	dest        destination.Options
 	orders      int
@@ -120,6 +122,8 @@ publication at the end (unless --keep).
 language would: a plain SQL call of the outbox schema's enqueue function
 (docs/sql-api.md) in the order's transaction, instead of the Go outbox.Writer;
 the relay, the consumers, the saga and the checks are the same.
+--partitioned makes the demo's outbox_events partitioned (outbox migrate --partitioned, one-minute
+partitions) before the run: the relay's upkeep keeps partitions ahead, and the checks are the same.
 Exits non-zero if a check fails.`)
 	var f demoFlags
 	cli.DatabaseURLFlag(fs, &f.databaseURL)
@@ -139,6 +143,7 @@ Exits non-zero if a check fails.`)
 	fs.BoolVar(&f.noSaga, "no-saga", false, "run without the order saga (payment provider, payments and saga consumers); a non-NATS destination runs without it anyway")
 	fs.StringVar(&f.providerMode, "provider-mode", "idempotent", "the payment provider's mode: idempotent, queryable (I6 checked in both) or neither (an unknown outcome parked for an operator, unless --blind-retry; duplicate charges reported as a figure)")
 	fs.StringVar(&f.providerFaults, "provider-faults", "drop-response:p=0.05", "faults of the payment provider, as 'orders provider --fault' takes them, ';'-separated (\"\": none); a dropped response is an ambiguous outcome the payments consumer resolves")
+	fs.BoolVar(&f.partitioned, "partitioned", false, "partition the demo's outbox_events (one-minute partitions, as 'outbox migrate --partitioned --partition-interval 1m' makes them) before the run")
 	fs.BoolVar(&f.blindRetry, "blind-retry", false, "with --provider-mode neither: call the provider again after an unknown outcome (a counted blind retry, a possible duplicate charge; I7 checked in its relaxed form) instead of parking the call for an operator")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -412,6 +417,11 @@ func (d *demoRun) setUp(ctx context.Context) error {
 	}
 	if err := d.api.Migrate(ctx); err != nil {
 		return err
+	}
+	if d.flags.partitioned {
+		if _, err := outboxmigrate.Partition(ctx, d.pool, d.where.Schema, outboxmigrate.PartitionConfig{Interval: time.Minute, Ahead: 5}); err != nil {
+			return err
+		}
 	}
 	if err := inventory.Migrate(ctx, d.pool, d.where.Schema, ""); err != nil {
 		return err

@@ -266,6 +266,14 @@ func TestDemoCDC(t *testing.T) {
 	}
 }
 
+// TestDemoPartitioned runs "outbox demo --partitioned": the same run and
+// checks on a partitioned outbox_events.
+func TestDemoPartitioned(t *testing.T) {
+	report, _, _ := runDemoTest(t, "--orders", "60", "--destination", "", "--partitioned")
+	checkDemoEventCounts(t, report)
+	checkSagaReport(t, report, "idempotent")
+}
+
 // TestDemoKafka runs "outbox demo --destination kafka": the relay publishes
 // to, and the inventory consumer group reads from, franz-go's in-process
 // Kafka-protocol cluster (kfake); dropped offset commits make the inbox

@@ -44,6 +44,7 @@ func runRelay(ctx context.Context, args []string) error {
 	var mode relayModeFlags
 	mode.register(fs)
 	fs.DurationVar(&cfg.CleanupInterval, "cleanup-interval", outbox.CleanupIntervalDefault, "pause between periodic clean-ups")
+	fs.IntVar(&cfg.PartitionsAhead, "partitions-ahead", outbox.PartitionsAheadDefault, "on a partitioned outbox (migrate --partitioned): partitions kept ready ahead of the current one; settled ones past --cleanup-older-than are dropped (needs the tables' owner)")
 	fs.IntVar(&cfg.Cleanup.BatchSize, "cleanup-batch-size", outbox.CleanupBatchSizeDefault, "rows deleted per clean-up transaction")
 	fs.DurationVar(&cfg.RescanInterval, "rescan-interval", outbox.RescanIntervalDefault, "how often a claim scans every pending event instead of only what is new since the last claim (finds leases of relays that died; negative: every claim scans)")
 	fs.DurationVar(&cfg.LaneSweepInterval, "lane-sweep-interval", outbox.LaneSweepIntervalDefault, "how often the relay parks events waiting behind a quarantined event that were written unparked, and unparks lanes released by hand")

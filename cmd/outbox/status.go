@@ -158,6 +158,35 @@ func printOutboxStatus(w io.Writer, st outbox.Status) {
 	}
 	tw.Flush()
 
+	if ps := st.Partitions; ps != nil {
+		fmt.Fprintln(w)
+		ready := fmt.Sprintf("partitions ready until %s (%s ahead)", ps.ReadyUntil.Format(time.RFC3339), ps.ReadyUntil.Sub(st.At).Round(time.Second))
+		if ps.ReadyUntil.Sub(st.At).Seconds() < 2*ps.IntervalSeconds {
+			ready += "  <- less than two partitions ahead: is a relay (or `outbox cleanup`) running the upkeep as the tables' owner?"
+		}
+		fmt.Fprintln(w, ready)
+		fmt.Fprintln(tw, "PARTITION	FROM	ROWS (EST.)	TOTAL	LAST PUBLISHED	STAYS BECAUSE")
+		for _, p := range ps.Partitions {
+			last, why := "-", p.Held
+			if p.LastPublished != nil {
+				last = p.LastPublished.Format(time.RFC3339)
+			}
+			switch {
+			case !p.Closed && p.From.After(st.At):
+				why = "ahead"
+			case !p.Closed:
+				why = "current"
+			case why == "":
+				why = "settled: goes once LAST PUBLISHED is past the replay horizon"
+			}
+			if p.DetachPending {
+				why = "detach interrupted: the next upkeep finishes it; " + why
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.From.Format(time.RFC3339), opCount(p.Rows), opBytes(p.TotalBytes), last, why)
+		}
+		tw.Flush()
+	}
+
 	if len(st.RecentOperations) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(tw, "RECENT OPERATOR ACTIONS\tBY\tEVENT\tREASON")

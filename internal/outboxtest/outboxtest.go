@@ -102,6 +102,19 @@ func SchemaNamed(t testing.TB, schema string) (*pgxpool.Pool, string) {
 	return pool, schema
 }
 
+// PartitionedSchema is Schema with outbox_events partitioned
+// (outboxmigrate.Partition with cfg).
+func PartitionedSchema(t testing.TB, cfg outboxmigrate.PartitionConfig) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, schema := Schema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := outboxmigrate.Partition(ctx, pool, schema, cfg); err != nil {
+		t.Fatalf("partition schema %s: %v", schema, err)
+	}
+	return pool, schema
+}
+
 // Eventually polls cond every 10ms until it returns true or timeout passes,
 // then fails the test with msg. Use it to wait for a state written by another
 // goroutine or process, never as a fixed sleep.

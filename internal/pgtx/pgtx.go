@@ -191,6 +191,28 @@ func (p PgxPool) BeginFunc(ctx context.Context, opts TxOptions, fn func(Querier)
 	return pgx.BeginTxFunc(ctx, p.Pool, o, func(tx pgx.Tx) error { return fn(Pgx(tx)) })
 }
 
+// PgxConn is a DB over one connection of a pgx pool: its statements and
+// transactions all run on that connection (the session a session-level
+// advisory lock belongs to).
+type PgxConn struct {
+	PgxTx
+	Conn *pgxpool.Conn
+}
+
+// Conn returns a DB over c.
+func Conn(c *pgxpool.Conn) PgxConn { return PgxConn{PgxTx: Pgx(c), Conn: c} }
+
+func (c PgxConn) BeginFunc(ctx context.Context, opts TxOptions, fn func(Querier) error) error {
+	o := pgx.TxOptions{}
+	if opts.RepeatableRead {
+		o.IsoLevel = pgx.RepeatableRead
+	}
+	if opts.ReadOnly {
+		o.AccessMode = pgx.ReadOnly
+	}
+	return pgx.BeginTxFunc(ctx, c.Conn, o, func(tx pgx.Tx) error { return fn(Pgx(tx)) })
+}
+
 // SQLDB is a DB over a database/sql database.
 type SQLDB struct {
 	SQLTx
