@@ -563,13 +563,15 @@ ORDER BY relay_id`, RelayNoteMaxBytes, RelayClockSkew.Seconds())
 func (a *Admin) sizes(ctx context.Context, q pgtx.Querier) ([]TableSize, []IndexSize, error) {
 	// A partitioned table (outbox_events, outboxmigrate.Partition) and its
 	// indexes have no storage of their own: theirs is the sum of their
-	// partitions'. pg_partition_tree of a plain table or index is itself.
+	// partitions'. pg_partition_tree of a plain table or index returns no
+	// row (PostgreSQL 15): its leaf is itself.
 	rows, err := q.Query(ctx, `SELECT c.relname, z.rows, z.heap, z.idx, z.total
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN LATERAL (SELECT coalesce(CASE WHEN bool_and(l.reltuples < 0) THEN -1 ELSE sum(greatest(l.reltuples, 0)) END, -1)::bigint AS rows,
 	coalesce(sum(pg_relation_size(l.oid)), 0)::bigint AS heap, coalesce(sum(pg_indexes_size(l.oid)), 0)::bigint AS idx,
 	coalesce(sum(pg_total_relation_size(l.oid)), 0)::bigint AS total
-	FROM pg_partition_tree(c.oid) t JOIN pg_class l ON l.oid = t.relid WHERE t.isleaf) z
+	FROM (SELECT t.relid FROM pg_partition_tree(c.oid) t WHERE t.isleaf AND c.relkind = 'p'
+		UNION ALL SELECT c.oid WHERE c.relkind <> 'p') t JOIN pg_class l ON l.oid = t.relid) z
 WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND c.relname = ANY(string_to_array($2, ','))
 ORDER BY c.relname`, a.schema.Name(), ownTablesList)
 	if err != nil {
@@ -583,7 +585,9 @@ ORDER BY c.relname`, a.schema.Name(), ownTablesList)
 		return nil, nil, fmt.Errorf("read table sizes: %w", err)
 	}
 	rows, err = q.Query(ctx, `SELECT i.relname, t.relname,
-	(SELECT coalesce(sum(pg_relation_size(p.relid)), 0)::bigint FROM pg_partition_tree(i.oid) p WHERE p.isleaf)
+	(SELECT coalesce(sum(pg_relation_size(p.relid)), 0)::bigint FROM (
+		SELECT p.relid FROM pg_partition_tree(i.oid) p WHERE p.isleaf AND i.relkind = 'I'
+		UNION ALL SELECT i.oid WHERE i.relkind <> 'I') p)
 FROM pg_index x
 JOIN pg_class i ON i.oid = x.indexrelid
 JOIN pg_class t ON t.oid = x.indrelid
