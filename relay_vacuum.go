@@ -24,7 +24,7 @@ func (r *Relay) vacuumLoop(ctx context.Context) {
 	lock := int64(h.Sum64())
 	warned, cannot := false, false
 	for {
-		sleep(ctx, r.cfg.VacuumInterval)
+		sleep(ctx, r.idleStretch(r.cfg.VacuumInterval))
 		if ctx.Err() != nil {
 			return
 		}

@@ -1,0 +1,52 @@
+package outbox
+
+// Idle backoff (RelayConfig.IdleBackoffMax): a relay whose claims keep
+// finding nothing stretches its polls and its periodic upkeep (heartbeat,
+// lane sweep, vacuum, clean-up), so that hundreds of idle relays in one
+// process (package outboxfleet) cost the database a few queries a second in
+// all. Each wait becomes as long as the relay has been idle, between its
+// interval and IdleBackoffMax: the waits double while nothing happens, and
+// the first claim that finds an event brings them all back.
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// idleClock records since when the relay's claims have found nothing.
+type idleClock struct {
+	since atomic.Int64 // unix nanoseconds of the first empty claim of the current spell; 0: not idle
+}
+
+// noteClaim records a claim's outcome: n events claimed at now.
+func (c *idleClock) noteClaim(n int, now time.Time) {
+	if n > 0 {
+		c.since.Store(0)
+		return
+	}
+	c.since.CompareAndSwap(0, now.UnixNano())
+}
+
+// idleFor is how long the relay has been idle at now (0: it is not).
+func (c *idleClock) idleFor(now time.Time) time.Duration {
+	s := c.since.Load()
+	if s == 0 {
+		return 0
+	}
+	return max(now.Sub(time.Unix(0, s)), 0)
+}
+
+// idleStretch is the wait before a periodic task whose interval is base: base
+// while the relay is busy or IdleBackoffMax is off; while it is idle, as long
+// as it has been idle, at least base and at most IdleBackoffMax (or base, if
+// longer).
+func (r *Relay) idleStretch(base time.Duration) time.Duration {
+	return stretchIdle(base, r.idle.idleFor(time.Now()), r.cfg.IdleBackoffMax)
+}
+
+func stretchIdle(base, idleFor, limit time.Duration) time.Duration {
+	if limit <= 0 || idleFor <= base {
+		return base
+	}
+	return min(idleFor, max(base, limit))
+}
