@@ -1,0 +1,139 @@
+package outboxfleet
+
+// The look: once per PollInterval, one statement per database asks, for
+// every idle source at once, whether it holds an event a claim would take
+// now, and wakes the relays of those that do. It replaces the idle relays'
+// own polls (they back off to IdleMax, see outbox.RelayConfig.IdleBackoffMax),
+// so that an event written without a wake-up (a writer that does not
+// notify, a NOTIFY lost while the listener reconnected) goes out within
+// PollInterval, at the price of one statement per database per interval
+// however many sources are idle.
+//
+// A source is idle when its relay has not claimed for PollInterval: a
+// source whose relay is busy claims on its own and is left out. A source
+// the look woke whose claims then found nothing (a lane whose head backs
+// off after a failure leaves its successors due but not claimable) is
+// looked at less often, the wait doubling up to IdleMax, until a claim
+// finds an event again.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+func (d *database) lookLoop(ctx context.Context) {
+	every := d.f.set.PollInterval
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := d.look(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errSchemaGone):
+			select {
+			case d.rediscover <- struct{}{}:
+			default:
+			}
+		case err != nil && !failing:
+			failing = true
+			d.log().Warn("look for due events in idle sources failed (retrying every poll interval)", slog.Any("error", err))
+		case err == nil:
+			failing = false
+		}
+	}
+}
+
+// look runs one look over the idle sources due for one.
+func (d *database) look(ctx context.Context) error {
+	now := time.Now()
+	poll, limit := d.f.set.PollInterval, d.f.set.IdleMax
+	var due []*source
+	for _, s := range d.running() {
+		if s.lookEvery == 0 {
+			s.lookEvery = poll
+		}
+		if now.Sub(s.obs.lastClaim()) < poll || now.Before(s.nextLook) {
+			continue
+		}
+		due = append(due, s)
+	}
+	if len(due) == 0 {
+		return nil
+	}
+	found, err := d.lookSQL(ctx, due)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+			return errSchemaGone
+		}
+		return err
+	}
+	for i, s := range due {
+		if !found[i] {
+			s.lookEvery = poll
+			s.nextLook = time.Time{}
+			continue
+		}
+		// Woken before, and no claim found an event since: the due events
+		// are not claimable yet; look less often.
+		if !s.wokeAt.IsZero() && s.obs.lastFound().Before(s.wokeAt) {
+			s.lookEvery = min(2*s.lookEvery, max(limit, poll))
+		} else {
+			s.lookEvery = poll
+		}
+		s.wokeAt = now
+		s.nextLook = now.Add(s.lookEvery)
+		s.relay.Wake()
+	}
+	return nil
+}
+
+// lookSQL asks, in one statement, which of the sources hold an event a claim
+// would take now (relay_sql.go's claimable, without the lane's order).
+func (d *database) lookSQL(ctx context.Context, sources []*source) ([]bool, error) {
+	var b strings.Builder
+	for i, s := range sources {
+		if i > 0 {
+			b.WriteString("\nUNION ALL ")
+		}
+		sch, err := pgident.NewSchema(s.schema)
+		if err != nil {
+			return nil, err
+		}
+		b.WriteString("SELECT " + strconv.Itoa(i) + " WHERE EXISTS (SELECT 1 FROM " + sch.Table("outbox_events") + ` e
+	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at <= now()
+	  AND (e.claim_until IS NULL OR e.claim_until < now()))`)
+	}
+	// The simple protocol: the statement changes with the set of idle
+	// sources, and preparing each would cost a round trip and a cache entry.
+	rows, err := d.pool.Query(ctx, b.String(), pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := make([]bool, len(sources))
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		found[i] = true
+	}
+	return found, rows.Err()
+}
