@@ -386,7 +386,7 @@ func (r *Relay) laneSweepLoop(ctx context.Context) {
 			r.log.Info("lane sweep repaired lanes", slog.Int("lanes", res.Lanes), slog.Int64("events_parked", res.Parked),
 				slog.Int64("events_unparked", res.Unparked), slog.Int("lanes_busy", res.Busy))
 		}
-		wait := r.idleStretch(r.cfg.LaneSweepInterval)
+		wait := r.upkeepStretch(r.cfg.LaneSweepInterval)
 		if err == nil && res.Busy > 0 {
 			busyRuns++
 			wait = min(wait, backoffpkg.Exponential(busyRuns, laneBusyRetryMin, laneBusyRetryMax))

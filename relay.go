@@ -189,12 +189,14 @@ type RelayConfig struct {
 	// to RescanIntervalDefault (5s).
 	RescanInterval time.Duration
 	// IdleBackoffMax, when positive, makes an idle relay cheap: while its
-	// claims find nothing, its poll (PollInterval) and its periodic upkeep
+	// claims find nothing, its poll (PollInterval) waits as long as the
+	// relay has been idle (the waits double), and its periodic upkeep
 	// (HeartbeatInterval, LaneSweepInterval, VacuumInterval, CleanupInterval)
-	// each wait as long as the relay has been idle, at least their interval
-	// and at most IdleBackoffMax, so the waits double while nothing happens;
-	// the first claim that finds an event brings them back to their
-	// intervals. A wake-up (LISTEN/NOTIFY, Wake) still ends a poll's wait at
+	// four times as long, each at least its interval and at most
+	// IdleBackoffMax; the vacuum is skipped while the relay claimed nothing
+	// since the last one, and the health in the heartbeat row is rewritten
+	// only when it changed. The first claim that finds an event brings them
+	// all back to their intervals. A wake-up (LISTEN/NOTIFY, Wake) still ends a poll's wait at
 	// once, so with notifications on, writers that notify see no added
 	// latency; an event written without a notification waits up to
 	// IdleBackoffMax. The heartbeat's lifetime follows its wait (three

@@ -36,12 +36,34 @@ func (c *idleClock) idleFor(now time.Time) time.Duration {
 	return max(now.Sub(time.Unix(0, s)), 0)
 }
 
-// idleStretch is the wait before a periodic task whose interval is base: base
-// while the relay is busy or IdleBackoffMax is off; while it is idle, as long
-// as it has been idle, at least base and at most IdleBackoffMax (or base, if
-// longer).
+// idleStretch is the wait before the next poll when PollInterval is base:
+// base while the relay is busy or IdleBackoffMax is off; while it is idle,
+// as long as it has been idle, at least base and at most IdleBackoffMax (or
+// base, if longer): the waits double.
 func (r *Relay) idleStretch(base time.Duration) time.Duration {
 	return stretchIdle(base, r.idle.idleFor(time.Now()), r.cfg.IdleBackoffMax)
+}
+
+// upkeepFactor is how much longer than the relay has been idle the upkeep
+// waits: its waits grow five-fold each time, so that a fleet of idle relays
+// reaches its floor within minutes (a heartbeat every 10 s, 50 s, 250 s,
+// then IdleBackoffMax).
+const upkeepFactor = 4
+
+// upkeepStretch is the wait before a periodic upkeep task (heartbeat, lane
+// sweep, vacuum, clean-up) whose interval is base: base while the relay is
+// busy or IdleBackoffMax is off; while it is idle, four times as long as it
+// has been idle, at least base and at most IdleBackoffMax (or base).
+func (r *Relay) upkeepStretch(base time.Duration) time.Duration {
+	return stretchIdle(base, upkeepFactor*r.idle.idleFor(time.Now()), r.cfg.IdleBackoffMax)
+}
+
+// idleSinceVacuum reports whether the relay, with IdleBackoffMax set, has
+// claimed nothing since its last vacuum (claimed is the count then): its own
+// work left no dead tuples to remove, and the vacuum (and its check) is
+// skipped.
+func (r *Relay) idleSinceVacuum(claimed int64) bool {
+	return r.cfg.IdleBackoffMax > 0 && r.claimed.Load() == claimed && r.idle.idleFor(time.Now()) > 0
 }
 
 func stretchIdle(base, idleFor, limit time.Duration) time.Duration {

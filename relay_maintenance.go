@@ -119,7 +119,7 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	for {
 		// The row lives for three waits: an idle relay (IdleBackoffMax)
 		// beats less often and stays alive.
-		wait := r.idleStretch(r.cfg.HeartbeatInterval)
+		wait := r.upkeepStretch(r.cfg.HeartbeatInterval)
 		ttl := 3 * wait
 		_, err := r.pool.Exec(ctx, beat, r.cfg.ID, host, os.Getpid(), ttl.Milliseconds(), first)
 		switch {
@@ -160,7 +160,7 @@ func (r *Relay) cleanupLoop(ctx context.Context) {
 			r.log.Info("clean-up done", slog.Int64("events_deleted", res.Events), slog.Int64("inbox_rows_deleted", res.InboxRows),
 				slog.Int("batches", res.Batches), slog.Duration("took", res.Duration))
 		}
-		sleep(ctx, r.idleStretch(r.cfg.CleanupInterval))
+		sleep(ctx, r.upkeepStretch(r.cfg.CleanupInterval))
 		if ctx.Err() != nil {
 			return
 		}

@@ -159,7 +159,12 @@ func Parse(data []byte) (Config, error) {
 		if errors.Is(err, io.EOF) { // an empty document
 			return Config{}, errors.New("empty configuration: it needs databases, destinations and sources")
 		}
-		return Config{}, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), "yaml: "))
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			// One line: "line 3: field pol_interval not found in type ...".
+			return Config{}, errors.New(strings.Join(te.Errors, "; "))
+		}
+		return Config{}, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
 	}
 	for name, db := range cfg.Databases {
 		u, err := secretValue("databases."+name, db.URL, db.URLFile)

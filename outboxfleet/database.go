@@ -11,10 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
+	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 	"github.com/pgoutbox/outbox/outboxprom"
 )
@@ -38,6 +40,7 @@ type database struct {
 	missing  map[string]error   // schemas named in the config that are not there
 	waiting  map[string]int     // schemas found at an older migration: their version
 	discover error              // the last discovery's error, nil when it worked
+	listed   bool               // a discovery worked once
 	control  string             // the listener's control channel; "" while it is not listening
 	// rediscover makes the discovery run now (a look found a schema gone).
 	rediscover chan struct{}
@@ -95,6 +98,7 @@ func (d *database) discoverLoop(ctx context.Context) {
 		err := d.discoverOnce(ctx)
 		d.mu.Lock()
 		d.discover = err
+		d.listed = d.listed || err == nil
 		d.mu.Unlock()
 		wait := d.f.set.DiscoverInterval
 		if err != nil && ctx.Err() == nil {
@@ -117,57 +121,19 @@ func (d *database) discoverLoop(ctx context.Context) {
 }
 
 // schemasSQL lists the schemas holding an outbox_events table.
-const schemasSQL = `SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+const schemasSQL = `SELECT DISTINCT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relname = 'outbox_events' AND c.relkind IN ('r', 'p')`
 
 func (d *database) discoverOnce(ctx context.Context) error {
-	rows, err := d.pool.Query(ctx, schemasSQL)
+	list, err := ListSchemas(ctx, d.pool)
 	if err != nil {
 		return err
 	}
 	present := map[string]bool{}
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			rows.Close()
-			return err
-		}
+	for _, s := range list {
 		present[s] = true
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	// Which spec serves which schema: the first entry that names or
-	// matches it.
-	want := map[string]sourceSpec{}
-	missing := map[string]error{}
-	sorted := make([]string, 0, len(present))
-	for s := range present {
-		sorted = append(sorted, s)
-	}
-	sort.Strings(sorted)
-	for _, sp := range d.specs {
-		if sp.Schema != "" {
-			if _, taken := want[sp.Schema]; taken {
-				continue
-			}
-			if present[sp.Schema] {
-				want[sp.Schema] = sp
-			} else {
-				missing[sp.Schema] = fmt.Errorf("schema %s has no outbox tables (sources[%d]; run 'outbox migrate --schema %s')", sp.Schema, sp.index, sp.Schema)
-			}
-			continue
-		}
-		for _, s := range sorted {
-			if _, taken := want[s]; taken {
-				continue
-			}
-			if ok, _ := path.Match(sp.SchemaPattern, s); ok {
-				want[s] = sp
-			}
-		}
-	}
+	want, missing := match(d.specs, present)
 	latest := outboxmigrate.All()
 	latestVersion := latest[len(latest)-1].Version
 
@@ -261,7 +227,10 @@ func (d *database) start(ctx context.Context, schema string, sp sourceSpec) erro
 	}
 	cfg := outbox.RelayConfig{
 		Publisher: pub, Schema: schema, ID: set.ID + "/" + name,
-		BatchSize: set.BatchSize, LeaseDuration: set.Lease, PollInterval: set.PollInterval,
+		// The relay's own poll is a backstop: the look (look.go) finds
+		// due events in idle sources every PollInterval, so the relay
+		// polls every IdleMax.
+		BatchSize: set.BatchSize, LeaseDuration: set.Lease, PollInterval: set.IdleMax,
 		MaxAttempts: set.MaxAttempts, HeartbeatInterval: set.HeartbeatInterval,
 		LaneSweepInterval: set.LaneSweepInterval, VacuumInterval: set.VacuumInterval, RescanInterval: set.RescanInterval,
 		// The fleet's listener wakes the relay (one LISTEN connection for
@@ -335,6 +304,9 @@ func (d *database) running() []*source {
 func (d *database) discoverErr() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.discover == nil && !d.listed {
+		return errors.New("its schemas are not listed yet")
+	}
 	return d.discover
 }
 
@@ -363,3 +335,79 @@ func (d *database) status() []SourceStatus {
 
 // errSchemaGone marks a look that failed because a schema was dropped.
 var errSchemaGone = errors.New("a schema was dropped")
+
+// ListSchemas lists the schemas of the database that hold an outbox_events
+// table, sorted.
+func ListSchemas(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}) ([]string, error) {
+	rows, err := db.Query(ctx, schemasSQL+" ORDER BY 1")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// Match returns the schemas of database that the configuration serves,
+// given the schemas that hold outbox tables there (ListSchemas), and the
+// schemas it names that are not among them. Both are sorted.
+func (c Config) Match(database string, present []string) (serve, missing []string) {
+	var specs []sourceSpec
+	for i, s := range c.Sources {
+		if s.Database == database {
+			specs = append(specs, sourceSpec{index: i, Source: s})
+		}
+	}
+	set := map[string]bool{}
+	for _, s := range present {
+		set[s] = true
+	}
+	want, miss := match(specs, set)
+	for s := range want {
+		serve = append(serve, s)
+	}
+	for s := range miss {
+		missing = append(missing, s)
+	}
+	sort.Strings(serve)
+	sort.Strings(missing)
+	return serve, missing
+}
+
+// match decides which entry serves which schema: the first entry that names
+// or matches it. Schemas an entry names that are not present are missing.
+func match(specs []sourceSpec, present map[string]bool) (map[string]sourceSpec, map[string]error) {
+	want := map[string]sourceSpec{}
+	missing := map[string]error{}
+	sorted := make([]string, 0, len(present))
+	for s := range present {
+		sorted = append(sorted, s)
+	}
+	sort.Strings(sorted)
+	for _, sp := range specs {
+		if sp.Schema != "" {
+			if _, taken := want[sp.Schema]; taken {
+				continue
+			}
+			if present[sp.Schema] {
+				want[sp.Schema] = sp
+			} else {
+				missing[sp.Schema] = fmt.Errorf("schema %s has no outbox tables (sources[%d]; run 'outbox migrate --schema %s')", sp.Schema, sp.index, sp.Schema)
+			}
+			continue
+		}
+		for _, s := range sorted {
+			if _, taken := want[s]; taken {
+				continue
+			}
+			if ok, _ := path.Match(sp.SchemaPattern, s); !ok {
+				continue
+			}
+			if _, err := pgident.NewSchema(s); err != nil {
+				continue // a name the outbox cannot hold (outbox migrate refuses it)
+			}
+			want[s] = sp
+		}
+	}
+	return want, missing
+}

@@ -202,6 +202,12 @@ func (f *Fleet) Sources() []SourceStatus {
 // database that cannot be reached and each source that is not ready, with
 // the reason. It backs /readyz of `outbox relay --config`.
 func (f *Fleet) Ready() error {
+	f.mu.Lock()
+	opened := f.pubs != nil
+	f.mu.Unlock()
+	if !opened {
+		return errors.New("starting: opening the destinations")
+	}
 	var down []string
 	for _, d := range f.dbs {
 		if err := d.discoverErr(); err != nil {
@@ -216,5 +222,5 @@ func (f *Fleet) Ready() error {
 	if len(down) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%d not ready: %s", len(down), strings.Join(down, "; "))
+	return errors.New(strings.Join(down, "; "))
 }
