@@ -134,4 +134,3 @@ func fleetDatabaseStatus(ctx context.Context, cfg outboxfleet.Config, name strin
 	}
 	return out, errors.Join(errs...)
 }
-
