@@ -1,0 +1,120 @@
+package outboxfleet_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/outboxtest"
+	"github.com/pgoutbox/outbox/outboxfleet"
+)
+
+// TestAdvOneLockedSchemaStallsEveryIdleSource: docs/operations.md promises
+// that events of a writer that does not notify go out "within
+// poll_interval". The look that replaces the idle relays' own polls is one
+// statement over every idle source of the database, so a lock on one
+// tenant's outbox_events (an `outbox migrate` upgrade, an ALTER TABLE, a
+// pg_repack of that tenant) blocks the look for all of them: another,
+// untouched tenant's event waits until the lock goes (or idle_max), not
+// poll_interval. Here the lock is held 20 s with poll_interval 50 ms and
+// idle_max 60 s; tenant b's event must go out within 5 s.
+func TestAdvOneLockedSchemaStallsEveryIdleSource(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := outboxtest.Pool(t)
+	prefix := outboxtest.UniqueName(t, "lk")
+	a, b := prefix+"_a", prefix+"_b"
+	migrateSchemas(t, admin, a, b)
+	st := newStream(t)
+	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
+relay: {poll_interval: 50ms, discover_interval: 200ms, idle_max: 60s}
+databases:
+  db: {url: %q, max_conns: 4}
+destinations:
+  events: {url: "nats://unused"}
+sources:
+  - {database: db, schema_pattern: "%s_*", destination: events}
+`, outboxtest.DatabaseURL(), prefix)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := runFleet(t, cfg, outboxfleet.Options{OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub})})
+	waitFor(t, 60*time.Second, "2 sources running", func() bool { return len(running(f)) == 2 })
+
+	// Both sources publish once (so the fleet works), then go idle.
+	var w written
+	w.write(t, admin, a, "order", 1, 1)
+	w.write(t, admin, b, "order", 1, 1)
+	waitFor(t, 30*time.Second, "first events out", func() bool { return st.count(t) == 2 })
+
+	// Tenant a's table is locked for 20 s (an upgrade in progress).
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+a+".outbox_events IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(20 * time.Second)
+		_ = tx.Rollback(ctx)
+	}()
+	// The look (and tenant a's own claims) now queue behind the lock.
+	waitFor(t, 10*time.Second, "a statement waiting on the lock", func() bool {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted`,
+			a+".outbox_events").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+
+	// Tenant b, untouched, writes without notifying.
+	start := time.Now()
+	w.write(t, admin, b, "order", 1, 1)
+	var releasedAt time.Time
+	waitFor(t, 60*time.Second, "tenant b's event published at all", func() bool {
+		select {
+		case <-released:
+			if releasedAt.IsZero() {
+				releasedAt = time.Now()
+			}
+		default:
+		}
+		return st.count(t) >= 3
+	})
+	took := time.Since(start)
+	if took > 5*time.Second {
+		after := "before the lock went"
+		if !releasedAt.IsZero() {
+			after = fmt.Sprintf("%s after the lock on %s went", time.Since(releasedAt).Round(time.Millisecond), a)
+		}
+		t.Fatalf("tenant %s's event (written without NOTIFY) published %s after it was written (%s), with poll_interval 50ms: "+
+			"a lock on tenant %s's outbox_events blocks the one look over all idle sources", b, took.Round(time.Millisecond), after, a)
+	}
+	<-released
+}
+
+// TestAdvConfigSecondDocumentRefused: Parse "refuses unknown keys", so that
+// a setting the operator wrote is never silently not applied. A file with a
+// second YAML document (a stray "---", or two files concatenated) has its
+// second half ignored: here relay.idle_max and a whole source would not be
+// served, without a word.
+func TestAdvConfigSecondDocumentRefused(t *testing.T) {
+	_, err := outboxfleet.Parse([]byte(`
+databases: {db: {url: "postgres://relay@db/orders"}}
+destinations: {events: {url: "nats://nats:4222"}}
+sources: [{database: db, schema: orders, destination: events}]
+---
+relay: {idle_max: 5s}
+sources: [{database: db, schema: billing, destination: events}]
+`))
+	if err == nil {
+		t.Fatal("a configuration with a second YAML document was accepted; its settings and sources are silently ignored")
+	}
+}
