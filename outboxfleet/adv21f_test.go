@@ -3,6 +3,7 @@ package outboxfleet_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"testing"
 	"time"
 
@@ -117,4 +118,67 @@ sources: [{database: db, schema: billing, destination: events}]
 	if err == nil {
 		t.Fatal("a configuration with a second YAML document was accepted; its settings and sources are silently ignored")
 	}
+}
+
+// TestAdvUnreadableSchemaHidesTheOthers: a schema pattern takes "every
+// matching schema ... found as it appears". A matching schema the relay's
+// role cannot read (another team's, or a tenant whose grants are not given
+// yet) makes the discovery fail as a whole when it reads that schema's
+// migration version, so the schemas sorted after it are never started:
+// tenant c, fully migrated and granted, is not served while tenant b stays
+// unreadable.
+func TestAdvUnreadableSchemaHidesTheOthers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := outboxtest.Pool(t)
+	prefix := outboxtest.UniqueName(t, "ur")
+	a, b, c := prefix+"_a", prefix+"_b", prefix+"_c"
+	migrateSchemas(t, admin, a, b, c)
+	role := prefix + "_relay"
+	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	for _, s := range []string{a, c} { // b: no grants
+		for _, g := range []string{"GRANT USAGE ON SCHEMA %s TO %s", "GRANT ALL ON ALL TABLES IN SCHEMA %s TO %s",
+			"GRANT ALL ON ALL SEQUENCES IN SCHEMA %s TO %s", "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA %s TO %s"} {
+			if _, err := admin.Exec(ctx, fmt.Sprintf(g, s, role)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	u, err := url.Parse(outboxtest.DatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	st := newStream(t)
+	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
+relay: {poll_interval: 50ms, discover_interval: 200ms, idle_max: 2s}
+databases:
+  db: {url: %q, max_conns: 4}
+destinations:
+  events: {url: "nats://unused"}
+sources:
+  - {database: db, schema_pattern: "%s_*", destination: events}
+`, u.String(), prefix)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := runFleet(t, cfg, outboxfleet.Options{OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub})})
+	waitFor(t, 30*time.Second, "tenant a running", func() bool { return running(f)[a] })
+	var w written
+	w.write(t, admin, c, "order", 1, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for !running(f)[c] {
+		if time.Now().After(deadline) {
+			t.Fatalf("tenant %s (migrated, granted) not served after 10s with discover_interval 200ms; sources: %+v; ready: %v",
+				c, f.Sources(), f.Ready())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	waitFor(t, 30*time.Second, "tenant c's event published", func() bool { return st.count(t) == 1 })
 }
