@@ -234,3 +234,60 @@ sources:
 	msgs := st.messages(t)
 	w2.checkDelivered(t, msgs[9:], nil)
 }
+
+// TestAdvIdleSourceTakesOverADeadRelaysLease: an idle source whose event
+// was claimed by a relay that then died (another process: its lease
+// expires) publishes it soon after the lease expires, though the source's
+// own polls are stretched to idle_max (60 s): the look sees the expired
+// lease and wakes it.
+func TestAdvIdleSourceTakesOverADeadRelaysLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := outboxtest.Pool(t)
+	prefix := outboxtest.UniqueName(t, "dl")
+	a := prefix + "_a"
+	migrateSchemas(t, admin, a)
+	st := newStream(t)
+	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
+relay: {poll_interval: 50ms, discover_interval: 200ms, idle_max: 60s}
+databases:
+  db: {url: %q, max_conns: 4}
+destinations:
+  events: {url: "nats://unused"}
+sources:
+  - {database: db, schema_pattern: "%s_*", destination: events}
+`, outboxtest.DatabaseURL(), prefix)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := runFleet(t, cfg, outboxfleet.Options{OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub})})
+	waitFor(t, 30*time.Second, "tenant a running", func() bool { return running(f)[a] })
+	var w written
+	w.write(t, admin, a, "order", 1, 1)
+	waitFor(t, 30*time.Second, "first event out", func() bool { return st.count(t) == 1 })
+
+	// A dead relay's claim: written and leased for 2 s in one transaction.
+	wr, err := outbox.NewWriter(outbox.WriterConfig{Schema: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := wr.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "dead", Type: "X", Payload: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE "+a+".outbox_events SET claimed_by = 'dead-relay', claim_token = gen_random_uuid(), claim_until = now() + interval '2 seconds' WHERE event_id = $1", recs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitFor(t, 60*time.Second, "dead relay's event published", func() bool { return st.count(t) == 2 })
+	if took := time.Since(start); took > 8*time.Second {
+		t.Fatalf("the event under a dead relay's 2s lease was published after %s (idle_max 60s, poll_interval 50ms)", took.Round(time.Millisecond))
+	}
+}
