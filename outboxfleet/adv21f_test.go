@@ -291,3 +291,42 @@ sources:
 		t.Fatalf("the event under a dead relay's 2s lease was published after %s (idle_max 60s, poll_interval 50ms)", took.Round(time.Millisecond))
 	}
 }
+
+// TestAdvTwoConnectionsManySources: max_conns 2 (the least the file
+// accepts) for eight sources with backlogs: no relay waits for a second
+// connection while holding the first for ever; everything goes out, in
+// order.
+func TestAdvTwoConnectionsManySources(t *testing.T) {
+	t.Parallel()
+	admin := outboxtest.Pool(t)
+	prefix := outboxtest.UniqueName(t, "tc")
+	var schemas []string
+	for i := 0; i < 8; i++ {
+		schemas = append(schemas, fmt.Sprintf("%s_%d", prefix, i))
+	}
+	migrateSchemas(t, admin, schemas...)
+	var w written
+	for _, s := range schemas {
+		w.write(t, admin, s, "order", 40, 5)
+	}
+	st := newStream(t)
+	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
+relay: {poll_interval: 50ms, discover_interval: 200ms, idle_max: 2s, batch_size: 50, rescan_interval: 100ms, heartbeat_interval: 50ms, lane_sweep_interval: 50ms, vacuum_interval: 100ms}
+databases:
+  db: {url: %q, max_conns: 2}
+destinations:
+  events: {url: "nats://unused"}
+sources:
+  - {database: db, schema_pattern: "%s_*", destination: events}
+`, outboxtest.DatabaseURL(), prefix)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runFleet(t, cfg, outboxfleet.Options{OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub})})
+	// Writers keep adding while the fleet drains.
+	for _, s := range schemas {
+		w.write(t, admin, s, "order", 40, 2)
+	}
+	waitFor(t, 90*time.Second, "every event published", func() bool { return unpublishedIn(t, admin, schemas...) == 0 })
+	w.checkDelivered(t, st.messages(t), nil)
+}
