@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxfleet"
@@ -329,4 +331,75 @@ sources:
 	}
 	waitFor(t, 90*time.Second, "every event published", func() bool { return unpublishedIn(t, admin, schemas...) == 0 })
 	w.checkDelivered(t, st.messages(t), nil)
+}
+
+// TestAdvOneBlockedLaneSlowsTheWholeSource: "writers that do not notify
+// ... within poll_interval". One lane whose head backs off (a failing
+// event, up to RetryBackoffMax, 5 min by default; here its available_at set
+// an hour ahead) leaves its successor due but not claimable; the look then
+// backs off for the whole source, so events of every other aggregate of
+// that source, written without NOTIFY, wait up to idle_max instead of
+// poll_interval. The docs' caveat names the blocked lane's own events
+// ("looked at less often"), not the rest of the source.
+func TestAdvOneBlockedLaneSlowsTheWholeSource(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := outboxtest.Pool(t)
+	prefix := outboxtest.UniqueName(t, "bl")
+	a := prefix + "_a"
+	migrateSchemas(t, admin, a)
+	st := newStream(t)
+	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
+relay: {poll_interval: 50ms, discover_interval: 200ms, idle_max: 10s}
+databases:
+  db: {url: %q, max_conns: 4}
+destinations:
+  events: {url: "nats://unused"}
+sources:
+  - {database: db, schema_pattern: "%s_*", destination: events}
+`, outboxtest.DatabaseURL(), prefix)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := runFleet(t, cfg, outboxfleet.Options{OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub})})
+	waitFor(t, 30*time.Second, "tenant a running", func() bool { return running(f)[a] })
+	wr, err := outbox.NewWriter(outbox.WriterConfig{Schema: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The blocked lane: head backing off, successor due.
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := wr.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "stuck", Type: "A", Payload: []byte(`{}`)},
+		outbox.Event{AggregateType: "order", AggregateID: "stuck", Type: "B", Payload: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE "+a+".outbox_events SET available_at = now() + interval '1 hour', attempt_count = 12, last_error = 'failing' WHERE event_id = $1", recs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The source idles with its blocked lane for a while (scenario time,
+	// not synchronisation).
+	time.Sleep(15 * time.Second)
+	var worst time.Duration
+	for i := 0; i < 3; i++ {
+		if err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+			_, err := wr.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("fresh-%d", i), Type: "A", Payload: []byte(`{}`)})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		waitFor(t, 60*time.Second, "fresh event published", func() bool { return st.count(t) == uint64(i+1) })
+		worst = max(worst, time.Since(start))
+	}
+	if worst > 2*time.Second {
+		t.Fatalf("an event of an unblocked aggregate, written without NOTIFY, took up to %s to go out (poll_interval 50ms, idle_max 10s): "+
+			"one blocked lane slows the look for the whole source", worst.Round(time.Millisecond))
+	}
 }
