@@ -403,3 +403,62 @@ sources:
 			"one blocked lane slows the look for the whole source", worst.Round(time.Millisecond))
 	}
 }
+
+// TestAdvListenerKilledEventStillOut: the shared LISTEN connection is
+// terminated (pg_terminate_backend) and a writer notifies while it is
+// gone: the event still goes out within a few poll_intervals (the look),
+// not idle_max.
+func TestAdvListenerKilledEventStillOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := outboxtest.Pool(t)
+	prefix := outboxtest.UniqueName(t, "lr")
+	a := prefix + "_a"
+	migrateSchemas(t, admin, a)
+	st := newStream(t)
+	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
+relay: {poll_interval: 50ms, discover_interval: 200ms, idle_max: 60s}
+databases:
+  db: {url: %q, max_conns: 4}
+destinations:
+  events: {url: "nats://unused"}
+sources:
+  - {database: db, schema_pattern: "%s_*", destination: events}
+`, outboxtest.DatabaseURL(), prefix)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := runFleet(t, cfg, outboxfleet.Options{OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub})})
+	waitFor(t, 30*time.Second, "tenant a running", func() bool { return running(f)[a] })
+	channel := outbox.NotifyChannel(a)
+	listener := func() int {
+		var pid int
+		// The listener's last statement LISTENs on the source's channel.
+		if err := admin.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE query LIKE '%LISTEN%' AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid() LIMIT 1`, channel).Scan(&pid); err != nil {
+			return 0
+		}
+		return pid
+	}
+	var pid int
+	waitFor(t, 30*time.Second, "listener connected", func() bool { pid = listener(); return pid != 0 })
+	wr, err := outbox.NewWriter(outbox.WriterConfig{Schema: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+		if _, err := wr.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "x", Type: "A", Payload: []byte(`{}`)}); err != nil {
+			return err
+		}
+		return wr.Notify(ctx, tx)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "event published", func() bool { return st.count(t) == 1 })
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("event notified while the listener was down took %s (poll_interval 50ms, idle_max 60s)", took.Round(time.Millisecond))
+	}
+}
