@@ -165,14 +165,17 @@ func (d *database) discoverOnce(ctx context.Context) error {
 		d.retire(s)
 	}
 	changed := len(retire) > 0
+	// Their versions in one statement, then each started: start-up and
+	// discovery cost two statements, however many schemas appeared.
+	versions, err := outboxmigrate.Versions(ctx, d.pool, start)
+	if err != nil {
+		return fmt.Errorf("read the migration versions: %w", err)
+	}
 	for _, schema := range start {
 		if ctx.Err() != nil {
 			break
 		}
-		v, err := outboxmigrate.Version(ctx, d.pool, schema)
-		if err != nil {
-			return fmt.Errorf("read the migration version of schema %s: %w", schema, err)
-		}
+		v := versions[schema]
 		d.mu.Lock()
 		if v < latestVersion {
 			if d.waiting[schema] != v {

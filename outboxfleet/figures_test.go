@@ -230,6 +230,10 @@ sources:
 		},
 	})
 	waitFor(t, 5*time.Minute, "every source running", func() bool { return len(running(f)) == len(schemas) })
+	// The 200 sources' start-up (each relay's first heartbeat, durability
+	// check, lane sweep and full scan) fills the pool for a while: the
+	// figure is of a fleet that runs, not of one starting.
+	time.Sleep(envDuration("OUTBOX_FLEET_WARMUP", 30*time.Second))
 
 	steady := func(d time.Duration) {
 		w, err := outbox.NewWriter(outbox.WriterConfig{Schema: "steady"})

@@ -58,7 +58,7 @@ sources:
 		OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub}),
 		ConfigurePool:   func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app },
 	})
-	waitFor(t, 60*time.Second, "50 sources running", func() bool { return len(running(f)) == n })
+	waitFor(t, 3*time.Minute, "50 sources running", func() bool { return len(running(f)) == n })
 
 	var w written
 	notifiers := map[string]*outbox.Notifier{}
@@ -100,7 +100,7 @@ sources:
 	added := fmt.Sprintf("%s_%02d", prefix, n)
 	migrateSchemas(t, admin, added)
 	live := append(append(append([]string(nil), schemas[:7]...), schemas[8:]...), added)
-	waitFor(t, 60*time.Second, "the dropped schema retired and the new one served", func() bool {
+	waitFor(t, 3*time.Minute, "the dropped schema retired and the new one served", func() bool {
 		r := running(f)
 		return !r[dropped] && r[added] && len(r) == n
 	})
