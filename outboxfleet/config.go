@@ -166,6 +166,12 @@ func Parse(data []byte) (Config, error) {
 		}
 		return Config{}, errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
 	}
+	// A second document (a stray "---", two files concatenated) would be
+	// silently ignored: its settings and sources never applied.
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return Config{}, errors.New("the configuration has a second YAML document (after ---); put everything in one document")
+	}
 	for name, db := range cfg.Databases {
 		u, err := secretValue("databases."+name, db.URL, db.URLFile)
 		if err != nil {
