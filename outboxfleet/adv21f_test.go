@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,6 +185,9 @@ sources:
 		time.Sleep(50 * time.Millisecond)
 	}
 	waitFor(t, 30*time.Second, "tenant c's event published", func() bool { return st.count(t) == 1 })
+	if err := f.Ready(); err == nil || !strings.Contains(err.Error(), b) || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("Ready() = %v; want it to name the unreadable schema %s and why", err, b)
+	}
 }
 
 // TestAdvSchemaRecreatedUnderARunningRelay: a tenant's schema is dropped

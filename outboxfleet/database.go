@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
@@ -35,13 +36,16 @@ type database struct {
 	pool  *pgxpool.Pool
 	specs []sourceSpec
 
-	mu       sync.Mutex
-	sources  map[string]*source // running or failed, by schema
-	missing  map[string]error   // schemas named in the config that are not there
-	waiting  map[string]int     // schemas found at an older migration: their version
-	discover error              // the last discovery's error, nil when it worked
-	listed   bool               // a discovery worked once
-	control  string             // the listener's control channel; "" while it is not listening
+	mu      sync.Mutex
+	sources map[string]*source // running or failed, by schema
+	missing map[string]error   // schemas named in the config that are not there
+	waiting map[string]int     // schemas found at an older migration: their version
+	// unreadable: schemas whose migration version the relay cannot read
+	// (no grants, say): why. The others are served all the same.
+	unreadable map[string]error
+	discover   error  // the last discovery's error, nil when it worked
+	listed     bool   // a discovery worked once
+	control    string // the listener's control channel; "" while it is not listening
 	// rediscover makes the discovery run now (a look found a schema gone).
 	rediscover chan struct{}
 	wg         sync.WaitGroup // the sources' relays
@@ -169,14 +173,21 @@ func (d *database) discoverOnce(ctx context.Context) error {
 	// discovery cost two statements, however many schemas appeared.
 	versions, err := outboxmigrate.Versions(ctx, d.pool, start)
 	if err != nil {
-		return fmt.Errorf("read the migration versions: %w", err)
+		if versions, err = d.versionsOneByOne(ctx, start); err != nil {
+			return fmt.Errorf("read the migration versions: %w", err)
+		}
 	}
 	for _, schema := range start {
 		if ctx.Err() != nil {
 			break
 		}
-		v := versions[schema]
+		v, ok := versions[schema]
 		d.mu.Lock()
+		if !ok { // unreadable: reported in its status
+			d.mu.Unlock()
+			continue
+		}
+		delete(d.unreadable, schema)
 		if v < latestVersion {
 			if d.waiting[schema] != v {
 				d.log().Info("schema found, waiting for its migrations before serving it", slog.String("schema", schema),
@@ -200,11 +211,45 @@ func (d *database) discoverOnce(ctx context.Context) error {
 			delete(d.waiting, schema)
 		}
 	}
+	for schema := range d.unreadable {
+		if _, ok := want[schema]; !ok {
+			delete(d.unreadable, schema)
+		}
+	}
 	d.mu.Unlock()
 	if changed {
 		d.listenChanged(ctx)
 	}
 	return nil
+}
+
+// versionsOneByOne reads the migration version of each schema on its own,
+// after the one statement for all of them failed: a schema the server
+// refuses (no grants on it, say) is recorded as unreadable, named with the
+// error, and left out, so that it does not keep the others from being
+// served. An error that is not the server's answer (the connection) is
+// returned.
+func (d *database) versionsOneByOne(ctx context.Context, schemas []string) (map[string]int, error) {
+	out := make(map[string]int, len(schemas))
+	for _, schema := range schemas {
+		v, err := outboxmigrate.Versions(ctx, d.pool, []string{schema})
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			out[schema] = v[schema]
+		case errors.As(err, &pgErr):
+			d.mu.Lock()
+			if d.unreadable[schema] == nil {
+				d.log().Warn("cannot read the schema's migration version; it is not served (the others are)",
+					slog.String("schema", schema), slog.Any("error", err))
+			}
+			d.unreadable[schema] = err
+			d.mu.Unlock()
+		default:
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // start starts the relay of a source.
@@ -328,6 +373,10 @@ func (d *database) status() []SourceStatus {
 	}
 	for schema, err := range d.missing {
 		out = append(out, SourceStatus{Name: d.name + "/" + schema, Database: d.name, Schema: schema, State: "missing", Ready: err})
+	}
+	for schema, err := range d.unreadable {
+		out = append(out, SourceStatus{Name: d.name + "/" + schema, Database: d.name, Schema: schema, State: "unreadable",
+			Ready: fmt.Errorf("cannot read schema %s's migration version (grants?): %w", schema, err)})
 	}
 	for schema, v := range d.waiting {
 		out = append(out, SourceStatus{Name: d.name + "/" + schema, Database: d.name, Schema: schema, State: "waiting",
