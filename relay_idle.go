@@ -9,6 +9,8 @@ package outbox
 // the first claim that finds an event brings them all back.
 
 import (
+	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -16,15 +18,44 @@ import (
 // idleClock records since when the relay's claims have found nothing.
 type idleClock struct {
 	since atomic.Int64 // unix nanoseconds of the first empty claim of the current spell; 0: not idle
+
+	mu sync.Mutex
+	// ended is closed when the current idle spell ends (a claim finds an
+	// event), waking the upkeep waits stretched during it; nil until one
+	// asks for it.
+	ended chan struct{}
 }
 
 // noteClaim records a claim's outcome: n events claimed at now.
 func (c *idleClock) noteClaim(n int, now time.Time) {
 	if n > 0 {
+		if c.since.Load() == 0 {
+			return
+		}
+		c.mu.Lock()
 		c.since.Store(0)
+		if c.ended != nil {
+			close(c.ended)
+			c.ended = nil
+		}
+		c.mu.Unlock()
 		return
 	}
 	c.since.CompareAndSwap(0, now.UnixNano())
+}
+
+// spellEnd returns a channel closed when the current idle spell ends, or
+// nil when the relay is not idle.
+func (c *idleClock) spellEnd() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.since.Load() == 0 {
+		return nil
+	}
+	if c.ended == nil {
+		c.ended = make(chan struct{})
+	}
+	return c.ended
 }
 
 // idleFor is how long the relay has been idle at now (0: it is not).
@@ -56,6 +87,41 @@ const upkeepFactor = 4
 // has been idle, at least base and at most IdleBackoffMax (or base).
 func (r *Relay) upkeepStretch(base time.Duration) time.Duration {
 	return stretchIdle(base, upkeepFactor*r.idle.idleFor(time.Now()), r.cfg.IdleBackoffMax)
+}
+
+// upkeepWait is upkeepStretch(base) with a channel closed when the idle
+// spell it was stretched for ends (nil when it was not stretched), for
+// upkeepSleep: the channel is taken first, so that a spell ending in
+// between is not missed.
+func (r *Relay) upkeepWait(base time.Duration) (time.Duration, <-chan struct{}) {
+	var ended <-chan struct{}
+	if r.cfg.IdleBackoffMax > 0 {
+		ended = r.idle.spellEnd()
+	}
+	return r.upkeepStretch(base), ended
+}
+
+// upkeepSleep waits d (from upkeepWait), until ctx ends or wake receives;
+// when ended closes (the first claim that finds an event after an idle
+// spell) the wait is cut back to base from its start, so that the upkeep
+// returns to its interval at once rather than after the stretched wait.
+func upkeepSleep(ctx context.Context, d, base time.Duration, ended <-chan struct{}, wake <-chan struct{}) {
+	start := time.Now()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+			return
+		case <-t.C:
+			return
+		case <-ended:
+			ended = nil
+			t.Reset(max(base-time.Since(start), 0))
+		}
+	}
 }
 
 // idleSinceVacuum reports whether the relay, with IdleBackoffMax set, has

@@ -119,7 +119,7 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	for {
 		// The row lives for three waits: an idle relay (IdleBackoffMax)
 		// beats less often and stays alive.
-		wait := r.upkeepStretch(r.cfg.HeartbeatInterval)
+		wait, ended := r.upkeepWait(r.cfg.HeartbeatInterval)
 		ttl := 3 * wait
 		_, err := r.pool.Exec(ctx, beat, r.cfg.ID, host, os.Getpid(), ttl.Milliseconds(), first)
 		switch {
@@ -131,15 +131,12 @@ func (r *Relay) heartbeat(ctx context.Context) {
 			first, failing = false, false
 			r.recordHealth(ctx, health)
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		upkeepSleep(ctx, wait, r.cfg.HeartbeatInterval, ended, nil)
+		if ctx.Err() != nil {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			_, _ = r.pool.Exec(dctx, remove, r.cfg.ID)
 			cancel()
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -160,7 +157,8 @@ func (r *Relay) cleanupLoop(ctx context.Context) {
 			r.log.Info("clean-up done", slog.Int64("events_deleted", res.Events), slog.Int64("inbox_rows_deleted", res.InboxRows),
 				slog.Int("batches", res.Batches), slog.Duration("took", res.Duration))
 		}
-		sleep(ctx, r.upkeepStretch(r.cfg.CleanupInterval))
+		wait, ended := r.upkeepWait(r.cfg.CleanupInterval)
+		upkeepSleep(ctx, wait, r.cfg.CleanupInterval, ended, nil)
 		if ctx.Err() != nil {
 			return
 		}

@@ -25,7 +25,8 @@ func (r *Relay) vacuumLoop(ctx context.Context) {
 	warned, cannot := false, false
 	lastClaimed := int64(-1)
 	for {
-		sleep(ctx, r.upkeepStretch(r.cfg.VacuumInterval))
+		wait, ended := r.upkeepWait(r.cfg.VacuumInterval)
+		upkeepSleep(ctx, wait, r.cfg.VacuumInterval, ended, nil)
 		if ctx.Err() != nil {
 			return
 		}
