@@ -15,6 +15,14 @@ package outboxfleet
 // off after a failure leaves its successors due but not claimable) is
 // looked at less often, the wait doubling up to IdleMax, until a claim
 // finds an event again.
+//
+// The look waits at most lookLockTimeout for a table's lock: a tenant's
+// outbox_events locked by an upgrade (ALTER TABLE, pg_repack) must not
+// stall the look for every other tenant. When the look times out, each
+// source is looked at on its own; a source whose table is locked is woken
+// (its relay's claim waits for the lock, as it would alone) and, its claims
+// finding nothing meanwhile, is left out of the looks for longer each time,
+// as above.
 
 import (
 	"context"
@@ -104,9 +112,42 @@ func (d *database) look(ctx context.Context) error {
 	return nil
 }
 
-// lookSQL asks, in one statement, which of the sources hold an event a claim
-// would take now (relay_sql.go's claimable, without the lane's order).
+// lookLockTimeout is how long a look waits for a lock on a table.
+const lookLockTimeout = 100 * time.Millisecond
+
+// lookSQL asks which of the sources hold an event a claim would take now,
+// in one statement; when a locked table makes it time out, source by
+// source, counting a locked one as holding one (so that it is woken).
 func (d *database) lookSQL(ctx context.Context, sources []*source) ([]bool, error) {
+	found, err := d.lookStatement(ctx, sources)
+	if !lockTimedOut(err) {
+		return found, err
+	}
+	found = make([]bool, len(sources))
+	for i, s := range sources {
+		one, err := d.lookStatement(ctx, []*source{s})
+		switch {
+		case lockTimedOut(err):
+			found[i] = true
+		case err != nil:
+			return nil, err
+		default:
+			found[i] = one[0]
+		}
+	}
+	return found, nil
+}
+
+// lockTimedOut reports whether err is PostgreSQL's lock_timeout.
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// lookStatement is the one statement of a look over sources
+// (relay_sql.go's claimable, without the lane's order), waiting at most
+// lookLockTimeout for a lock.
+func (d *database) lookStatement(ctx context.Context, sources []*source) ([]bool, error) {
 	var b strings.Builder
 	for i, s := range sources {
 		if i > 0 {
@@ -122,18 +163,31 @@ func (d *database) lookSQL(ctx context.Context, sources []*source) ([]bool, erro
 	}
 	// The simple protocol: the statement changes with the set of idle
 	// sources, and preparing each would cost a round trip and a cache entry.
-	rows, err := d.pool.Query(ctx, b.String(), pgx.QueryExecModeSimpleProtocol)
+	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(lookLockTimeout.Milliseconds(), 10),
+		pgx.QueryExecModeSimpleProtocol); err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, b.String(), pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return nil, err
+	}
 	found := make([]bool, len(sources))
 	for rows.Next() {
 		var i int
 		if err := rows.Scan(&i); err != nil {
+			rows.Close()
 			return nil, err
 		}
 		found[i] = true
 	}
-	return found, rows.Err()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return found, tx.Commit(ctx)
 }
