@@ -10,11 +10,13 @@ package outboxfleet
 // however many sources are idle.
 //
 // A source is idle when its relay has not claimed for PollInterval: a
-// source whose relay is busy claims on its own and is left out. A source
-// the look woke whose claims then found nothing (a lane whose head backs
-// off after a failure leaves its successors due but not claimable) is
-// looked at less often, the wait doubling up to IdleMax, until a claim
-// finds an event again.
+// source whose relay is busy claims on its own and is left out. The look
+// counts only a due event that heads its lane, so a lane whose head backs
+// off after a failure (its successors due but not claimable) does not make
+// it wake the source every time, nor slow the look for the source's other
+// lanes. A source the look woke whose claims then found nothing anyway (a
+// lane the claim leaves for another reason) is looked at less often, the
+// wait doubling up to IdleMax, until a claim finds an event again.
 //
 // The look waits at most lookLockTimeout for a table's lock: a tenant's
 // outbox_events locked by an upgrade (ALTER TABLE, pg_repack) must not
@@ -144,9 +146,10 @@ func lockTimedOut(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
-// lookStatement is the one statement of a look over sources
-// (relay_sql.go's claimable, without the lane's order), waiting at most
-// lookLockTimeout for a lock.
+// lookStatement is the one statement of a look over sources: a due event
+// that heads its lane (relay_sql.go's claimable and isHead), so that the
+// due successors of a lane whose head backs off do not count, waiting at
+// most lookLockTimeout for a lock.
 func (d *database) lookStatement(ctx context.Context, sources []*source) ([]bool, error) {
 	var b strings.Builder
 	for i, s := range sources {
@@ -157,9 +160,14 @@ func (d *database) lookStatement(ctx context.Context, sources []*source) ([]bool
 		if err != nil {
 			return nil, err
 		}
-		b.WriteString("SELECT " + strconv.Itoa(i) + " WHERE EXISTS (SELECT 1 FROM " + sch.Table("outbox_events") + ` e
+		events := sch.Table("outbox_events")
+		b.WriteString("SELECT " + strconv.Itoa(i) + " WHERE EXISTS (SELECT 1 FROM " + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at <= now()
-	  AND (e.claim_until IS NULL OR e.claim_until < now()))`)
+	  AND (e.claim_until IS NULL OR e.claim_until < now())
+	  AND NOT EXISTS (SELECT 1 FROM (SELECT p.published_at FROM ` + events + ` p
+		WHERE p.aggregate_type = e.aggregate_type AND p.aggregate_id = e.aggregate_id
+		  AND p.aggregate_sequence = e.aggregate_sequence - 1 OFFSET 0) p
+		WHERE p.published_at IS NULL OFFSET 0))`)
 	}
 	// The simple protocol: the statement changes with the set of idle
 	// sources, and preparing each would cost a round trip and a cache entry.
