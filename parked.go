@@ -386,21 +386,16 @@ func (r *Relay) laneSweepLoop(ctx context.Context) {
 			r.log.Info("lane sweep repaired lanes", slog.Int("lanes", res.Lanes), slog.Int64("events_parked", res.Parked),
 				slog.Int64("events_unparked", res.Unparked), slog.Int("lanes_busy", res.Busy))
 		}
-		wait := r.cfg.LaneSweepInterval
+		wait, ended := r.upkeepWait(r.cfg.LaneSweepInterval)
 		if err == nil && res.Busy > 0 {
 			busyRuns++
 			wait = min(wait, backoffpkg.Exponential(busyRuns, laneBusyRetryMin, laneBusyRetryMax))
 		} else {
 			busyRuns = 0
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		upkeepSleep(ctx, wait, r.cfg.LaneSweepInterval, ended, r.sweep)
+		if ctx.Err() != nil {
 			return
-		case <-r.sweep:
-			t.Stop()
-		case <-t.C:
 		}
 	}
 }

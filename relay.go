@@ -199,6 +199,23 @@ type RelayConfig struct {
 	// net (ReconcileAfter) scans at most every 6 × ReconcileAfter. Defaults
 	// to RescanIntervalDefault (5s).
 	RescanInterval time.Duration
+	// IdleBackoffMax, when positive, makes an idle relay cheap: while its
+	// claims find nothing, its poll (PollInterval) waits as long as the
+	// relay has been idle (the waits double), and its periodic upkeep
+	// (HeartbeatInterval, LaneSweepInterval, VacuumInterval, CleanupInterval)
+	// four times as long, each at least its interval and at most
+	// IdleBackoffMax; the vacuum is skipped while the relay claimed nothing
+	// since the last one, and the health in the heartbeat row is rewritten
+	// only when it changed. The first claim that finds an event brings them
+	// all back to their intervals. A wake-up (LISTEN/NOTIFY, Wake) still ends a poll's wait at
+	// once, so with notifications on, writers that notify see no added
+	// latency; an event written without a notification waits up to
+	// IdleBackoffMax. The heartbeat's lifetime follows its wait (three
+	// waits), so an idle relay stays alive in "outbox status" and a relay
+	// that died while idle is shown alive for up to 3 × IdleBackoffMax.
+	// Package outboxfleet sets it for the many sources of one process.
+	// Zero (the default) turns it off.
+	IdleBackoffMax time.Duration
 
 	// TracerProvider receives a PRODUCER span per event published (see
 	// docs/operations.md, "Tracing"): a child of the trace context the
@@ -281,6 +298,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: ReconcileAfter %s is negative", c.ReconcileAfter)
 	case c.LaneSweepInterval < 0:
 		return fmt.Errorf("outbox: LaneSweepInterval %s is negative", c.LaneSweepInterval)
+	case c.IdleBackoffMax < 0:
+		return fmt.Errorf("outbox: IdleBackoffMax %s is negative", c.IdleBackoffMax)
 	}
 	if c.Cleanup.OlderThan != 0 || c.Cleanup.InboxOlderThan != 0 {
 		if err := c.Cleanup.validate(); err != nil {
@@ -370,6 +389,7 @@ type Relay struct {
 	cursor    claimCursor    // where the next incremental claim starts
 	tracer    *publishTracer // nil: tracing off (a no-op provider)
 	running   atomic.Bool
+	idle      idleClock             // since when the claims find nothing (relay_idle.go)
 	health    atomic.Pointer[error] // nil: the last batch went well
 	idsMu     sync.Mutex            // one PublishIDs call at a time
 	idsMarks  *idsMarks             // the last PublishIDs call's marks, written in the background
@@ -510,7 +530,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			dbBackoff, quickLeft = 0, lostConnRetries
 		case n == 0:
 			dbBackoff, quickLeft = 0, lostConnRetries
-			r.waitIdle(ctx, r.routesUntilProbe(r.idleInterval()))
+			r.waitIdle(ctx, r.routesUntilProbe(r.idleStretch(r.idleInterval())))
 		case n < r.cfg.BatchSize:
 			dbBackoff, quickLeft = 0, lostConnRetries
 			sleep(ctx, r.cfg.CatchUpInterval-time.Since(claimStart)) // caught up: let a few events gather
@@ -544,6 +564,9 @@ func (r *Relay) runBatch(ctx context.Context) (int, bool, error) {
 	defer stop()
 	b, claimDur, full, err := r.nextClaim(workCtx)
 	r.observeClaim(b, claimDur, err, full)
+	if err == nil {
+		r.idle.noteClaim(b.total, time.Now())
+	}
 	if err != nil || b.total == 0 {
 		return 0, b.more, err
 	}

@@ -59,6 +59,9 @@ type healthRecorder struct {
 	lastErrAt         time.Time
 	published, failed int64 // the totals at the previous note
 	minutes           []RelayMinute
+	// recorded: a health was written; recordedReason is its Reason.
+	recorded       bool
+	recordedReason string
 }
 
 func newHealthRecorder(s pgident.Schema) *healthRecorder {
@@ -112,7 +115,17 @@ func (h *healthRecorder) note(now time.Time, ready error, published, failed int6
 // next heartbeat.
 func (r *Relay) recordHealth(ctx context.Context, h *healthRecorder) {
 	st := r.Stats()
-	doc := h.note(time.Now(), r.Ready(), st.Published, st.Failed)
+	ready := r.Ready()
+	reason := ""
+	if ready != nil {
+		reason = redact.Text(ready.Error())
+	}
+	if r.cfg.IdleBackoffMax > 0 && h.recorded && r.idle.idleFor(time.Now()) > 0 &&
+		st.Published == h.published && st.Failed == h.failed && reason == h.recordedReason {
+		// Idle and unchanged (IdleBackoffMax): the row already says so.
+		return
+	}
+	doc := h.note(time.Now(), ready, st.Published, st.Failed)
 	if h.off {
 		return
 	}
@@ -120,7 +133,11 @@ func (r *Relay) recordHealth(ctx context.Context, h *healthRecorder) {
 	if err != nil {
 		return
 	}
-	if _, err := r.pool.Exec(ctx, h.sql, r.cfg.ID, string(b)); err != nil {
+	_, err = r.pool.Exec(ctx, h.sql, r.cfg.ID, string(b))
+	if err == nil {
+		h.recorded, h.recordedReason = true, doc.Reason
+	}
+	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column
 			h.off = true

@@ -111,17 +111,18 @@ func (r *Relay) startMaintenance(ctx context.Context) (stop func()) {
 }
 
 // heartbeat records the relay alive in outbox_relays every
-// HeartbeatInterval, with its health (recordHealth), until ctx ends, then
+// HeartbeatInterval (stretched while idle, see IdleBackoffMax), with its health (recordHealth), until ctx ends, then
 // deletes its row.
 func (r *Relay) heartbeat(ctx context.Context) {
 	host, _ := os.Hostname()
-	ttl := 3 * r.cfg.HeartbeatInterval
 	beat, remove := heartbeatSQL(r.schema)
 	health := newHealthRecorder(r.schema)
 	first, failing := true, false
-	t := time.NewTicker(r.cfg.HeartbeatInterval)
-	defer t.Stop()
 	for {
+		// The row lives for three waits: an idle relay (IdleBackoffMax)
+		// beats less often and stays alive.
+		wait, ended := r.upkeepWait(r.cfg.HeartbeatInterval)
+		ttl := 3 * wait
 		_, err := r.pool.Exec(ctx, beat, r.cfg.ID, host, os.Getpid(), ttl.Milliseconds(), first)
 		switch {
 		case ctx.Err() != nil:
@@ -132,13 +133,12 @@ func (r *Relay) heartbeat(ctx context.Context) {
 			first, failing = false, false
 			r.recordHealth(ctx, health)
 		}
-		select {
-		case <-ctx.Done():
+		upkeepSleep(ctx, wait, r.cfg.HeartbeatInterval, ended, nil)
+		if ctx.Err() != nil {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			_, _ = r.pool.Exec(dctx, remove, r.cfg.ID)
 			cancel()
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -159,7 +159,8 @@ func (r *Relay) cleanupLoop(ctx context.Context) {
 			r.log.Info("clean-up done", slog.Int64("events_deleted", res.Events), slog.Int64("inbox_rows_deleted", res.InboxRows),
 				slog.Int("batches", res.Batches), slog.Duration("took", res.Duration))
 		}
-		sleep(ctx, r.cfg.CleanupInterval)
+		wait, ended := r.upkeepWait(r.cfg.CleanupInterval)
+		upkeepSleep(ctx, wait, r.cfg.CleanupInterval, ended, nil)
 		if ctx.Err() != nil {
 			return
 		}

@@ -23,11 +23,17 @@ func (r *Relay) vacuumLoop(ctx context.Context) {
 	h.Write([]byte("outbox vacuum " + r.schema.Name()))
 	lock := int64(h.Sum64())
 	warned, cannot := false, false
+	lastClaimed := int64(-1)
 	for {
-		sleep(ctx, r.cfg.VacuumInterval)
+		wait, ended := r.upkeepWait(r.cfg.VacuumInterval)
+		upkeepSleep(ctx, wait, r.cfg.VacuumInterval, ended, nil)
 		if ctx.Err() != nil {
 			return
 		}
+		if r.idleSinceVacuum(lastClaimed) {
+			continue
+		}
+		lastClaimed = r.claimed.Load()
 		// VACUUM by a role that does not own the table (before
 		// PostgreSQL 17's MAINTAIN privilege) skips it with a warning
 		// that the client never sees: check first.

@@ -171,6 +171,48 @@ func Version(ctx context.Context, db interface {
 	return VersionComponents(ctx, db, schema, ComponentsAll)
 }
 
+// Versions is Version for many schemas in one statement (a process serving
+// many outboxes, package outboxfleet): the highest migration applied to
+// each, 0 for a schema without the migrations table. When one of them has
+// no migrations table the statement fails, and each is read on its own.
+func Versions(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, schemas []string) (map[string]int, error) {
+	out := make(map[string]int, len(schemas))
+	if len(schemas) == 0 {
+		return out, nil
+	}
+	parts := make([]string, len(schemas))
+	for i, name := range schemas {
+		s, err := pgident.NewSchema(name)
+		if err != nil {
+			return nil, err
+		}
+		parts[i] = `SELECT ` + strconv.Itoa(i) + `, coalesce(max(version), 0) FROM ` + s.Table(migrationsTable)
+	}
+	rows, err := db.Query(ctx, strings.Join(parts, "\nUNION ALL "), pgx.QueryExecModeSimpleProtocol)
+	if err == nil {
+		var i, v int
+		_, err = pgx.ForEachRow(rows, []any{&i, &v}, func() error { out[schemas[i]] = v; return nil })
+		if err == nil {
+			return out, nil
+		}
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || (pgErr.Code != "42P01" && pgErr.Code != "3F000") {
+		return nil, err
+	}
+	for _, name := range schemas {
+		v, err := Version(ctx, db, name)
+		if err != nil {
+			return nil, err
+		}
+		out[name] = v
+	}
+	return out, nil
+}
+
 // VersionComponents is Version for an install of some of the components:
 // for ComponentsConsumer, the highest consumer step applied to schema
 // (ConsumerMigrations), 0 when none is.

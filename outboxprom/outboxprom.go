@@ -117,6 +117,10 @@ type Config struct {
 	// Logger receives a warning when a sample fails. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// ConstLabels are added to every series, beside schema: package
+	// outboxfleet sets source and database, so that the metrics of many
+	// sources can share one registry. Optional.
+	ConstLabels map[string]string
 }
 
 // Metrics collects the outbox's metrics. Register it with a
@@ -188,6 +192,12 @@ func New(cfg Config) (*Metrics, error) {
 		cfg.Logger = slog.Default()
 	}
 	labels := prometheus.Labels{"schema": cfg.Schema}
+	for k, v := range cfg.ConstLabels {
+		if k == "schema" {
+			return nil, errors.New("outboxprom: ConstLabels must not set schema (it is Config.Schema)")
+		}
+		labels[k] = v
+	}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
 	}

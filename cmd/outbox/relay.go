@@ -17,7 +17,7 @@ import (
 )
 
 func runRelay(ctx context.Context, args []string) error {
-	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nWaits for the database and the destination at start (retrying with backoff; /readyz answers 503 meanwhile).\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.\nOTEL_TRACES_EXPORTER=console prints a span per event published as a JSON line on stdout (see docs/operations.md, Tracing).\n\nModes (--mode): polling claims events from the table (the default); cdc reads committed\ninserts from a logical replication slot (wal_level=logical) and publishes them at once, with a\npolling safety net for events pending longer than --reconcile-after; reconcile runs only\nthat safety net.")
+	fs := cli.NewFlagSet("outbox", "relay", "relay [flags]\n\nClaims committed events, publishes them and marks them published after the destination's ack.\nWaits for the database and the destination at start (retrying with backoff; /readyz answers 503 meanwhile).\nStops on SIGINT/SIGTERM: no new claims, in-flight work finished or released.\nOTEL_TRACES_EXPORTER=console prints a span per event published as a JSON line on stdout (see docs/operations.md, Tracing).\n\nModes (--mode): polling claims events from the table (the default); cdc reads committed\ninserts from a logical replication slot (wal_level=logical) and publishes them at once, with a\npolling safety net for events pending longer than --reconcile-after; reconcile runs only\nthat safety net.\n\nMany outboxes (--config relay.yaml): one process serves every source the file lists, sharing one\npool and one LISTEN connection per database; /readyz names the sources that are down.")
 	var common cli.Common
 	var dest destination.Options
 	common.Register(fs)
@@ -49,8 +49,15 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.RescanInterval, "rescan-interval", outbox.RescanIntervalDefault, "how often a claim scans every pending event instead of only what is new since the last claim (finds leases of relays that died; negative: every claim scans)")
 	fs.DurationVar(&cfg.LaneSweepInterval, "lane-sweep-interval", outbox.LaneSweepIntervalDefault, "how often the relay parks events waiting behind a quarantined event that were written unparked, and unparks lanes released by hand")
 	fs.DurationVar(&cfg.VacuumInterval, "vacuum-interval", outbox.VacuumIntervalDefault, "where autovacuum is off for outbox_events, how often the relay runs VACUUM (ANALYZE) on the outbox tables itself (negative: never)")
+	configFile := fs.String("config", cli.Env("OUTBOX_RELAY_CONFIG", ""), "serve many outboxes from one process: a YAML `FILE` listing databases, sources (a schema, or every schema matching a pattern, discovered as they appear) and destinations, with routes by aggregate type (env OUTBOX_RELAY_CONFIG; see docs/operations.md, One relay for many outboxes). Beside it only --metrics-addr, --sync-commit and --shutdown-timeout apply")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
+	}
+	if *configFile != "" {
+		if err := checkFleetFlags(fs); err != nil {
+			return err
+		}
+		return runFleet(ctx, *configFile, ops.metricsAddr, *syncCommit, cfg.ShutdownTimeout, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	}
 	if err := mode.check(fs); err != nil {
 		return err

@@ -24,6 +24,9 @@ events and what they block, events published in the last minute, all per
 aggregate type, table and index sizes, the last operator actions, and the
 replication slots of 'outbox relay --mode cdc' (streamed or not, WAL status,
 lag, WAL retained and how much more is safe).
+With --config relay.yaml (outbox relay --config), one line per source of the
+fleet instead: pending, the oldest pending age, quarantined, leases, relays
+alive.
 With side-effect attempts recorded (package sideeffect; in --schema, or in
 --sideeffect-schema), also their counts by state per name, the oldest
 unknown outcome's age, blind retries, and the oldest parked attempts.
@@ -48,9 +51,13 @@ func runStatus(ctx context.Context, args []string) error {
 	var c statusCheck
 	fs.DurationVar(&c.maxPendingAge, "max-pending-age", 5*time.Minute, "with --check: the oldest pending event's age that fails the check (the OutboxOldestPendingTooOld alert's)")
 	fs.Int64Var(&c.maxQuarantined, "max-quarantined", 0, "with --check: the most quarantined events that pass it")
+	configFile := fs.String("config", "", "show every source of a fleet's configuration `FILE` (outbox relay --config): one line each, read from each database (only --json applies beside it)")
 	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
+	}
+	if *configFile != "" {
+		return runFleetStatus(ctx, fs, *configFile, *asJSON, os.Stdout)
 	}
 	thresholds := false
 	fs.Visit(func(f *flag.Flag) {
