@@ -51,6 +51,6 @@ bench-quick: ## the benchmark at smoke sizes (under a minute)
 	cd bench && go run . --quick
 
 bench-fleet: ## the many-outboxes figures: 200 idle sources' queries/s, a backlog's effect on another source, RSS (BENCHMARKS.md; minutes)
-	OUTBOX_FLEET_FIGURES=1 go test -count=1 -timeout 60m -run 'TestFleetFigure' -v ./outboxfleet/ | grep -E 'FIGURE|^(ok|FAIL|---)'
+	go test -tags fleetfigures -count=1 -timeout 60m -run 'TestFleetFigure' -v ./outboxfleet/ | grep -E 'FIGURE|^(ok|FAIL|---)'
 
 .PHONY: help demo demo-kafka demo-webhook demo-amqp demo-sql demo-cdc setup setup-dry-run services test ci lint build bench bench-quick bench-fleet

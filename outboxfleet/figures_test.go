@@ -1,11 +1,14 @@
+//go:build fleetfigures
+
 package outboxfleet_test
 
 // The many-outboxes figures (BENCHMARKS.md): `make bench-fleet`, or
 //
-//	OUTBOX_FLEET_FIGURES=1 go test -run 'TestFleetFigure' -v ./outboxfleet/
+//	go test -tags fleetfigures -run 'TestFleetFigure' -v ./outboxfleet/
 //
 // They take minutes (the idle figure waits for the sources' upkeep to back
-// off), so they run only when asked.
+// off): a benchmark, built only with the fleetfigures tag, never a test
+// the suite skips.
 
 import (
 	"context"
@@ -26,12 +29,6 @@ import (
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxfleet"
 )
-
-func figures(t *testing.T) {
-	if os.Getenv("OUTBOX_FLEET_FIGURES") == "" {
-		t.Skip("a figure that takes minutes: set OUTBOX_FLEET_FIGURES=1 (make bench-fleet)")
-	}
-}
 
 func envInt(key string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(key)); err == nil && v > 0 {
@@ -109,7 +106,6 @@ func rssMB(t *testing.T) float64 {
 // its own) over OUTBOX_FLEET_WINDOW (60 s), after the sources have been idle
 // for OUTBOX_FLEET_WARMUP (120 s). Target: at most 5 per second.
 func TestFleetFigureIdle(t *testing.T) {
-	figures(t)
 	n := envInt("OUTBOX_FLEET_SOURCES", 200)
 	warm, window := envDuration("OUTBOX_FLEET_WARMUP", 2*time.Minute), envDuration("OUTBOX_FLEET_WINDOW", time.Minute)
 	admin := outboxtest.Pool(t)
@@ -195,7 +191,6 @@ func (c *commitToAck) p99() (time.Duration, int) {
 // and during the backlog. Targets: at most 50 ms, and at most twice its p99
 // alone.
 func TestFleetFigureIsolation(t *testing.T) {
-	figures(t)
 	backlog := envInt("OUTBOX_FLEET_BACKLOG", 200000)
 	idle := envInt("OUTBOX_FLEET_IDLE_SOURCES", 198)
 	phase := envDuration("OUTBOX_FLEET_PHASE", 20*time.Second)
