@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/outbox/examples/orders/orderevents"
 	"github.com/pgoutbox/outbox/examples/orders/ordersapi"
 	"github.com/pgoutbox/outbox/examples/orders/payments"
 	"github.com/pgoutbox/outbox/examples/orders/provider"
@@ -175,7 +176,8 @@ FROM `+w.table("side_effects")+` WHERE name IN ($1, $2)`, payments.ChargeName, p
 }
 
 // WaitSagaSettled polls until every order's saga satisfies I7 (the I6
-// violations, if any, stay), or ctx ends; ledger reads the provider's
+// violations, if any, stay) and the relay has published every saga event,
+// or ctx ends; ledger reads the provider's
 // ledger. It returns the last figures.
 func WaitSagaSettled(ctx context.Context, pool *pgxpool.Pool, w Where, ledger func(context.Context) (provider.Ledger, error), mode provider.Mode) (*SagaFigures, error) {
 	var last *SagaFigures
@@ -195,7 +197,19 @@ func WaitSagaSettled(ctx context.Context, pool *pgxpool.Pool, w Where, ledger fu
 					}
 				}
 				if settled {
-					return last, nil
+					// The saga's last steps write events too (a refund's,
+					// a release's): settled means the relay has published
+					// them, so that the report's figures (relay = order +
+					// saga events) and I3 are read on a quiet outbox.
+					var unpublished int64
+					if err = pool.QueryRow(ctx, `SELECT count(*) FROM `+w.table("outbox_events")+`
+WHERE aggregate_type IN ($1, $2) AND published_at IS NULL AND quarantined_at IS NULL`,
+						orderevents.InventoryAggregateType, orderevents.PaymentAggregateType).Scan(&unpublished); err == nil {
+						if unpublished == 0 {
+							return last, nil
+						}
+						lastProblem = fmt.Sprintf("%d saga events not yet published", unpublished)
+					}
 				}
 			}
 		}
