@@ -138,9 +138,10 @@ type claimCursor struct {
 	fullAgain    bool
 	// low is where the background full scan's next look starts (zero: from
 	// the start), lastComplete when a look last read from the start
-	// (relay_fullscan.go, nextLowMark).
-	low          lowMark
-	lastComplete time.Time
+	// (relay_fullscan.go, nextLowMark), and how long that took.
+	low              lowMark
+	lastComplete     time.Time
+	lastCompleteCost time.Duration
 }
 
 // fullScanDuty bounds the share of a relay's time spent in full scans: after
@@ -203,24 +204,36 @@ func (c *claimCursor) fullDone(start time.Time, cost time.Duration, n, size int)
 
 // lookFrom is where the background full scan's look starts: the low-water
 // mark, or the start of the index when there is none or when a complete look
-// is due (every completeEvery).
+// is due: every completeEvery, and at least completeLookDuty of the last
+// complete look's cost apart.
 func (c *claimCursor) lookFrom(now time.Time, completeEvery time.Duration) (lowMark, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.low.avail.Valid || now.Sub(c.lastComplete) >= completeEvery {
+	every := max(completeEvery, time.Duration(float64(c.lastCompleteCost)/completeLookDuty))
+	if !c.low.avail.Valid || now.Sub(c.lastComplete) >= every {
 		return lowMarkStart, true
 	}
 	return c.low, false
 }
 
-// lookDone records the low-water mark a look found, and when it was
-// complete.
-func (c *claimCursor) lookDone(low lowMark, complete bool, now time.Time) {
+// completeLookDuty bounds the share of a relay's time spent in complete
+// looks (lookFrom). A complete look walks the index entries of every event
+// published since vacuum last could clean them: under a transaction held
+// open for six minutes at 800 events/s it took 19 s in the pressure bench,
+// and one every five minutes per relay took a core's tenth for nothing, as
+// it is the backstop for the rare event that a look from the low-water mark
+// cannot see (nextLowMark). At 1% a 10 s complete look comes every 17
+// minutes; the looks from the mark keep their RescanInterval.
+const completeLookDuty = 0.01
+
+// lookDone records the low-water mark a look found, and when a complete one
+// ran (at now, taking cost).
+func (c *claimCursor) lookDone(low lowMark, complete bool, now time.Time, cost time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.low = low
 	if complete {
-		c.lastComplete = now
+		c.lastComplete, c.lastCompleteCost = now, cost
 	}
 }
 

@@ -3,6 +3,8 @@ package outbox
 import (
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // TestFullScanDutyBound: a full scan that took d is not run again before
@@ -43,5 +45,47 @@ func TestFullScanDutyBound(t *testing.T) {
 	}
 	if k := c.nextKind(t0.Add(rescan), rescan); k != claimFull {
 		t.Errorf("RescanInterval after a cheap full scan: %v, want the full scan", k)
+	}
+}
+
+// TestCompleteLookDutyBound: a complete look comes every completeEvery, or
+// later when the last one was expensive (completeLookDuty): under a pinned
+// xmin a complete look walks every dead entry (19 s after six minutes in the
+// pressure bench), and one every five minutes was a core's tenth spent on
+// the backstop.
+func TestCompleteLookDutyBound(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	every := 5 * time.Minute
+	var c claimCursor
+	if _, complete := c.lookFrom(t0, every); !complete {
+		t.Fatal("first look: not complete, want complete (no low-water mark yet)")
+	}
+	mark := lowMark{avail: pgtype.Timestamptz{Time: t0, Valid: true}, occ: pgtype.Timestamptz{Time: t0, Valid: true}}
+	c.lookDone(mark, true, t0, 100*time.Millisecond) // cheap: 100 ms asks for 10 s, less than every
+	for _, tc := range []struct {
+		after time.Duration
+		want  bool
+	}{{time.Minute, false}, {every - time.Millisecond, false}, {every, true}} {
+		if _, complete := c.lookFrom(t0.Add(tc.after), every); complete != tc.want {
+			t.Errorf("%s after a cheap complete look: complete %v, want %v", tc.after, complete, tc.want)
+		}
+	}
+	c.lookDone(mark, true, t0, 10*time.Second) // expensive: 10 s asks for 1,000 s
+	for _, tc := range []struct {
+		after time.Duration
+		want  bool
+	}{{every, false}, {999 * time.Second, false}, {1000 * time.Second, true}} {
+		from, complete := c.lookFrom(t0.Add(tc.after), every)
+		if complete != tc.want {
+			t.Errorf("%s after a 10 s complete look: complete %v, want %v", tc.after, complete, tc.want)
+		}
+		if !complete && from != mark {
+			t.Errorf("%s after a 10 s complete look: from %v, want the low-water mark", tc.after, from)
+		}
+	}
+	// A look from the mark does not move the complete look's clock.
+	c.lookDone(mark, false, t0.Add(500*time.Second), time.Second)
+	if _, complete := c.lookFrom(t0.Add(1000*time.Second), every); !complete {
+		t.Error("a look from the mark delayed the complete look")
 	}
 }

@@ -25,7 +25,11 @@ type fullScanHolder struct {
 }
 
 func (h *fullScanHolder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.HasPrefix(strings.TrimSpace(d.SQL), "WITH scan AS") && h.seen.Add(1) > 1 {
+	sql := strings.TrimSpace(d.SQL)
+	// The full scan's claim (claimSQL) and the background full scan's look
+	// (lookSQL).
+	scan := strings.HasPrefix(sql, "WITH scan AS") || strings.HasPrefix(sql, "WITH low AS")
+	if scan && h.seen.Add(1) > 1 {
 		h.once.Do(func() { h.held <- struct{}{} })
 		select { // a real statement ends when its ctx does
 		case <-h.release:

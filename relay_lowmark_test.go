@@ -2,8 +2,11 @@ package outbox_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
@@ -54,6 +57,24 @@ func TestFullScanLookFlatUnderPinnedXmin(t *testing.T) {
 		bounded1.buffers, bounded2.buffers, complete1.buffers, complete2.buffers)
 	if complete2.buffers < 4*complete1.buffers {
 		t.Fatalf("the complete look read %d buffers after 6,200 events and %d after 200: the pinned xmin did not keep the dead entries", complete2.buffers, complete1.buffers)
+	}
+	// One walk of the dead entries: the complete look reads about what the
+	// walk to the oldest pending event alone reads (both read the same
+	// entries and their heap pages), not twice as much.
+	rows, err := pool.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS) SELECT e.available_at FROM `+schema+`.outbox_events e
+	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL ORDER BY e.available_at, e.occurred_at LIMIT 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	walk := parsePlan(strings.Join(lines, "\n"))
+	t.Logf("buffers of one walk of the index to the oldest pending event: %d", walk.buffers)
+	if walk.seqScan || complete2.buffers > walk.buffers*3/2 {
+		t.Fatalf("the complete look read %d buffers, one walk of the index %d: it walks the dead entries more than once\n%s",
+			complete2.buffers, walk.buffers, complete2.text)
 	}
 	if bounded2.buffers > bounded1.buffers+50 {
 		t.Fatalf("the look from the low-water mark read %d buffers after 6,200 events published under a pinned xmin, %d after 200: it walks settled history\n%s",
