@@ -291,7 +291,9 @@ type RelayInfo struct {
 	// Alive reports that the heartbeat has not expired, and is believed:
 	// a heartbeat_at more than RelayClockSkew ahead of the database's
 	// clock was not written by a relay's heartbeat (which takes the
-	// database's now()), so that row is never alive.
+	// database's now()), so that row is never alive; nor is a row whose
+	// heartbeat_at is more than RelayHeartbeatLifetimeMax old, whatever
+	// its expires_at.
 	Alive bool `json:"alive"`
 	// AckDurability is what the relay learnt at start about its
 	// destination's acknowledgement (see DurabilityChecker); nil until it
@@ -319,6 +321,14 @@ const (
 	// heartbeat_at may be and still be believed. A relay's heartbeat takes
 	// the database's now(), so any later one was written otherwise.
 	RelayClockSkew = time.Minute
+	// RelayHeartbeatLifetimeMax is how long after its heartbeat_at a
+	// heartbeat row may count as alive, whatever its expires_at. A relay's
+	// row lives three waits of its heartbeat, and RelayConfig caps
+	// HeartbeatInterval and IdleBackoffMax at a third of this, so any
+	// longer expires_at was not written by a relay's heartbeat: without the
+	// bound, a row expiring a century ahead kept a relay that died counted
+	// alive (and `status --check` content) for that long.
+	RelayHeartbeatLifetimeMax = time.Hour
 	// RelayNoteMaxBytes is the largest health or ack_durability document
 	// read from a heartbeat row (a relay's health is a few kilobytes: an
 	// hour of minutes and two error texts). A larger one is left unread,
@@ -486,14 +496,16 @@ func (a *Admin) relays(ctx context.Context, q pgtx.Querier) ([]RelayInfo, error)
 	rows, err := q.Query(ctx, `SELECT relay_id, hostname, pid,
 	CASE WHEN isfinite(started_at) THEN started_at END, CASE WHEN isfinite(heartbeat_at) THEN heartbeat_at END,
 	CASE WHEN isfinite(expires_at) THEN expires_at END,
-	expires_at > now() AND NOT ahead AND isfinite(heartbeat_at) AND isfinite(expires_at), ahead,
-	CASE WHEN isfinite(heartbeat_at) THEN extract(epoch FROM heartbeat_at - now())::float8 END,
+	expires_at > now() AND NOT ahead AND isfinite(heartbeat_at) AND isfinite(expires_at)
+		AND heartbeat_at + make_interval(secs => $3) > now(), ahead,
+	CASE WHEN isfinite(heartbeat_at) THEN extract(epoch FROM heartbeat_at - now())::float8 END, overlong,
 	CASE WHEN coalesce(pg_column_size(d.ack), 0) <= $1 THEN d.ack END, coalesce(pg_column_size(d.ack), 0),
 	CASE WHEN coalesce(pg_column_size(d.health), 0) <= $1 THEN d.health END, coalesce(pg_column_size(d.health), 0)
 FROM `+a.t.relays+` r
 CROSS JOIN LATERAL (SELECT to_jsonb(r) -> 'ack_durability' AS ack, to_jsonb(r) -> 'health' AS health,
-	r.heartbeat_at > now() + make_interval(secs => $2) AS ahead) d
-ORDER BY relay_id`, RelayNoteMaxBytes, RelayClockSkew.Seconds())
+	r.heartbeat_at > now() + make_interval(secs => $2) AS ahead,
+	isfinite(r.heartbeat_at) AND isfinite(r.expires_at) AND r.expires_at > r.heartbeat_at + make_interval(secs => $3) AS overlong) d
+ORDER BY relay_id`, RelayNoteMaxBytes, RelayClockSkew.Seconds(), RelayHeartbeatLifetimeMax.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("read relays: %w", err)
 	}
@@ -504,8 +516,9 @@ ORDER BY relay_id`, RelayNoteMaxBytes, RelayClockSkew.Seconds())
 		var aheadSecs *float64
 		var started, beat, expires *time.Time
 		var ackSize, healthSize int64
+		var overlong bool
 		err := row.Scan(&r.ID, &r.Hostname, &r.PID, &started, &beat, &expires, &r.Alive, &ahead, &aheadSecs,
-			&ack, &ackSize, &health, &healthSize)
+			&overlong, &ack, &ackSize, &health, &healthSize)
 		var untrusted []string
 		for _, t := range []struct {
 			what string
@@ -526,6 +539,10 @@ ORDER BY relay_id`, RelayNoteMaxBytes, RelayClockSkew.Seconds())
 				by = (time.Duration(min(*aheadSecs, float64(math.MaxInt64/time.Second))) * time.Second).String()
 			}
 			untrusted = append(untrusted, fmt.Sprintf("heartbeat_at is %s ahead of the database's clock: not a relay's heartbeat (it takes the database's now()); not counted alive", by))
+		}
+		if overlong {
+			untrusted = append(untrusted, fmt.Sprintf("expires_at is more than %s after heartbeat_at, longer than any relay's heartbeat lives: counted alive for %s after heartbeat_at at most",
+				RelayHeartbeatLifetimeMax, RelayHeartbeatLifetimeMax))
 		}
 		for _, n := range []struct {
 			what string
@@ -638,8 +655,9 @@ func (a *Admin) Gauges(ctx context.Context) (Gauges, error) {
 	g := Gauges{TableBytes: map[string]int64{}}
 	err := a.db.BeginFunc(ctx, pgtx.TxOptions{ReadOnly: true}, func(tx pgtx.Querier) error {
 		if err := tx.QueryRow(ctx, `SELECT `+backlogColumns+`, (SELECT count(*) FROM `+a.t.relays+`
-	WHERE expires_at > now() AND heartbeat_at <= now() + make_interval(secs => $1) AND isfinite(heartbeat_at) AND isfinite(expires_at))
-FROM `+a.t.events+` e WHERE e.published_at IS NULL`, RelayClockSkew.Seconds()).Scan(append(g.Backlog.scanArgs(), &g.RelaysAlive)...); err != nil {
+	WHERE expires_at > now() AND heartbeat_at <= now() + make_interval(secs => $1) AND isfinite(heartbeat_at) AND isfinite(expires_at)
+	  AND heartbeat_at + make_interval(secs => $2) > now())
+FROM `+a.t.events+` e WHERE e.published_at IS NULL`, RelayClockSkew.Seconds(), RelayHeartbeatLifetimeMax.Seconds()).Scan(append(g.Backlog.scanArgs(), &g.RelaysAlive)...); err != nil {
 			return fmt.Errorf("read backlog: %w", err)
 		}
 		rows, err := tx.Query(ctx, `SELECT c.relname, pg_total_relation_size(c.oid)

@@ -128,7 +128,8 @@ type RelayConfig struct {
 	// HeartbeatInterval is how often the relay records itself alive in
 	// outbox_relays; it counts as alive for three intervals after each
 	// heartbeat ("outbox status", outbox_relays_alive). Defaults to
-	// HeartbeatIntervalDefault.
+	// HeartbeatIntervalDefault; at most RelayHeartbeatLifetimeMax / 3 (20
+	// minutes).
 	HeartbeatInterval time.Duration
 	// Cleanup, when Cleanup.OlderThan is positive, makes the relay delete
 	// settled events older than that (and inbox rows older than
@@ -213,7 +214,8 @@ type RelayConfig struct {
 	// IdleBackoffMax. The heartbeat's lifetime follows its wait (three
 	// waits), so an idle relay stays alive in "outbox status" and a relay
 	// that died while idle is shown alive for up to 3 × IdleBackoffMax.
-	// Package outboxfleet sets it for the many sources of one process.
+	// At most RelayHeartbeatLifetimeMax / 3 (20 minutes), as is
+	// HeartbeatInterval. Package outboxfleet sets it for the many sources of one process.
 	// Zero (the default) turns it off.
 	IdleBackoffMax time.Duration
 
@@ -290,6 +292,9 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: LoneOutageLimit %d must be positive", c.LoneOutageLimit)
 	case c.HeartbeatInterval < 10*time.Millisecond:
 		return fmt.Errorf("outbox: HeartbeatInterval %s is under 10ms", c.HeartbeatInterval)
+	case c.HeartbeatInterval > RelayHeartbeatLifetimeMax/3:
+		return fmt.Errorf("outbox: HeartbeatInterval %s is over %s (a heartbeat row lives three intervals, and status believes one for %s at most)",
+			c.HeartbeatInterval, RelayHeartbeatLifetimeMax/3, RelayHeartbeatLifetimeMax)
 	case c.PartitionsAhead < 0:
 		return fmt.Errorf("outbox: PartitionsAhead %d is negative", c.PartitionsAhead)
 	case c.CleanupInterval < 0:
@@ -300,6 +305,9 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: LaneSweepInterval %s is negative", c.LaneSweepInterval)
 	case c.IdleBackoffMax < 0:
 		return fmt.Errorf("outbox: IdleBackoffMax %s is negative", c.IdleBackoffMax)
+	case c.IdleBackoffMax > RelayHeartbeatLifetimeMax/3:
+		return fmt.Errorf("outbox: IdleBackoffMax %s is over %s (an idle relay's heartbeat row lives three waits, and status believes one for %s at most)",
+			c.IdleBackoffMax, RelayHeartbeatLifetimeMax/3, RelayHeartbeatLifetimeMax)
 	}
 	if c.Cleanup.OlderThan != 0 || c.Cleanup.InboxOlderThan != 0 {
 		if err := c.Cleanup.validate(); err != nil {
