@@ -239,6 +239,9 @@ func (c Config) validate() error {
 	case r.PollInterval < 0, r.IdleMax < 0, r.DiscoverInterval < 0, r.Lease < 0, r.HeartbeatInterval < 0,
 		r.LaneSweepInterval < 0:
 		return errors.New("relay: durations must not be negative (vacuum_interval and rescan_interval excepted)")
+	case r.IdleMax > outbox.RelayHeartbeatLifetimeMax/3, r.HeartbeatInterval > outbox.RelayHeartbeatLifetimeMax/3:
+		return fmt.Errorf("relay: idle_max %s and heartbeat_interval %s must be at most %s (a heartbeat row lives three waits; status believes one for %s at most)",
+			r.IdleMax, r.HeartbeatInterval, outbox.RelayHeartbeatLifetimeMax/3, outbox.RelayHeartbeatLifetimeMax)
 	}
 	if len(c.Databases) == 0 {
 		return errors.New("databases: none configured")

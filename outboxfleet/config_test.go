@@ -48,6 +48,7 @@ func TestConfigErrorsAreClear(t *testing.T) {
 		{"empty", "", "empty configuration"},
 		{"unknown key", replace("poll_interval: 500ms", "pol_interval: 500ms"), "field pol_interval not found"},
 		{"bad duration", replace("poll_interval: 500ms", "poll_interval: soon"), "soon"},
+		{"idle_max too long", replace("poll_interval: 500ms", "poll_interval: 500ms\n  idle_max: 21m"), "idle_max 21m0s and heartbeat_interval 0s must be at most 20m0s"},
 		{"unknown database", replace("  - database: main\n    schema: orders", "  - database: mian\n    schema: orders"), `sources[0]: database "mian" is not in databases (main)`},
 		{"unknown destination", replace("    destination: events\n  - database", "    destination: evnts\n  - database"), `sources[0]: destination "evnts" is not in destinations (billing, events)`},
 		{"schema and pattern", replace("    schema: orders", "    schema: orders\n    schema_pattern: x*"), "sources[0]: set schema or schema_pattern, not both nor neither"},
