@@ -285,7 +285,7 @@ func (d *database) start(ctx context.Context, schema string, sp sourceSpec) erro
 		// the database), and its look finds due events in idle sources:
 		// the relay's own polls and upkeep back off while it is idle.
 		DisableNotify: true, IdleBackoffMax: set.IdleMax,
-		Logger: d.f.log.With(slog.String("source", name)), Observer: s.obs,
+		Logger: d.f.sourceLog.With(slog.String("source", name)), Observer: s.obs,
 	}
 	if d.f.opts.ConfigureRelay != nil {
 		d.f.opts.ConfigureRelay(name, &cfg)

@@ -44,12 +44,15 @@ type Options struct {
 // a Config, each served by an outbox.Relay over its database's shared pool
 // (see the package documentation).
 type Fleet struct {
-	cfg   Config
-	set   RelaySettings
-	opts  Options
-	log   *slog.Logger
-	dbs   []*database
-	fleet *fleetMetrics
+	cfg  Config
+	set  RelaySettings
+	opts Options
+	log  *slog.Logger
+	// sourceLog is the sources' relays' logger: log, with what each of
+	// them logs alike about a destination logged once (logonce.go).
+	sourceLog *slog.Logger
+	dbs       []*database
+	fleet     *fleetMetrics
 
 	mu   sync.Mutex
 	pubs map[string]outbox.Publisher // by destination name, once Run opened them
@@ -68,7 +71,8 @@ func New(cfg Config, opts Options) (*Fleet, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	f := &Fleet{cfg: cfg, set: cfg.Relay.withDefaults(), opts: opts, log: opts.Logger}
+	f := &Fleet{cfg: cfg, set: cfg.Relay.withDefaults(), opts: opts, log: opts.Logger,
+		sourceLog: slog.New(onceHandler{Handler: opts.Logger.Handler(), once: &onceLines{}})}
 	if opts.Registerer != nil {
 		m, err := newFleetMetrics(opts.Registerer)
 		if err != nil {
