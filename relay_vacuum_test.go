@@ -1,11 +1,9 @@
 package outbox_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -102,20 +100,5 @@ func TestRelayThatCannotVacuumSaysSo(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the relay's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a bytes.Buffer written concurrently while the test reads it.
+type syncBuffer = outboxtest.Buffer

@@ -1,12 +1,10 @@
 package outboxfleet_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,24 +12,6 @@ import (
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxfleet"
 )
-
-// logBuffer is a log destination safe for the fleet's goroutines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestFleetLogsADestinationsAcknowledgementOnce: every source's relay checks
 // its destination's acknowledgement at start; with many sources on one
@@ -67,7 +47,7 @@ sources:
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &logBuffer{}
+	logs := &outboxtest.Buffer{}
 	runFleet(t, cfg, outboxfleet.Options{
 		OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub}),
 		Logger:          slog.New(slog.NewTextHandler(logs, nil)),

@@ -1,13 +1,11 @@
 package inventory_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -338,20 +336,5 @@ func TestAMQPNeverPrintsThePassword(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer is a bytes.Buffer written concurrently while the test reads it.
+type syncBuffer = outboxtest.Buffer
