@@ -12,6 +12,7 @@ import (
 // schedule has one); the checker reads the events from the witness queue.
 // No invariant may be violated.
 func TestChaosRunAMQP(t *testing.T) {
+	t.Parallel() // see runChaosCommand
 	out, code := runChaosCommand(t, testBinaries(t), "--duration", "20s", "--seed", "12", "--destination", "amqp", "--recover-timeout", "60s")
 	if code != 0 {
 		t.Fatalf("outbox chaos exited with %d", code)
