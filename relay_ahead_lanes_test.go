@@ -36,19 +36,19 @@ func (c *claimSizes) ObserveClaim(o outbox.ClaimObservation) {
 // position first, so that what a claim leaves for lack of room lies past
 // what it took; taken in any order, the cursor stayed at the lowest left
 // head, near the window's start, and the next claim read mostly the same
-// rows again (about 25 events a claim of 100, in this test's first form).
+// rows again (about 25 events a claim of 100 here).
 func TestWideBacklogDrainHandsNoLaneOver(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := outboxtest.Schema(t)
 	w := newWriter(t, schema)
 	b := newNATS(t, outboxtest.NATSURL(), 0)
-	// Twelve windows wide, as 1,500 lanes with claims of 100 (until 7
-	// December 2026), for half the events.
-	const lanes, perLane = 750, 6
+	// Three events a lane (six until 7 December 2026): every lane still
+	// has successors to look for after the first pass, in half the claims.
+	const lanes, perLane = 1500, 3
 	writeEvents(t, pool, w, lanes, perLane)
 	cfg := quietConfig(schema, b.pub)
-	cfg.BatchSize = 50 // window 62: the lanes are twelve windows wide
+	cfg.BatchSize = 100 // window 125: the lanes are twelve windows wide
 	var sizes claimSizes
 	cfg.Observer = &sizes
 	startRelay(t, pool, cfg)
