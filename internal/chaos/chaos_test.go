@@ -15,11 +15,11 @@ import (
 )
 
 // runChaosCommand runs "outbox chaos" of bins as a process and returns its
-// output and exit code. The runs are parallel tests: each has its schema,
-// its broker or its node (NATS, kfake, RabbitMQ), its PostgreSQL cluster
-// when it crashes one, its ports and its directory. Two at a time (go
-// test's -parallel: the CPUs of CI's 2-core machine), the package waits on
-// their fixed durations half as long.
+// output and exit code. The runs but TestChaosRunAMQP's are parallel
+// tests: each has its schema, its destination (NATS, kfake, webhook), its
+// PostgreSQL cluster when it crashes one, its ports and its directory. Two
+// at a time (go test's -parallel: the CPUs of CI's 2-core machine), the
+// package waits on their fixed durations half as long.
 func runChaosCommand(t *testing.T, bins Binaries, args ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
