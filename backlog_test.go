@@ -33,7 +33,7 @@ import (
 var (
 	backlogEvents     = flag.Int("backlog.events", 3000, "events in the backlog built while no relay runs")
 	backlogAggregates = flag.Int("backlog.aggregates", 0, "aggregates the backlog is spread over (default events/20)")
-	backlogHistory    = flag.Int("backlog.history", 100000, "published rows added under 500 pending heads, to compare the claim's cost with a tenth of them and with all")
+	backlogHistory    = flag.Int("backlog.history", 50000, "published rows added under 500 pending heads, to compare the claim's cost with a tenth of them and with all")
 	backlogReport     = flag.String("backlog.report", "", "write the figures as Markdown to this file")
 )
 

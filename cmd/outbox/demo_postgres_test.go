@@ -236,9 +236,9 @@ func silentServer(t *testing.T) string {
 
 // TestDemoDatabaseURLDoesNotAnswer checks that a DATABASE_URL whose server
 // does not answer fails the demo before anything starts, in one line that
-// names the URL without its password: at once when nothing listens (every
-// destination, both modes), and after the demo's connect timeout when
-// something listens but never answers (the binary: exit status 1).
+// names the URL without its password, at once when nothing listens (every
+// destination, both modes). TestDemoDatabaseURLNeverAnswers has the server
+// that listens but never answers.
 func TestDemoDatabaseURLDoesNotAnswer(t *testing.T) {
 	port := deadPort(t)
 	url := fmt.Sprintf("postgres://postgres:s3cret@127.0.0.1:%d/postgres?sslmode=disable", port)
@@ -257,9 +257,18 @@ func TestDemoDatabaseURLDoesNotAnswer(t *testing.T) {
 			}
 		}
 	}
+}
 
+// TestDemoDatabaseURLNeverAnswers: a DATABASE_URL whose server listens but
+// never answers fails the demo binary after the demo's connect timeout,
+// with exit status 1 and one line that names the URL without its password.
+// Parallel (unlike TestDemoDatabaseURLDoesNotAnswer, which sets the
+// environment of this process): the binary gets its environment of its own,
+// and the package's serial tests run while TestMain builds it.
+func TestDemoDatabaseURLNeverAnswers(t *testing.T) {
+	t.Parallel()
 	addr := silentServer(t)
-	url = "postgres://postgres:s3cret@" + addr + "/postgres?sslmode=disable"
+	url := "postgres://postgres:s3cret@" + addr + "/postgres?sslmode=disable"
 	outboxBinary(t) // built before the clock starts
 	start := time.Now()
 	out, stderr, _, _, err := demoProcess(t, demoEnv("DATABASE_URL="+url))
@@ -322,6 +331,10 @@ func TestDemoPostgresErrors(t *testing.T) {
 // TestDemoCDCOnDatabaseURL runs --mode cdc on the server --database-url
 // names (a cluster of the test's own with wal_level=logical): the demo
 // passes, and removes its slot, publication and schema from that server.
+// Then, on the same cluster, --mode cdc --keep twice: each run's
+// replication slot and publication have names of their own, so the second
+// run does not collide with what the first kept (TestDemoCDCKeepTwice,
+// with a cluster of its own, until 7 December 2026).
 func TestDemoCDCOnDatabaseURL(t *testing.T) {
 	c := outboxtest.PrivateCluster(t, pgcluster.Config{Settings: map[string]string{"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}})
 	report, schema, _ := runDemoTest(t, "--database-url", c.URL(""), "--mode", "cdc", "--orders", "40")
@@ -348,6 +361,23 @@ func TestDemoCDCOnDatabaseURL(t *testing.T) {
 	if slots+pubs+schemas != 0 {
 		t.Errorf("left behind: %d slots, %d publications, %d schemas", slots, pubs, schemas)
 	}
+
+	t.Run("keep twice", func(t *testing.T) {
+		var schemas []string
+		for range 2 {
+			_, schema, _ := runDemoTest(t, "--database-url", c.URL(""), "--mode", "cdc", "--orders", "20", "--keep", "--destination", "kafka")
+			schemas = append(schemas, schema)
+		}
+		for _, schema := range schemas {
+			var slots int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, outboxcdc.SlotName(schema, outboxcdc.GroupDefault)).Scan(&slots); err != nil {
+				t.Fatal(err)
+			}
+			if slots != 1 {
+				t.Errorf("run of schema %s: %d slots kept, want 1", schema, slots)
+			}
+		}
+	})
 }
 
 // fakeServer speaks just enough of PostgreSQL's protocol to let a client
@@ -436,32 +466,5 @@ func TestDemoDefaultAddressUnusable(t *testing.T) {
 	err := checkPostgres(ctx, pgURL(old), "DATABASE_URL", false)
 	if err == nil || !strings.Contains(err.Error(), "(DATABASE_URL) is PostgreSQL 12.4 (Debian 12.4-1): the outbox needs PostgreSQL 13 or newer") {
 		t.Errorf("checkPostgres on PostgreSQL 12: %v", err)
-	}
-}
-
-// TestDemoCDCKeepTwice runs --mode cdc --keep twice on the same server:
-// each run's replication slot and publication have names of their own,
-// so the second run does not collide with what the first kept.
-func TestDemoCDCKeepTwice(t *testing.T) {
-	c := outboxtest.PrivateCluster(t, pgcluster.Config{Settings: map[string]string{"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}})
-	var schemas []string
-	for range 2 {
-		_, schema, _ := runDemoTest(t, "--database-url", c.URL(""), "--mode", "cdc", "--orders", "20", "--keep", "--destination", "kafka")
-		schemas = append(schemas, schema)
-	}
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, c.URL(""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, schema := range schemas {
-		var slots int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, outboxcdc.SlotName(schema, outboxcdc.GroupDefault)).Scan(&slots); err != nil {
-			t.Fatal(err)
-		}
-		if slots != 1 {
-			t.Errorf("run of schema %s: %d slots kept, want 1", schema, slots)
-		}
 	}
 }

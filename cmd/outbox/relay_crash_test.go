@@ -28,9 +28,9 @@ var (
 	buildErr  error
 )
 
-// outboxBinary builds the outbox command once per test run.
-func outboxBinary(t *testing.T) string {
-	t.Helper()
+// buildOutbox builds the outbox command with -race into a directory of its
+// own (binPath), once per test run.
+func buildOutbox() {
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "outbox-bin-")
 		if err != nil {
@@ -43,6 +43,13 @@ func outboxBinary(t *testing.T) string {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
 	})
+}
+
+// outboxBinary returns the outbox command built once per test run (started
+// by TestMain when the whole package runs), waiting for the build.
+func outboxBinary(t *testing.T) string {
+	t.Helper()
+	buildOutbox() // waits for a build under way
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}

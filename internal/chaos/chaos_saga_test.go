@@ -11,6 +11,7 @@ import (
 // out or drops its responses after committing; I6 (no order charged twice)
 // and I7 (every order settled) must hold with the rest.
 func TestChaosRunSaga(t *testing.T) {
+	t.Parallel() // see runChaosCommand
 	out, code := runChaosCommand(t, testBinaries(t), "--saga", "--duration", "40s", "--seed", "20261202", "--recover-timeout", "90s")
 	if code != 0 {
 		t.Fatalf("outbox chaos exited with %d", code)
