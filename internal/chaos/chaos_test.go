@@ -15,7 +15,7 @@ import (
 )
 
 // runChaosCommand runs "outbox chaos" of bins as a process and returns its
-// output and exit code. The runs but TestChaosRunAMQP's are parallel
+// output and exit code. The runs but TestChaosRunAMQP's and TestChaosRunKafka's are parallel
 // tests: each has its schema, its destination (NATS, kfake, webhook), its
 // PostgreSQL cluster when it crashes one, its ports and its directory. Two
 // at a time (go test's -parallel: the CPUs of CI's 2-core machine), the
@@ -121,7 +121,8 @@ func TestChaosRunCDC(t *testing.T) {
 // persisted to the run's directory, so that the broker restarts apply as on
 // NATS; no invariant may be violated.
 func TestChaosRunKafka(t *testing.T) {
-	t.Parallel() // see runChaosCommand
+	// Not parallel: under load its seed's failpoints, on their first hits,
+	// did not fire (the run fails "no failpoints fired").
 	out, code := runChaosCommand(t, testBinaries(t), "--duration", "20s", "--seed", "12", "--destination", "kafka", "--recover-timeout", "60s")
 	if code != 0 {
 		t.Fatalf("outbox chaos exited with %d", code)
