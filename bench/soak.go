@@ -588,7 +588,9 @@ func soakOne(ctx context.Context, se *env, kind, av, dataDir string) (*soakOutco
 	progress := time.NewTicker(progressEvery)
 	defer progress.Stop()
 	for len(rows) < nrows {
-		next := start.Add(time.Duration(len(rows)+1) * sz.interval)
+		// The last row ends with the load, when the duration is not a
+		// multiple of the interval.
+		next := start.Add(min(time.Duration(len(rows)+1)*sz.interval, sz.duration))
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
