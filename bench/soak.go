@@ -233,9 +233,10 @@ type tableStats struct {
 
 // treeStats sums table's statistics over the leaves of its partition tree
 // (the table itself when it is not partitioned). seen keeps, per leaf, the
-// highest vacuum counts read: the counts of a partition vanish when it is
-// dropped, and the soak counts every vacuum of the outbox table.
-func (e *env) treeStats(ctx context.Context, schema, table string, seen map[string][2]int64) (tableStats, error) {
+// highest vacuum and update counts read: the counts of a partition vanish
+// when it is dropped, and the soak counts every vacuum of the outbox table
+// and the HOT share of every interval's updates.
+func (e *env) treeStats(ctx context.Context, schema, table string, seen map[string][4]int64) (tableStats, error) {
 	var t tableStats
 	rows, err := e.admin.Query(ctx, `WITH leaves AS (
 	SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf
@@ -258,18 +259,18 @@ FROM leaves l JOIN pg_stat_user_tables s ON s.relid = l.relid`, schema+"."+table
 		t.indexBytes += idx
 		t.live += live
 		t.dead += dead
-		t.updates += upd
-		t.hotUpdates += hot
 		t.parts++
 		if last != "-" && (t.lastAutovacuum == "-" || last > t.lastAutovacuum) {
 			t.lastAutovacuum = last
 		}
 		if seen != nil {
 			p := seen[name]
-			seen[name] = [2]int64{max(p[0], av), max(p[1], v)}
+			seen[name] = [4]int64{max(p[0], av), max(p[1], v), max(p[2], upd), max(p[3], hot)}
 		} else {
 			t.autovacuums += av
 			t.vacuums += v
+			t.updates += upd
+			t.hotUpdates += hot
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -278,6 +279,8 @@ FROM leaves l JOIN pg_stat_user_tables s ON s.relid = l.relid`, schema+"."+table
 	for _, c := range seen {
 		t.autovacuums += c[0]
 		t.vacuums += c[1]
+		t.updates += c[2]
+		t.hotUpdates += c[3]
 	}
 	return t, nil
 }
@@ -455,8 +458,11 @@ func soakOne(ctx context.Context, se *env, kind, av, dataDir string) (*soakOutco
 		prev := partman.DropSettled.Swap(true)
 		defer partman.DropSettled.Store(prev)
 	}
+	// The storage parameters of the table, or of its newest partition
+	// (a partitioned table has none; its partitions carry the table's).
 	var reloptions string
-	_ = se.admin.QueryRow(ctx, "SELECT coalesce(array_to_string(reloptions, ' '), 'defaults') FROM pg_class WHERE oid = $1::regclass",
+	_ = se.admin.QueryRow(ctx, `SELECT coalesce(array_to_string(reloptions, ' '), 'defaults') FROM pg_class
+WHERE oid = coalesce((SELECT max(relid::regclass::text)::regclass FROM pg_partition_tree($1::regclass) WHERE isleaf), $1::regclass)`,
 		s.schema+".outbox_events").Scan(&reloptions)
 	out := &soakOutcome{kind: kind, autovacuum: av, server: se.serverVacuumSettings(ctx)}
 	switch {
@@ -567,7 +573,7 @@ func soakOne(ctx context.Context, se *env, kind, av, dataDir string) (*soakOutco
 	start := time.Now()
 	nrows := int((sz.duration + sz.interval - 1) / sz.interval)
 	rows := make([]soakRow, 0, nrows)
-	seen := map[string][2]int64{}
+	seen := map[string][4]int64{}
 	prevEvents, err := se.treeStats(ctx, s.schema, "outbox_events", seen)
 	if err != nil {
 		return nil, err
