@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -154,9 +155,12 @@ func TestCompareNeedsSize(t *testing.T) {
 }
 
 // TestQuickSoak runs the soak group (not in the default run) for a few
-// seconds and checks its summary is there: one row per interval, the first
-// and last intervals and the flatness ratios. Like TestQuickRun, it checks
-// no target.
+// seconds, the DELETE and the partitioned outbox one after the other on a
+// private cluster with autovacuum off, and checks its summary is there:
+// one row per interval for each, the windows compared, the figures per
+// event (pg_stat_statements, the WAL, the cluster's CPU), and that the
+// partitioned outbox lost settled partitions to the drop rather than rows
+// to a DELETE. Like TestQuickRun, it checks no target.
 func TestQuickSoak(t *testing.T) {
 	t.Parallel() // see TestQuickRun
 	o := options{quick: true, only: []string{"soak"}, sz: quickSizes(),
@@ -171,18 +175,36 @@ func TestQuickSoak(t *testing.T) {
 	for _, r := range results {
 		got[r.Scenario] = r
 	}
-	for _, s := range []string{"soak/first-interval", "soak/last-interval", "soak/written-last-vs-first", "soak/published-last-vs-first",
-		"soak/lag-p50-last-vs-first", "soak/lag-p99-last-vs-first", "soak/size-last-vs-middle", "soak/dead-tuples-last",
-		"soak/drain-after-load"} {
-		if _, ok := got[s]; !ok {
-			t.Errorf("scenario %s missing", s)
+	for _, kind := range []string{"delete", "partitioned"} {
+		p := "soak/" + kind + "/autovacuum-off/"
+		for _, s := range []string{"first-interval", "last-interval", "published-last-vs-first", "size-last-vs-second-window",
+			"claim-p99-last-vs-second-window", "vacuums-of-outbox-events", "dead-tuples-last", "wal-bytes-per-event",
+			"index-bytes-per-event", "drain-after-load", "pg-cpu-per-event", "statements/write", "statements/claim", "statements/mark",
+			"statements/clean-up"} {
+			if _, ok := got[p+s]; !ok {
+				t.Errorf("scenario %s missing", p+s)
+			}
+		}
+		if r := got[p+"last-interval"]; r.EventsPerSec == nil || *r.EventsPerSec <= 0 || r.Value == nil || *r.Value <= 0 {
+			t.Errorf("%s: last interval without throughput or size: %+v", kind, r)
+		}
+		if r := got[p+"wal-bytes-per-event"]; r.Value == nil || *r.Value <= 0 {
+			t.Errorf("%s: no WAL per event: %+v", kind, r)
 		}
 	}
-	if r := got["soak/last-interval"]; r.EventsPerSec == nil || *r.EventsPerSec <= 0 || r.Value == nil || *r.Value <= 0 {
-		t.Errorf("last interval without throughput or size: %+v", r)
+	if _, ok := got["soak/partitioned/autovacuum-off/wal-per-event-vs-delete"]; !ok {
+		t.Errorf("no WAL ratio of the partitioned outbox to the DELETE path")
 	}
-	if rows := strings.Count(log.String(), "\n| 0:0"); rows != 3 {
-		t.Errorf("the final table has %d rows, want 3 (6s in 2s intervals):\n%s", rows, log.String())
+	if rows := strings.Count(log.String(), "\n| 0:0"); rows != 6 {
+		t.Errorf("the final tables have %d rows, want 6 (twice 6s in 2s intervals):\n%s", rows, log.String())
+	}
+	if !strings.Contains(log.String(), "soak summary:") {
+		t.Errorf("no summary table:\n%s", log.String())
+	}
+	// 1-second partitions, a 2-second horizon, 6 seconds of load: the
+	// upkeep drops the first partitions within the run.
+	if !regexp.MustCompile(`clean-up by partition drop \([1-9][0-9]* dropped\)`).MatchString(log.String()) {
+		t.Errorf("the partitioned soak dropped no partition:\n%s", log.String())
 	}
 }
 

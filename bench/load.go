@@ -31,7 +31,10 @@ func startRelayTo(ctx context.Context, e *env, s space, pub outbox.Publisher, cl
 		closePub()
 		return nil, nil, err
 	}
-	cfg.Schema, cfg.Publisher, cfg.Logger = s.schema, pub, quietLogger()
+	cfg.Schema, cfg.Publisher = s.schema, pub
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
 	if wrap != nil {
 		cfg.Publisher = wrap(pub)
 	}

@@ -9,7 +9,8 @@
 //	cd bench && go run . --quick    # a smoke run, under a minute: every default group but destinations, at sizes too small for figures
 //	cd bench && go run . --long     # a 1,000,000-event backlog
 //	cd bench && go run . --json     # one JSON object per scenario
-//	cd bench && go run . --only soak  # writers and relay together, 10 minutes
+//	cd bench && go run . --only soak  # writers and relay together, 10 minutes, DELETE and partitioned outboxes, private clusters with autovacuum off then on
+//	cd bench && go run . --only soak --soak-duration 30m --soak-retention 2m --soak-partition-interval 1m --soak-rate N  # issue 21's soak (2 hours)
 //	cd bench && go run . --only outage  # a 2 s NATS outage under load; a webhook answering 5% 503 or 500
 //	cd bench && go run . --only destinations  # each destination beside a naive publisher
 //	cd bench && go run . --only destinations --destinations kafka
@@ -222,9 +223,17 @@ func main() {
 	fs.IntVar(&soak.rate, "soak-rate", 0, "soak: events/s offered by the writers, one event per transaction (default 1000)")
 	fs.DurationVar(&soak.interval, "soak-interval", 0, "soak: one table row per interval (default 1m, --quick 2s)")
 	fs.DurationVar(&soak.retention, "soak-retention", 0, "soak: the relay's clean-up deletes events published longer ago than this (default 1m, --quick 2s)")
-	fs.DurationVar(&soak.relayVacuum, "soak-relay-vacuum", 0, "soak: the relay's RelayConfig.VacuumInterval (default the library's; negative: the relay never vacuums, as in run (a) of BENCHMARKS.md)")
+	fs.DurationVar(&soak.relayVacuum, "soak-relay-vacuum", 0, "soak: the relay's RelayConfig.VacuumInterval (default the library's on the DELETE path, off on the partitioned one; negative: the relay never vacuums, as in run (a) of BENCHMARKS.md)")
 	fs.DurationVar(&soak.vacuumEvery, "soak-vacuum-every", 0, "soak: also run VACUUM (ANALYZE) on the outbox tables this often, as a cron job would where autovacuum is off (default never)")
 	fs.IntVar(&soak.aggregates, "soak-aggregates", 0, "soak: events go to this many aggregates, so counter rows are updated (default 10000)")
+	var soakOutboxes, soakAV string
+	fs.StringVar(&soakOutboxes, "soak-outboxes", "", "soak: comma-separated outbox kinds, one after the other, each on a schema of its own: "+
+		"delete (a plain outbox_events, clean-up by DELETE), partitioned (outboxmigrate.Partition, settled partitions dropped past the horizon) (default both)")
+	fs.StringVar(&soakAV, "soak-autovacuum", "", "soak: comma-separated servers, one after the other, every outbox kind on each: "+
+		"off, on (a private cluster with autovacuum off or on, and pg_stat_statements), server (the --database-url server as it is) (default off,on; --quick off)")
+	fs.DurationVar(&soak.partitionInterval, "soak-partition-interval", 0, "soak: the partitioned outbox's partition width (default 1m, --quick 1s)")
+	fs.IntVar(&soak.partitionsAhead, "soak-partitions-ahead", 0, "soak: partitions kept ready after the current one, by the conversion and the relay's upkeep (default the library's, 6; --quick 20)")
+	fs.DurationVar(&soak.window, "soak-window", 0, "soak: the span the summary compares: the first against the last (published/s), the second against the last (size, claim p99) (default a sixth of --soak-duration)")
 	var pf pressureFlags
 	fs.StringVar(&pf.cells, "pressure-cells", "", "pressure: comma-separated cells to run, in this order: "+strings.Join(pressureCells, ",")+" (default all)")
 	fs.StringVar(&pf.relays, "pressure-relays", "", "pressure: comma-separated relay kinds, one after the other: "+strings.Join(pressureRelayKinds, ",")+" (default all)")
@@ -254,6 +263,14 @@ func main() {
 	}
 	if backlog > 0 {
 		o.sz.backlog, o.sz.aggregates = backlog, max(1, backlog/20)
+	}
+	var serr error
+	if soak.outboxes, serr = parseSoakList("soak-outboxes", soakOutboxes, soakOutboxKinds); serr == nil {
+		soak.autovacuum, serr = parseSoakList("soak-autovacuum", soakAV, soakAutovacuums)
+	}
+	if serr != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", serr)
+		os.Exit(2)
 	}
 	o.sz.soak = o.sz.soak.override(soak)
 	var perr error
