@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/internal/outboxtest"
@@ -192,5 +193,89 @@ func TestMultiConsoleHostChecked(t *testing.T) {
 	// Public pages, but actions still need the login.
 	if code, _ := c.do(http.MethodPost, "/sources/main/"+schema+"/quarantine/skip", url.Values{"event_id": {"x"}}, nil); code != http.StatusUnauthorized {
 		t.Errorf("skip without a login: %d, want 401", code)
+	}
+}
+
+// TestMultiConsoleInBrowser drives NewMulti in a headless Chromium: the
+// login at the root leads to the index, whose link opens a source's
+// console; its navigation, stylesheet and retry form work under the
+// source's prefix, the retry lands in that source's schema, and "all
+// sources" leads back to the index.
+func TestMultiConsoleInBrowser(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2, 2, 3)
+	pool2, other := outboxtest.Schema(t)
+	h, err := outboxconsole.NewMulti(outboxconsole.MultiConfig{Token: testToken, Logger: discard(), Refresh: -1,
+		Sources: func(context.Context) []outboxconsole.Source {
+			return []outboxconsole.Source{{Database: "main", Schema: f.schema, Pool: f.pool}, {Database: "main", Schema: other, Pool: pool2}}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	base := "/sources/main/" + f.schema
+	ctx := browser(t, 2*time.Minute)
+	path := func() string {
+		t.Helper()
+		p, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.pathname`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+base+"/quarantine"), chromedp.WaitVisible(chromedp.CSS(`#token`))); err != nil {
+		t.Fatalf("a source's page before logging in: %v", err)
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS(`#name`), "carol"),
+		chromedp.SendKeys(chromedp.CSS(`#token`), testToken),
+		chromedp.Click(chromedp.CSS(`#login`)),
+		chromedp.WaitVisible(chromedp.CSS(`table#sources`)),
+	); err != nil {
+		t.Fatalf("log in: %v", err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-source="main/`+f.schema+`"] a`)), chromedp.WaitVisible(chromedp.CSS(`#backlog`))); err != nil {
+		t.Fatalf("open the source from the index: %v", err)
+	}
+	if p := path(); p != base+"/" {
+		t.Errorf("the source's overview is at %s, want %s/", p, base)
+	}
+	if q := text(t, ctx, "#quarantined"); q != "2" {
+		t.Errorf("the source's overview shows %s quarantined, want 2", q)
+	}
+	styled, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.styleSheets.length > 0 && document.styleSheets[0].cssRules.length > 0`))
+	if err != nil || !styled {
+		t.Errorf("the source's page has no stylesheet: %v", err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`nav a[href$="/quarantine"]`)), chromedp.WaitVisible(chromedp.CSS(`table.quarantine`))); err != nil {
+		t.Fatalf("the source's quarantine page from its navigation: %v", err)
+	}
+	if p := path(); p != base+"/quarantine" {
+		t.Errorf("the quarantine page is at %s, want %s/quarantine", p, base)
+	}
+	retried := f.quarantined[0]
+	ev, err := f.admin.Event(context.Background(), retried)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.refuse.Delete(ev.AggregateID)
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`tr[data-event="`+retried.String()+`"] button.retry`))); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	waitNotice(t, ctx, "Event "+retried.String()+" retried")
+	if p := path(); p != base+"/quarantine" {
+		t.Errorf("after the retry the browser is at %s, want %s/quarantine", p, base)
+	}
+	var n int
+	if err := f.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+f.schema+".outbox_operations WHERE action = 'retry' AND actor = 'console:token:carol' AND event_id = $1", retried).Scan(&n); err != nil || n != 1 {
+		t.Errorf("carol's retry in %s: %d rows, %v; want 1", f.schema, n, err)
+	}
+	if err := pool2.QueryRow(context.Background(), "SELECT count(*) FROM "+other+".outbox_operations").Scan(&n); err != nil || n != 0 {
+		t.Errorf("operations in %s: %d, %v; want none", other, n, err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#all-sources`)), chromedp.WaitVisible(chromedp.CSS(`table#sources`))); err != nil {
+		t.Fatalf("back to the index: %v", err)
 	}
 }
