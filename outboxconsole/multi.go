@@ -87,6 +87,7 @@ type multi struct {
 
 	mu      sync.Mutex
 	sources map[string]Source   // the last list, by key
+	down    map[string]error    // the databases the last list could not list
 	pages   map[string]*console // each source's pages, built on first use
 }
 
@@ -115,7 +116,7 @@ func NewMulti(cfg MultiConfig) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &multi{cfg: cfg, gate: g, sources: map[string]Source{}, pages: map[string]*console{}}
+	m := &multi{cfg: cfg, gate: g, sources: map[string]Source{}, down: map[string]error{}, pages: map[string]*console{}}
 	m.root = &console{gate: g, cfg: Config{ReadOnly: g.readOnly, Refresh: cfg.Refresh, PageSize: cfg.PageSize}, index: true}
 	if m.root.pages, err = parseTemplates("", []string{"index", "login"}); err != nil {
 		return nil, err
@@ -148,9 +149,12 @@ func (m *multi) list(ctx context.Context) []Source {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sources = make(map[string]Source, len(got))
+	m.down = map[string]error{}
 	for _, s := range got {
 		if s.Schema != "" {
 			m.sources[sourceKey(s.Database, s.Schema)] = s
+		} else if s.Err != nil {
+			m.down[s.Database] = s.Err
 		}
 	}
 	return got
@@ -206,6 +210,13 @@ func (m *multi) source(w http.ResponseWriter, r *http.Request) {
 		m.mu.Unlock()
 	}
 	if !ok {
+		m.mu.Lock()
+		err := m.down[database]
+		m.mu.Unlock()
+		if err != nil {
+			http.Error(w, "database "+safeText(database)+" down: "+safeText(oneLine(redact.Text(err.Error()))), http.StatusServiceUnavailable)
+			return
+		}
 		http.Error(w, "no such source: the console's file names no schema "+safeText(schema)+" in database "+safeText(database), http.StatusNotFound)
 		return
 	}

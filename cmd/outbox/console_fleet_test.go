@@ -72,6 +72,13 @@ func writeEvents(t *testing.T, pool *pgxpool.Pool, schema string, evs ...outbox.
 	}
 }
 
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
 // operations lists the audit log of a schema as "action actor".
 func operations(t *testing.T, pool *pgxpool.Pool, schema string) []string {
 	t.Helper()
@@ -247,6 +254,9 @@ sources:
 	if down, ok := rows["gone/"]["down"]; !ok || !strings.Contains(down, "down") {
 		t.Errorf("index: the unreachable database is not shown down: %v", rows["gone/"])
 	}
+	if code, _, body := consoleGet(t, c, p.base+"sources/gone/outbox/quarantine", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "down") || strings.Contains(body, downPassword) {
+		t.Errorf("GET a page of the unreachable database's source: %d %q, want 503 saying it is down", code, body)
+	}
 	if strings.Contains(body, downPassword) || strings.Contains(p.log(), downPassword) {
 		t.Errorf("the unreachable database's password is printed")
 	}
@@ -311,6 +321,21 @@ sources:
 	_, _, body = consoleGet(t, c, p.base, "")
 	if r, ok := indexRows(t, body)["main/"+later]; !ok || r["pending"] != "0" {
 		t.Errorf("index after creating %s: %v", later, indexRows(t, body))
+	}
+
+	// The other database goes away while the console runs: its source is
+	// shown down, the others as before.
+	other.Close()
+	if _, err := admin.Exec(ctx, "DROP DATABASE "+strings.TrimPrefix(must(url.Parse(otherURL)).Path, "/")+" WITH (FORCE)"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, body = consoleGet(t, c, p.base, "")
+	rows = indexRows(t, body)
+	if _, down := rows["other/"]["down"]; !down {
+		t.Errorf("index after dropping the other database: %v, want other/ down", rows)
+	}
+	if r := rows["main/"+named]; r["relays"] != "1" || r["down"] != "" {
+		t.Errorf("index after dropping the other database, %s: %v", named, r)
 	}
 
 	// Logging out ends the session for every source.
