@@ -74,7 +74,7 @@ func (c *console) retry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.log.Info("console: event retried", "event_id", id, "aggregate_type", e.AggregateType, "aggregate_id", e.AggregateID, "by", by)
-	http.Redirect(w, r, "/quarantine?done=retried&event="+id.String(), http.StatusSeeOther)
+	http.Redirect(w, r, c.base+"/quarantine?done=retried&event="+id.String(), http.StatusSeeOther)
 }
 
 func (c *console) skip(w http.ResponseWriter, r *http.Request) {
@@ -94,7 +94,7 @@ func (c *console) skip(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.log.Info("console: event skipped", "event_id", id, "aggregate_type", e.AggregateType, "aggregate_id", e.AggregateID, "by", by, "reason", reason)
-	http.Redirect(w, r, "/quarantine?done=skipped&event="+id.String(), http.StatusSeeOther)
+	http.Redirect(w, r, c.base+"/quarantine?done=skipped&event="+id.String(), http.StatusSeeOther)
 }
 
 // replay publishes one aggregate's events again. It runs within the
@@ -119,5 +119,5 @@ func (c *console) replay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.log.Info("console: aggregate replayed", "aggregate_type", typ, "aggregate_id", id, "events", res.Events, "replay_id", res.ReplayID, "by", by)
-	http.Redirect(w, r, "/?done=replayed&n="+strconv.FormatInt(res.Events, 10), http.StatusSeeOther)
+	http.Redirect(w, r, c.base+"/?done=replayed&n="+strconv.FormatInt(res.Events, 10), http.StatusSeeOther)
 }

@@ -107,7 +107,7 @@ func bulkDigest(set []outbox.EventInfo) string {
 
 // bulkSig signs a preview's confirm form for a session.
 func (c *console) bulkSig(session string, b bulkRequest, through string, n int, digest string) string {
-	return hex.EncodeToString(c.mac("bulk", session, b.action, b.eventType, b.errorText, b.aggregateType, through, strconv.Itoa(n), digest))
+	return hex.EncodeToString(c.mac("bulk", c.base, session, b.action, b.eventType, b.errorText, b.aggregateType, through, strconv.Itoa(n), digest))
 }
 
 // preview reads the set a bulk action would cover and fills a bulkData

@@ -1,7 +1,6 @@
 package outboxconsole
 
 import (
-	"crypto/rand"
 	"embed"
 	"errors"
 	"fmt"
@@ -118,21 +117,28 @@ var templateFS embed.FS
 var staticFS embed.FS
 
 type console struct {
-	cfg        Config
-	admin      *outbox.Admin
-	inbox      *inbox.Admin
-	se         *sideeffect.Admin
-	sessionKey []byte
-	pages      map[string]*template.Template
-	log        *slog.Logger
-	hosts      hostSet
-	cop        *http.CrossOriginProtection
-	revoked    revocations
-	throttle   loginThrottle
-	proxy      proxyAuth
-	// macKey keys the CSRF tokens (and the sessions' HMAC): the session
-	// key with a token, a random key with a proxy.
-	macKey []byte
+	*gate
+	cfg   Config
+	admin *outbox.Admin
+	inbox *inbox.Admin
+	se    *sideeffect.Admin
+	pages map[string]*template.Template
+	// base is the path the console's pages are under: empty for New's,
+	// "/sources/<database>/<schema>" for a source of NewMulti's.
+	base string
+	// database names the source's database on its pages, and handler
+	// serves them under base (NewMulti); index is set on the console that
+	// renders NewMulti's index and login page.
+	database string
+	handler  http.Handler
+	index    bool
+}
+
+// isSinglePage reports whether a GET of path is one of New's pages.
+func isSinglePage(path string) bool {
+	return path == "/" || path == "/quarantine" || path == "/inbox" || path == "/operations" ||
+		path == "/events" || strings.HasPrefix(path, "/events/") || path == "/quarantine/bulk" ||
+		path == "/sideeffects"
 }
 
 // New returns the console's handler. It does not touch the database until
@@ -141,11 +147,25 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("outboxconsole: Config.Pool is required")
 	}
-	if cfg.Token != "" {
-		if err := checkToken(cfg.Token); err != nil {
-			return nil, err
-		}
+	g, err := newGate(cfg.Token, cfg.PublicRead, cfg.ReadOnly, cfg.Origin, cfg.SessionTTL, cfg.Logger,
+		cfg.AllowedHosts, cfg.AuthProxyHeader, cfg.TrustedProxies)
+	if err != nil {
+		return nil, err
 	}
+	c, err := newConsole(g, cfg, "")
+	if err != nil {
+		return nil, err
+	}
+	g.home, g.isPage, g.render = "/quarantine", isSinglePage, c.render
+	mux := c.routes()
+	mux.HandleFunc("GET /login", g.loginPage)
+	mux.HandleFunc("POST /login", g.login)
+	mux.HandleFunc("POST /logout", g.logout)
+	return g.guard(mux), nil
+}
+
+// newConsole is the pages of one schema, under base, behind gate g.
+func newConsole(g *gate, cfg Config, base string) (*console, error) {
 	schema, err := pgident.Pick(string(cfg.Tables), cfg.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("outboxconsole: %w", err)
@@ -163,22 +183,10 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Refresh == 0 {
 		cfg.Refresh = RefreshDefault
 	}
-	if cfg.SessionTTL <= 0 {
-		cfg.SessionTTL = SessionTTLDefault
-	}
 	if cfg.ReplayTimeout <= 0 {
 		cfg.ReplayTimeout = time.Minute
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	proxy, err := newProxyAuth(cfg.AuthProxyHeader, cfg.TrustedProxies, cfg.Token)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.Token == "" && !proxy.on() {
-		cfg.ReadOnly = true
-	}
+	cfg.Token, cfg.ReadOnly, cfg.SessionTTL, cfg.Logger = "", g.readOnly, g.sessionTTL, g.log
 	admin, err := outbox.NewAdmin(cfg.Pool, outbox.AdminConfig{Schema: cfg.Schema})
 	if err != nil {
 		return nil, err
@@ -191,46 +199,22 @@ func New(cfg Config) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	hosts, err := newHostSet(cfg.AllowedHosts, cfg.Origin)
-	if err != nil {
+	c := &console{gate: g, cfg: cfg, admin: admin, inbox: inboxAdmin, se: seAdmin, base: base}
+	if c.pages, err = parseTemplates(base, pageNames); err != nil {
 		return nil, err
 	}
-	cop := http.NewCrossOriginProtection()
-	if cfg.Origin != "" {
-		if err := cop.AddTrustedOrigin(strings.TrimSuffix(cfg.Origin, "/")); err != nil {
-			return nil, fmt.Errorf("outboxconsole: Config.Origin: %w", err)
-		}
-	}
-	c := &console{cfg: cfg, admin: admin, inbox: inboxAdmin, se: seAdmin, log: cfg.Logger, hosts: hosts, cop: cop, proxy: proxy}
-	if cfg.Token != "" {
-		salt := make([]byte, 32)
-		if _, err := rand.Read(salt); err != nil {
-			return nil, err
-		}
-		c.sessionKey = deriveKey(cfg.Token, salt)
-		c.macKey = c.sessionKey
-	}
-	if proxy.on() {
-		if c.macKey, err = newMACKey(); err != nil {
-			return nil, err
-		}
-	}
-	if c.pages, err = parseTemplates(); err != nil {
-		return nil, err
-	}
-	static, err := fs.Sub(staticFS, "static")
-	if err != nil {
-		return nil, err
-	}
+	return c, nil
+}
+
+// routes are the console's pages, static files and actions, relative to
+// its base.
+func (c *console) routes() *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("GET /static/", http.StripPrefix("/static/", noListing(http.FileServerFS(static))))
+	mux.Handle("GET /static/", staticHandler())
 	mux.HandleFunc("GET /{$}", c.overview)
 	mux.HandleFunc("GET /quarantine", c.quarantine)
 	mux.HandleFunc("GET /inbox", c.inboxPage)
 	mux.HandleFunc("GET /operations", c.operations)
-	mux.HandleFunc("GET /login", c.loginPage)
-	mux.HandleFunc("POST /login", c.login)
-	mux.HandleFunc("POST /logout", c.logout)
 	mux.HandleFunc("POST /quarantine/retry", c.retry)
 	mux.HandleFunc("POST /quarantine/skip", c.skip)
 	mux.HandleFunc("POST /replay", c.replay)
@@ -242,7 +226,16 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("POST /inbox/resolve", c.inboxResolve)
 	mux.HandleFunc("GET /sideeffects", c.sideEffects)
 	mux.HandleFunc("POST /sideeffects/resolve", c.sideEffectResolve)
-	return c.guard(mux), nil
+	return mux
+}
+
+// staticHandler serves the embedded stylesheet and script.
+func staticHandler() http.Handler {
+	static, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		panic(err) // the directory is embedded
+	}
+	return http.StripPrefix("/static/", noListing(http.FileServerFS(static)))
 }
 
 // noListing answers 404 for a directory (a path ending in "/"), which a

@@ -8,6 +8,24 @@
 // are embedded in the binary (no CDN: it works offline), and the chart is
 // an inline SVG drawn on the server.
 //
+// # Many outboxes
+//
+// NewMulti returns the handler of one console for several outboxes (what
+// `outbox console --config relay.yaml` serves for a fleet's file): an index
+// at / of every source (MultiConfig.Sources, called at each load, so that
+// a schema that appeared is listed) with its headline figures
+// (Admin.Gauges: backlog, oldest pending age, quarantined, relays alive),
+// a source that cannot be read marked down with its error, each within
+// MultiConfig.FiguresTimeout so that one unreachable database does not
+// hold up the others; and each source's pages, as New serves them, under
+// /sources/<database>/<schema>/, every link, form, redirect and paging URL
+// under that prefix (the static files and /login, /logout stay at the
+// root). The gate described under Security (Host check, login, session
+// and its revocation, throttle, proxy identity, CSRF, same-origin) is one
+// for the whole console: an operator logs in once, and the same session
+// and CSRF token serve every source. Each action is recorded in its
+// source's own outbox_operations. Replay is not offered there.
+//
 // # What it shows
 //
 // The overview page reads Admin.Status (the data of `outbox status`, one

@@ -47,5 +47,5 @@ func (c *console) inboxResolve(w http.ResponseWriter, r *http.Request) {
 	}
 	c.log.Info("console: inbox gap resolved", "consumer", a.Consumer, "aggregate_type", a.AggregateType, "aggregate_id", a.AggregateID,
 		"by", res.By, "reason", res.Reason)
-	http.Redirect(w, r, "/inbox?done=inbox-resolved", http.StatusSeeOther)
+	http.Redirect(w, r, c.base+"/inbox?done=inbox-resolved", http.StatusSeeOther)
 }

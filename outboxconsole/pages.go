@@ -36,6 +36,13 @@ const (
 type pageData struct {
 	Title, Nav string
 	Schema     string
+	// Database and IndexURL are set on a source's pages of a console of
+	// several (NewMulti): its database, and the index of every source.
+	// Index is set on that index, Sources are its rows.
+	Database string
+	IndexURL string
+	Index    bool
+	Sources  []SourceFigures
 	// Operator is the logged-in operator's name; CSRF the token of their
 	// forms; CanAct is set when actions are offered.
 	Operator  string
@@ -98,12 +105,20 @@ var funcs = template.FuncMap{
 	},
 }
 
-func parseTemplates() (map[string]*template.Template, error) {
+// pageNames are the pages of a schema's console.
+var pageNames = []string{"overview", "quarantine", "inbox", "operations", "sideeffects", "login", "error", "events", "event", "bulk"}
+
+// parseTemplates parses the pages, their links under base: the template
+// function p prefixes a console path with it ("/quarantine" is
+// base+"/quarantine"); /login, /logout and /static/ are the gate's, at
+// the root, and stay as they are.
+func parseTemplates(base string, names []string) (map[string]*template.Template, error) {
+	fm := template.FuncMap{"p": func(path string) string { return base + path }}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"overview", "quarantine", "inbox", "operations", "sideeffects", "login", "error", "events", "event", "bulk"} {
+	for _, name := range names {
 		// part_*.html define blocks shared by pages (an event list, a
 		// lane, the side-effect card, the health tables, a chart).
-		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/part_*.html", "templates/"+name+".html")
+		t, err := template.New(name).Funcs(funcs).Funcs(fm).ParseFS(templateFS, "templates/layout.html", "templates/part_*.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("outboxconsole: template %s: %w", name, err)
 		}
@@ -112,11 +127,18 @@ func parseTemplates() (map[string]*template.Template, error) {
 	return pages, nil
 }
 
+// path is a console path under the console's base.
+func (c *console) path(p string) string { return c.base + p }
+
 // render fills the parts of d every page shares and writes the page. It
 // renders into a buffer first, so that a template error becomes a 500, not
 // half a page.
 func (c *console) render(w http.ResponseWriter, r *http.Request, status int, page string, d pageData) {
 	d.Nav, d.Schema, d.ReadOnly, d.Now = page, c.cfg.Schema, c.cfg.ReadOnly, time.Now().UTC()
+	if c.base != "" {
+		d.Database, d.IndexURL = c.database, "/"
+	}
+	d.Index = c.index
 	if d.Title == "" {
 		d.Title = page
 	}
@@ -257,7 +279,7 @@ func (c *console) quarantine(w http.ResponseWriter, r *http.Request) {
 	d := pageData{Title: "quarantine", TypeFilter: f.AggregateType, First: f.After == nil}
 	if len(events) > c.cfg.PageSize {
 		events = events[:c.cfg.PageSize]
-		next := pageURL("/quarantine", "type", f.AggregateType, "after", formatQuarantineCursor(events[len(events)-1].QuarantineCursor()))
+		next := pageURL(c.base+"/quarantine", "type", f.AggregateType, "after", formatQuarantineCursor(events[len(events)-1].QuarantineCursor()))
 		d.Next = next
 	}
 	d.Quarantined = events
@@ -298,7 +320,7 @@ func (c *console) inboxPage(w http.ResponseWriter, r *http.Request) {
 	if len(rep.Aggregates) > c.cfg.PageSize {
 		rep.Aggregates = rep.Aggregates[:c.cfg.PageSize]
 		raw, _ := json.Marshal(rep.Aggregates[len(rep.Aggregates)-1].WaitingCursor())
-		d.Next = pageURL("/inbox", "consumer", f.Consumer, "after", base64.RawURLEncoding.EncodeToString(raw))
+		d.Next = pageURL(c.base+"/inbox", "consumer", f.Consumer, "after", base64.RawURLEncoding.EncodeToString(raw))
 	}
 	d.Waiting = rep.Aggregates
 	c.render(w, r, http.StatusOK, "inbox", d)
@@ -322,7 +344,7 @@ func (c *console) operations(w http.ResponseWriter, r *http.Request) {
 	d := pageData{Title: "operations", First: f.Before == 0}
 	if len(ops) > c.cfg.PageSize {
 		ops = ops[:c.cfg.PageSize]
-		d.Next = pageURL("/operations", "before", strconv.FormatInt(ops[len(ops)-1].ID, 10))
+		d.Next = pageURL(c.base+"/operations", "before", strconv.FormatInt(ops[len(ops)-1].ID, 10))
 	}
 	d.Operations = ops
 	c.render(w, r, http.StatusOK, "operations", d)

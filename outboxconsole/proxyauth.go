@@ -157,24 +157,24 @@ func proxyName(values []string) (string, error) {
 // header without coming from a trusted proxy (403: a client naming itself)
 // or with a value that is not a name (400). A request without the header
 // goes on without an operator.
-func (c *console) proxyIdentity(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
-	if !c.proxy.on() {
+func (g *gate) proxyIdentity(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	if !g.proxy.on() {
 		return r, true
 	}
-	values := r.Header.Values(c.proxy.header)
+	values := r.Header.Values(g.proxy.header)
 	if len(values) == 0 {
 		return r, true
 	}
-	if !c.proxy.trusts(r) {
-		c.log.Warn("console: request carrying the proxy's identity header from an address that is not a trusted proxy refused",
-			"header", c.proxy.header, "remote_addr", r.RemoteAddr)
-		http.Error(w, "forbidden: "+c.proxy.header+" is believed only from a trusted proxy (--trusted-proxy)", http.StatusForbidden)
+	if !g.proxy.trusts(r) {
+		g.log.Warn("console: request carrying the proxy's identity header from an address that is not a trusted proxy refused",
+			"header", g.proxy.header, "remote_addr", r.RemoteAddr)
+		http.Error(w, "forbidden: "+g.proxy.header+" is believed only from a trusted proxy (--trusted-proxy)", http.StatusForbidden)
 		return r, false
 	}
 	name, err := proxyName(values)
 	if err != nil {
-		c.log.Warn("console: the proxy's identity header refused", "header", c.proxy.header, "reason", err.Error(), "remote_addr", r.RemoteAddr)
-		http.Error(w, "bad request: "+c.proxy.header+" is not an operator name: "+err.Error(), http.StatusBadRequest)
+		g.log.Warn("console: the proxy's identity header refused", "header", g.proxy.header, "reason", err.Error(), "remote_addr", r.RemoteAddr)
+		http.Error(w, "bad request: "+g.proxy.header+" is not an operator name: "+err.Error(), http.StatusBadRequest)
 		return r, false
 	}
 	// The forms' CSRF token is keyed on this identity: the same for every

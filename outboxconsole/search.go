@@ -83,7 +83,7 @@ func (c *console) events(w http.ResponseWriter, r *http.Request) {
 			c.fail(w, r, http.StatusInternalServerError, "find the event", err)
 			return
 		}
-		http.Redirect(w, r, "/events/"+id.String(), http.StatusSeeOther)
+		http.Redirect(w, r, c.base+"/events/"+id.String(), http.StatusSeeOther)
 		return
 	case fd.AggregateType != "" || fd.AggregateID != "":
 		if fd.AggregateType == "" || fd.AggregateID == "" {
@@ -111,11 +111,11 @@ func (c *console) events(w http.ResponseWriter, r *http.Request) {
 		}
 		fd.Searched, fd.Lane = true, &lane
 		if lane.Head != nil {
-			fd.FromHead = pageURL("/events", "aggregate_type", fd.AggregateType, "aggregate_id", fd.AggregateID, "after", strconv.FormatInt(lane.Head.Sequence-1, 10))
+			fd.FromHead = pageURL(c.base+"/events", "aggregate_type", fd.AggregateType, "aggregate_id", fd.AggregateID, "after", strconv.FormatInt(lane.Head.Sequence-1, 10))
 		}
 		if len(evs) > c.cfg.PageSize {
 			evs = evs[:c.cfg.PageSize]
-			d.Next = pageURL("/events", "aggregate_type", fd.AggregateType, "aggregate_id", fd.AggregateID, "after", strconv.FormatInt(evs[len(evs)-1].Sequence, 10))
+			d.Next = pageURL(c.base+"/events", "aggregate_type", fd.AggregateType, "aggregate_id", fd.AggregateID, "after", strconv.FormatInt(evs[len(evs)-1].Sequence, 10))
 		}
 		fd.Events = evs
 	case fd.EventType != "":
@@ -139,7 +139,7 @@ func (c *console) events(w http.ResponseWriter, r *http.Request) {
 			if fd.Settled {
 				scope = "settled"
 			}
-			d.Next = pageURL("/events", "event_type", fd.EventType, "scope", scope, "after", formatTypeCursor(*page.Next))
+			d.Next = pageURL(c.base+"/events", "event_type", fd.EventType, "scope", scope, "after", formatTypeCursor(*page.Next))
 		}
 	}
 	c.render(w, r, http.StatusOK, "events", d)

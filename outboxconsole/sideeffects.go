@@ -157,7 +157,7 @@ func (c *console) sideEffects(w http.ResponseWriter, r *http.Request) {
 	}
 	if next != nil {
 		raw, _ := json.Marshal(next)
-		d.Next = pageURL("/sideeffects", "show", show, "name", se.NameFilter, "after", base64.RawURLEncoding.EncodeToString(raw))
+		d.Next = pageURL(c.base+"/sideeffects", "show", show, "name", se.NameFilter, "after", base64.RawURLEncoding.EncodeToString(raw))
 	}
 	c.render(w, r, http.StatusOK, "sideeffects", d)
 }
@@ -235,5 +235,5 @@ func (c *console) sideEffectResolve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.log.Info("console: side-effect attempt resolved", "name", at.Name, "key", at.Key, "as", string(res.As), "state", string(at.State), "by", res.By, "reason", res.Reason)
-	http.Redirect(w, r, "/sideeffects?done=resolved&as="+string(res.As), http.StatusSeeOther)
+	http.Redirect(w, r, c.base+"/sideeffects?done=resolved&as="+string(res.As), http.StatusSeeOther)
 }

@@ -23,6 +23,7 @@ import (
 const consoleListenDefault = "127.0.0.1:8089"
 
 const consoleUsage = `console [--listen ADDR] [--read-only] [--destination URL] [--auth-proxy-header H --trusted-proxy ADDR] [flags]
+       console --config relay.yaml [--listen ADDR] [--read-only] [flags]
 
 Serves the operator console, a web application: backlog, oldest pending age (and oldest
 blocked behind a quarantined event), events published, failed publish attempts, backlog and
@@ -49,7 +50,14 @@ on all of them; localhost too on a loopback one), the host of --origin, and each
 --allowed-host. It listens on 127.0.0.1 by default; put it behind a TLS proxy to expose it
 (and set --origin to the address the browser uses). Replay of one aggregate is offered only
 with --destination (env OUTBOX_DESTINATION) reachable at start. SIGINT or SIGTERM shuts it
-down gracefully.`
+down gracefully.
+
+Many outboxes (--config relay.yaml, the file of 'outbox relay --config'): an index at / lists
+every source, database/schema (a pattern's schemas as they are at each load), with its backlog,
+oldest pending age, quarantined events and relays alive, or "down" with the error; each
+source's console is under /sources/DATABASE/SCHEMA/, behind one login for all. One pool per
+database, of its max_conns. --database-url, --schema, --inbox-schema, --sideeffect-schema and
+--destination are refused beside it (no replay).`
 
 // Bounds of the console server's connections: reading a request (headers
 // and form), and keeping an idle connection.
@@ -81,9 +89,15 @@ func runConsole(ctx context.Context, args []string) error {
 	seSchema := fs.String("sideeffect-schema", cli.Env("OUTBOX_SIDEEFFECT_SCHEMA", ""), "schema of the side-effect attempts shown and resolved (env OUTBOX_SIDEEFFECT_SCHEMA; default: --inbox-schema)")
 	refresh := fs.Duration("refresh", outboxconsole.RefreshDefault, "how often pages reload themselves; 0 turns it off")
 	pageSize := fs.Int("page-size", outboxconsole.PageSizeDefault, "rows per list page")
+	configFile := fs.String("config", cli.Env("OUTBOX_CONSOLE_CONFIG", ""), "show every source of a fleet's configuration `FILE` (outbox relay --config): an index of every database and schema (a pattern's schemas as they are now) with its backlog, oldest pending age, quarantined events and relays alive, each source's console under /sources/DATABASE/SCHEMA/, one login for all (env OUTBOX_CONSOLE_CONFIG). Not with --database-url, --schema, --inbox-schema, --sideeffect-schema or --destination")
 	err := cli.Parse(fs, args)
 	if err != nil {
 		return err
+	}
+	if *configFile != "" {
+		if err := checkConsoleFleetFlags(fs); err != nil {
+			return err
+		}
 	}
 	switch {
 	case *pageSize < 1 || *pageSize > 1000:
@@ -120,39 +134,65 @@ func runConsole(ctx context.Context, args []string) error {
 		return fmt.Errorf("refusing to serve the console's pages on %s to anyone without a login: set OUTBOX_CONSOLE_TOKEN, or pass --public-read to make them public", *listen)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	// openAdmin checks that the schema is migrated; the console makes its own.
-	_, pool, err := openAdmin(ctx, common, nil)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	// Replay is the console's only use of the destination: when it cannot
-	// be reached, the console serves without replay rather than not at all.
-	var pub outbox.Publisher
-	if dest.URL != "" && !*readOnly && (token != "" || proxy) {
-		p, closePub, err := destination.Open(ctx, dest)
-		if err != nil {
-			log.Warn("replay disabled: the destination cannot be opened", "err", err)
-		} else {
-			defer closePub()
-			pub = p
-		}
-	}
 	r := *refresh
 	if r == 0 {
 		r = -1
 	}
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	defer ln.Close()
-	hosts := append(listenHosts(ln.Addr().(*net.TCPAddr), log), allowedHosts...)
-	h, err := outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: common.Schema, InboxSchema: *inboxSchema, SideEffectSchema: *seSchema, Token: token,
-		AuthProxyHeader: *authProxyHeader, TrustedProxies: trustedProxies,
-		ReadOnly: *readOnly, PublicRead: *publicRead, AllowedHosts: hosts, Publisher: pub, Origin: *origin, PageSize: *pageSize, Refresh: r, Logger: log})
-	if err != nil {
-		return err
+	var (
+		h       http.Handler
+		ln      net.Listener
+		hosts   []string
+		pub     outbox.Publisher
+		schemas = common.Schema
+	)
+	if *configFile != "" {
+		fc, err := openFleetConsole(ctx, *configFile)
+		if err != nil {
+			return err
+		}
+		defer fc.Close()
+		logFleetConsole(log, *configFile, fc)
+		if ln, err = net.Listen("tcp", *listen); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		defer ln.Close()
+		hosts = append(listenHosts(ln.Addr().(*net.TCPAddr), log), allowedHosts...)
+		h, err = outboxconsole.NewMulti(outboxconsole.MultiConfig{Sources: fc.sources, Token: token,
+			AuthProxyHeader: *authProxyHeader, TrustedProxies: trustedProxies,
+			ReadOnly: *readOnly, PublicRead: *publicRead, AllowedHosts: hosts, Origin: *origin, PageSize: *pageSize, Refresh: r, Logger: log})
+		if err != nil {
+			return err
+		}
+		schemas = "every source of " + *configFile
+	} else {
+		// openAdmin checks that the schema is migrated; the console makes its own.
+		_, pool, err := openAdmin(ctx, common, nil)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		// Replay is the console's only use of the destination: when it cannot
+		// be reached, the console serves without replay rather than not at all.
+		if dest.URL != "" && !*readOnly && (token != "" || proxy) {
+			p, closePub, err := destination.Open(ctx, dest)
+			if err != nil {
+				log.Warn("replay disabled: the destination cannot be opened", "err", err)
+			} else {
+				defer closePub()
+				pub = p
+			}
+		}
+		if ln, err = net.Listen("tcp", *listen); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		defer ln.Close()
+		hosts = append(listenHosts(ln.Addr().(*net.TCPAddr), log), allowedHosts...)
+		h, err = outboxconsole.New(outboxconsole.Config{Pool: pool, Schema: common.Schema, InboxSchema: *inboxSchema, SideEffectSchema: *seSchema, Token: token,
+			AuthProxyHeader: *authProxyHeader, TrustedProxies: trustedProxies,
+			ReadOnly: *readOnly, PublicRead: *publicRead, AllowedHosts: hosts, Publisher: pub, Origin: *origin, PageSize: *pageSize, Refresh: r, Logger: log})
+		if err != nil {
+			return err
+		}
 	}
 	mode := "actions need the token"
 	switch {
@@ -167,7 +207,7 @@ func runConsole(ctx context.Context, args []string) error {
 	if (token == "" && !proxy) || *publicRead {
 		pages = "public: anyone who reaches the console reads them"
 	}
-	log.Info("outbox console serving", "url", "http://"+ln.Addr().String()+"/", "schema", common.Schema, "mode", mode, "pages", pages,
+	log.Info("outbox console serving", "url", "http://"+ln.Addr().String()+"/", "schema", schemas, "mode", mode, "pages", pages,
 		"replay", pub != nil, "allowed_hosts", strings.Join(hosts, ","))
 	if !loopback {
 		log.Warn("the console listens beyond this machine: serve it behind TLS (a reverse proxy) so the token and session cookie are not sent in clear", "listen", ln.Addr().String())
