@@ -84,7 +84,6 @@ func TestPartitionedWriterRefusesIDsOutsidePartitions(t *testing.T) {
 // table), and the upkeep keeps partitions ready ahead.
 func TestPartitionedRotationHoldsPendingPartition(t *testing.T) {
 	t.Parallel()
-	partman.DropSettled.Store(true) // off by default in this release (internal/partman, Upkeep)
 	ctx := context.Background()
 	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
 	w := newWriter(t, schema)
@@ -182,7 +181,6 @@ func held(res outbox.CleanupResult, name string) []outbox.PartitionStatus {
 // the horizon, and a partition whose event it quarantined stays.
 func TestPartitionedRelayPublishesAndRotates(t *testing.T) {
 	t.Parallel()
-	partman.DropSettled.Store(true) // off by default in this release (internal/partman, Upkeep)
 	ctx := context.Background()
 	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
 	w := newWriter(t, schema)

@@ -93,7 +93,10 @@ func runCleanup(ctx context.Context, args []string) error {
 	if *asJSON {
 		return opJSON(os.Stdout, map[string]any{"events_deleted": res.Events, "inbox_rows_deleted": res.InboxRows,
 			"batches": res.Batches, "seconds": res.Duration.Seconds(), "partitions_dropped": res.PartitionsDropped,
-			"partitions_created": res.PartitionsCreated, "partitions_held": res.PartitionsHeld})
+			"partitions_created": res.PartitionsCreated, "partitions_held": res.PartitionsHeld, "partition_upkeep_skipped": res.PartitionUpkeepSkipped})
+	}
+	if res.PartitionUpkeepSkipped {
+		fmt.Fprintf(os.Stderr, "outbox cleanup: schema %s: %s\n", common.Schema, outbox.PartitionUpkeepSkippedNote)
 	}
 	if len(res.PartitionsDropped)+len(res.PartitionsCreated)+len(res.PartitionsHeld) > 0 {
 		fmt.Printf("partitioned outbox: dropped %d partitions past %s, created %d ahead\n", len(res.PartitionsDropped), &horizons.olderThan, len(res.PartitionsCreated))

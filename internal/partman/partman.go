@@ -76,6 +76,10 @@ type Partition struct {
 	// DetachPending is true while a DETACH ... CONCURRENTLY of it has not
 	// finished (it was interrupted): FINALIZE completes it.
 	DetachPending bool
+	// Detached is true for a table an upkeep round detached and neither
+	// dropped nor attached again (Leftovers): the next round does one or
+	// the other.
+	Detached bool
 }
 
 // Interval is the partition's width.
