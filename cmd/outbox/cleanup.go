@@ -25,8 +25,10 @@ same clean-up periodically.
 On a partitioned outbox (outbox migrate --partitioned) it deletes no event: it creates the
 partitions due ahead and detaches and drops each partition whose events are all settled and
 published longer ago than --older-than, and says which partitions past the horizon stay and why
-(an unpublished or quarantined event, a skip marker a later event needs). That needs the tables'
-owner: run it as that role (from cron, say) when the relay's role is not.`
+(an unpublished or quarantined event, a skip marker a later event needs); it also finishes a
+detach an earlier round left unfinished (dropped, or attached again when its events are not all
+settled). That needs the tables' owner: run it as that role (from cron, say) when the relay's role
+is not. As another role it says so on stderr, skips the partitions and cleans up the inbox.`
 
 // cleanupFlags are the horizon flags shared with `outbox relay`.
 type cleanupFlags struct {
