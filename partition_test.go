@@ -101,7 +101,7 @@ func TestPartitionedRotationHoldsPendingPartition(t *testing.T) {
 		}
 	}
 	heldPart := partman.Name(partman.TimeOf(ids[0]))
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() WHERE event_id = ANY($1)`, ids[:2]); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() - interval '1 second' WHERE event_id = ANY($1)`, ids[:2]); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET quarantined_at = now(), last_error = 'poison' WHERE event_id = $1`, ids[3]); err != nil {
@@ -131,7 +131,7 @@ func TestPartitionedRotationHoldsPendingPartition(t *testing.T) {
 	}
 
 	// The pending one published: the quarantined one still holds it.
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() WHERE event_id = $1`, ids[2]); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() - interval '1 second' WHERE event_id = $1`, ids[2]); err != nil {
 		t.Fatal(err)
 	}
 	if res, err = admin.Cleanup(ctx, cfg); err != nil || len(held(res, heldPart)) != 1 {
@@ -152,7 +152,7 @@ func TestPartitionedRotationHoldsPendingPartition(t *testing.T) {
 	if err := insertWithID(t, pool, w, "held-d", next); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() WHERE event_id = $1`, next); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() - interval '1 second' WHERE event_id = $1`, next); err != nil {
 		t.Fatal(err)
 	}
 	if res, err = admin.Cleanup(ctx, cfg); err != nil || len(res.PartitionsDropped) != 1 || res.PartitionsDropped[0] != heldPart {
