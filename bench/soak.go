@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/internal/partman"
 	"github.com/pgoutbox/outbox/internal/pgcluster"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
@@ -453,10 +452,6 @@ func soakOne(ctx context.Context, se *env, kind, av, dataDir string) (*soakOutco
 			return nil, fmt.Errorf("partition: %w", err)
 		}
 		se.logf("soak: outbox_events partitioned by %s, %d partitions created", sz.partitionInterval, len(res.Created))
-		// The drop is off in this release (partman.DropSettled); the
-		// soak measures it, so it turns it on for its own relay.
-		prev := partman.DropSettled.Swap(true)
-		defer partman.DropSettled.Store(prev)
 	}
 	// The storage parameters of the table, or of its newest partition
 	// (a partitioned table has none; its partitions carry the table's).
