@@ -427,6 +427,15 @@ func (u *upkeep) settle(ctx context.Context, p Partition) error {
 		if why != "" {
 			held = &Held{Partition: p, Hold: h, Why: why}
 		}
+		// While the table was out of outbox_events, the relays' looks
+		// moved their low-water marks past its events, and their cursors
+		// had passed them long before: as written, only a complete look
+		// would find them again (minutes). Made due now, the next claim's
+		// due scan finds them, as it finds a lane handed over.
+		if _, err := tx.Exec(ctx, `UPDATE `+t+` SET available_at = clock_timestamp()
+WHERE published_at IS NULL AND quarantined_at IS NULL AND available_at = occurred_at`); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `ALTER TABLE `+parent+` ATTACH PARTITION `+t+` FOR VALUES FROM ('`+p.FromID.String()+`') TO ('`+p.ToID.String()+`')`); err != nil {
 			return err
 		}
