@@ -248,3 +248,211 @@ func TestAdvconManySourcesOneSmallPool(t *testing.T) {
 		t.Errorf("%d of %d healthy sources shown as down (the database answers; their figures queued for the pool): %s", down, n, m[1])
 	}
 }
+
+// TestAdvconMultiModes: the gate's modes hold under every source's prefix:
+// read-only refuses actions with a valid session and CSRF token and shows
+// no action form; without a token (and no proxy) nobody can act or log in;
+// a proxy's identity header from an untrusted address is refused; a session
+// cookie copied before a logout opens no source afterwards.
+func TestAdvconMultiModes(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1, 1, 2)
+	pool2, other := outboxtest.Schema(t)
+	sources := func(context.Context) []outboxconsole.Source {
+		return []outboxconsole.Source{{Database: "main", Schema: f.schema, Pool: f.pool}, {Database: "main", Schema: other, Pool: pool2}}
+	}
+	start := func(cfg outboxconsole.MultiConfig) (*httptest.Server, *client) {
+		cfg.Sources, cfg.Logger = sources, discard()
+		h, err := outboxconsole.NewMulti(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		return srv, newClient(t, srv)
+	}
+	base := "/sources/main/" + f.schema
+	skip := url.Values{"event_id": {f.quarantined[0].String()}, "reason": {"x"}}
+
+	// Read-only with a token.
+	_, c := start(outboxconsole.MultiConfig{Token: testToken, ReadOnly: true})
+	c.login("ro")
+	skip.Set("csrf", c.csrf)
+	if code, _ := c.do(http.MethodPost, base+"/quarantine/skip", skip, nil); code != http.StatusForbidden {
+		t.Errorf("read-only: skip with a session: %d, want 403", code)
+	}
+	if _, body := c.get(base + "/quarantine"); strings.Contains(body, "/quarantine/skip") || strings.Contains(body, "/quarantine/retry") {
+		t.Errorf("read-only: the quarantine page offers actions")
+	}
+
+	// No token, no proxy: read-only, no login.
+	_, c = start(outboxconsole.MultiConfig{})
+	if code, _ := c.get(base + "/quarantine"); code != http.StatusOK {
+		t.Errorf("no token: GET a source's page: %d, want 200", code)
+	}
+	if code, _ := c.do(http.MethodPost, "/login", url.Values{"name": {"x"}, "token": {""}}, nil); code != http.StatusForbidden {
+		t.Errorf("no token: POST /login: %d, want 403", code)
+	}
+	if code, _ := c.do(http.MethodPost, base+"/quarantine/skip", skip, nil); code != http.StatusForbidden {
+		t.Errorf("no token: skip: %d, want 403", code)
+	}
+
+	// A proxy that is not this client's address.
+	_, c = start(outboxconsole.MultiConfig{AuthProxyHeader: proxyHeader, TrustedProxies: []string{"10.9.9.9"}})
+	for _, p := range []string{"/", base + "/", base + "/quarantine"} {
+		if code, _ := c.do(http.MethodGet, p, nil, asProxy("admin")); code != http.StatusForbidden {
+			t.Errorf("proxy header from an untrusted address, GET %s: %d, want 403", p, code)
+		}
+	}
+	if code, _ := c.do(http.MethodPost, base+"/quarantine/skip", skip, asProxy("admin")); code != http.StatusForbidden {
+		t.Errorf("proxy header from an untrusted address, skip: %d, want 403", code)
+	}
+
+	// Logout, then the copied cookie under each source.
+	srv, c := start(outboxconsole.MultiConfig{Token: testToken})
+	c.login("alice")
+	u, _ := url.Parse(srv.URL)
+	stolen := *c.http.Jar.Cookies(u)[0]
+	csrf := c.csrf
+	if code, _ := c.do(http.MethodPost, "/logout", url.Values{"csrf": {csrf}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("logout: %d", code)
+	}
+	replay := newClient(t, srv)
+	replay.http.Jar.SetCookies(u, []*http.Cookie{&stolen})
+	for _, b := range []string{base, "/sources/main/" + other} {
+		if code, _ := replay.get(b + "/operations"); code != http.StatusSeeOther {
+			t.Errorf("after logout, the copied cookie on %s: %d, want 303 to the login", b, code)
+		}
+		skip.Set("csrf", csrf)
+		if code, _ := replay.do(http.MethodPost, b+"/quarantine/skip", skip, nil); code != http.StatusUnauthorized {
+			t.Errorf("after logout, the copied cookie posts to %s: %d, want 401", b, code)
+		}
+	}
+	if n := advconOps(t, f.pool, f.schema); n != 0 {
+		t.Errorf("operations in %s: %d, want 0", f.schema, n)
+	}
+}
+
+// advconTenant makes a role that owns schema and the given tables of it,
+// as a less trusted tenant who migrated their own schema (one a pattern
+// source matches) does; it is dropped when the test ends.
+func advconTenant(t *testing.T, pool *pgxpool.Pool, schema string, tables ...string) string {
+	t.Helper()
+	ctx := context.Background()
+	role := outboxtest.UniqueName(t, "tenant")
+	if _, err := pool.Exec(ctx, "CREATE ROLE "+role+" NOLOGIN NOSUPERUSER"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, q := range []string{"REASSIGN OWNED BY " + role + " TO CURRENT_USER", "DROP OWNED BY " + role, "DROP ROLE " + role} {
+			if _, err := pool.Exec(context.Background(), q); err != nil {
+				t.Errorf("%s: %v", q, err)
+			}
+		}
+	})
+	if _, err := pool.Exec(ctx, "ALTER SCHEMA "+schema+" OWNER TO "+role); err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range tables {
+		if _, err := pool.Exec(ctx, "ALTER TABLE "+schema+"."+tb+" OWNER TO "+role); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return role
+}
+
+// asTenant runs the tenant's SQL under its role.
+func asTenant(t *testing.T, pool *pgxpool.Pool, role string, sqls ...string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+role); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range sqls {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatalf("as the tenant: %s: %v", q, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAdvconTenantSchemaCannotEscalate: a source's schema owned by a less
+// trusted role (a tenant who can create schemas that a pattern matches)
+// must not get its code run with the console's database role. The tenant
+// puts a trigger on its outbox_operations; an operator skips a
+// quarantined event of that source in the console; the trigger runs as
+// the console's role (here a superuser) and makes the tenant a superuser.
+func TestAdvconTenantSchemaCannotEscalate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t, 0, 1, 1)
+	role := advconTenant(t, f.pool, f.schema, "outbox_operations")
+	asTenant(t, f.pool, role,
+		`CREATE FUNCTION `+f.schema+`.audit_hook() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+    EXECUTE format('ALTER ROLE %I SUPERUSER', '`+role+`');
+  END IF;
+  RETURN NEW;
+END $$`,
+		`CREATE TRIGGER audit_hook AFTER INSERT ON `+f.schema+`.outbox_operations FOR EACH ROW EXECUTE FUNCTION `+f.schema+`.audit_hook()`)
+	h, err := outboxconsole.NewMulti(outboxconsole.MultiConfig{Token: testToken, Logger: discard(),
+		Sources: func(context.Context) []outboxconsole.Source {
+			return []outboxconsole.Source{{Database: "main", Schema: f.schema, Pool: f.pool}}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c := newClient(t, srv)
+	c.login("bob")
+	code, body := c.do(http.MethodPost, "/sources/main/"+f.schema+"/quarantine/skip",
+		url.Values{"event_id": {f.quarantined[0].String()}, "reason": {"settled by hand"}, "csrf": {c.csrf}}, nil)
+	t.Logf("skip in the tenant's source: %d %.200s", code, body)
+	var super bool
+	if err := f.pool.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = $1", role).Scan(&super); err != nil {
+		t.Fatal(err)
+	}
+	if super {
+		t.Errorf("the tenant's role %s became a superuser: its trigger ran with the console's role when an operator skipped an event of its source", role)
+	}
+}
+
+// TestAdvconTenantCodeOnIndex: merely loading the index runs a tenant's
+// code with the console's role: its outbox_relays replaced by a view over
+// its own function, which reports whom it ran as.
+func TestAdvconTenantCodeOnIndex(t *testing.T) {
+	t.Parallel()
+	pool, schema := outboxtest.Schema(t)
+	role := advconTenant(t, pool, schema, "outbox_relays")
+	asTenant(t, pool, role,
+		`CREATE FUNCTION `+schema+`.relays() RETURNS TABLE(relay_id text, heartbeat_at timestamptz, expires_at timestamptz) LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'tenant code ran as % (superuser %)', current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);
+END $$`,
+		`DROP TABLE `+schema+`.outbox_relays`,
+		`CREATE VIEW `+schema+`.outbox_relays AS SELECT * FROM `+schema+`.relays()`)
+	h, err := outboxconsole.NewMulti(outboxconsole.MultiConfig{Token: testToken, Logger: discard(),
+		Sources: func(context.Context) []outboxconsole.Source {
+			return []outboxconsole.Source{{Database: "main", Schema: schema, Pool: pool}}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c := newClient(t, srv)
+	c.login("bob")
+	_, body := c.get("/")
+	if m := regexp.MustCompile(`tenant code ran as [^<]*`).FindString(body); m != "" && !strings.Contains(m, role) {
+		t.Errorf("loading the index ran the tenant's function as another role than the tenant's: %q", m)
+	}
+}
