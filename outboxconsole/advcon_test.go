@@ -456,3 +456,49 @@ END $$`,
 		t.Errorf("loading the index ran the tenant's function as another role than the tenant's: %q", m)
 	}
 }
+
+// TestAdvconLoginLeadsHome: the login of a console of several sources
+// leads to its index whatever the request says (a next or return
+// parameter, a Referer of another site): no open redirect.
+func TestAdvconLoginLeadsHome(t *testing.T) {
+	t.Parallel()
+	pool, schema := outboxtest.Schema(t)
+	h, err := outboxconsole.NewMulti(outboxconsole.MultiConfig{Token: testToken, Logger: discard(),
+		Sources: func(context.Context) []outboxconsole.Source {
+			return []outboxconsole.Source{{Database: "main", Schema: schema, Pool: pool}}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	for _, q := range []string{"?next=//evil.example/", "?next=https://evil.example/", "?return_to=/%2F%2Fevil.example", "?redirect=%5C%5Cevil.example"} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/login"+q, strings.NewReader(url.Values{"name": {"bob"}, "token": {testToken},
+			"next": {"//evil.example/"}, "return_to": {"https://evil.example/"}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", srv.URL)
+		c := newClient(t, srv)
+		resp, err := c.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != "/" {
+			t.Errorf("POST /login%s: %d to %q, want 303 to /", q, resp.StatusCode, loc)
+		}
+	}
+	c := newClient(t, srv)
+	c.login("bob")
+	for _, p := range []string{"/sources/main/" + url.PathEscape("/evil.example"), "/sources//evil.example/x", "/sources/main/" + schema + "//evil.example/"} {
+		code, _ := c.get(p)
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+p, nil)
+		resp, err := c.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if loc := resp.Header.Get("Location"); strings.HasPrefix(loc, "//") || strings.Contains(loc, "://") || strings.HasPrefix(loc, `/\`) {
+			t.Errorf("GET %s: %d to %q: leaves the console", p, code, loc)
+		}
+	}
+}
