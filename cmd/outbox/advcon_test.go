@@ -21,7 +21,7 @@ import (
 // every way the file allows: URL, keyword/value, a bad escape, an '@' in
 // the password, a bad parameter) cannot be listed show as down on the
 // index and on their pages without their passwords; nor do the console's
-// logs hold them, nor its headers.
+// logs hold them.
 func TestAdvconFleetConsoleHidesPasswords(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
