@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -176,8 +177,20 @@ type PartitionStatus struct {
 	// TotalBytes is its size, indexes and TOAST included.
 	TotalBytes int64 `json:"total_bytes"`
 	// DetachPending is true while an interrupted DETACH ... CONCURRENTLY
-	// of it waits for the upkeep's next round (FINALIZE).
+	// of it waits for the upkeep's next round (FINALIZE). outbox_events no
+	// longer shows its events: they are read from its own table, and its
+	// unpublished ones are counted in Status.Pending and Quarantined.
 	DetachPending bool `json:"detach_pending,omitempty"`
+	// Detached is true for a table an upkeep round detached and neither
+	// dropped nor attached again (it failed in between): the next round
+	// attaches it again, or drops it when its events are all settled and
+	// past the horizon. Its events are read and counted as for
+	// DetachPending.
+	Detached bool `json:"detached,omitempty"`
+	// Unreadable is true when its events could not be read (DetachPending
+	// or Detached, and the role has no SELECT on its own table): the
+	// counts are unknown.
+	Unreadable bool `json:"unreadable,omitempty"`
 	// Closed is true once To is past: no id being made now falls in it.
 	// The counts below are read for closed partitions only.
 	Closed bool `json:"closed"`
@@ -199,7 +212,7 @@ type PartitionStatus struct {
 }
 
 func partitionStatus(p partman.Partition, h partman.Hold, why string) PartitionStatus {
-	ps := PartitionStatus{Name: p.Name, From: p.From, To: p.To, DetachPending: p.DetachPending, Closed: true,
+	ps := PartitionStatus{Name: p.Name, From: p.From, To: p.To, DetachPending: p.DetachPending, Detached: p.Detached, Closed: true,
 		Unpublished: h.Unpublished, Quarantined: h.Quarantined, SkipMarkers: h.SkipMarkers, Held: why, Rows: -1}
 	if !h.LastPublished.IsZero() {
 		t := h.LastPublished.UTC()
@@ -223,9 +236,31 @@ func (a *Admin) partitions(ctx context.Context, q pgtx.Querier, now time.Time) (
 	if len(parts) > 0 {
 		out.ReadyUntil = parts[len(parts)-1].To
 	}
-	for _, p := range parts {
-		ps := PartitionStatus{Name: p.Name, From: p.From, To: p.To, DetachPending: p.DetachPending}
-		if !p.To.After(now) {
+	left, err := partman.Leftovers(ctx, q, a.schema)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range append(parts, left...) {
+		ps := PartitionStatus{Name: p.Name, From: p.From, To: p.To, DetachPending: p.DetachPending, Detached: p.Detached}
+		switch {
+		case p.DetachPending || p.Detached:
+			// outbox_events does not show its events: read its table.
+			ok, err := partman.CanRead(ctx, q, a.schema, p)
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				ps.Unreadable, ps.Closed = true, !p.To.After(now)
+				ps.Held = "detach unfinished; this role cannot read its table"
+				break
+			}
+			h, err := partman.CheckTable(ctx, q, a.schema, p)
+			if err != nil {
+				return nil, err
+			}
+			ps = partitionStatus(p, h, h.Reason(now))
+			ps.Closed = !p.To.After(now)
+		case !p.To.After(now):
 			h, err := partman.Check(ctx, q, a.schema, p)
 			if err != nil {
 				return nil, err
@@ -476,6 +511,16 @@ GROUP BY aggregate_type ORDER BY aggregate_type`)
 		}
 		if st.Partitions, err = a.partitions(ctx, tx, st.At); err != nil {
 			return fmt.Errorf("read partitions: %w", err)
+		}
+		if st.Partitions != nil {
+			// The events of a partition whose detach is unfinished are not
+			// in outbox_events' backlog read above.
+			for _, p := range st.Partitions.Partitions {
+				if p.DetachPending || p.Detached {
+					st.Pending += p.Unpublished - p.Quarantined
+					st.Quarantined += p.Quarantined
+				}
+			}
 		}
 		st.RecentOperations, err = a.operations(ctx, tx, 5)
 		return err
@@ -1121,10 +1166,18 @@ func (a *Admin) Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, 
 	}
 	c := newCleaner(a.db, a.schema, a.obs)
 	c.upkeep = func(ctx context.Context, horizon time.Duration) (partman.Result, error) {
-		if p, ok := a.db.(pgtx.PgxPool); ok {
-			return upkeepPartitions(ctx, p.Pool, a.schema, horizon, PartitionsAheadDefault)
+		switch db := a.db.(type) {
+		case pgtx.PgxPool:
+			return upkeepPartitions(ctx, db.Pool, a.schema, horizon, PartitionsAheadDefault)
+		case pgtx.SQLDB:
+			conn, err := db.DB.Conn(ctx)
+			if err != nil {
+				return partman.Result{}, err
+			}
+			defer conn.Close()
+			return upkeepSession(ctx, pgtx.SQLConnOf(conn), func() { _ = conn.Raw(func(any) error { return driver.ErrBadConn }) }, a.schema, horizon, PartitionsAheadDefault)
 		}
-		return partman.Upkeep(ctx, a.db, a.schema, horizon, PartitionsAheadDefault)
+		return partman.Result{}, fmt.Errorf("partition upkeep on %T: not a pool or a database", a.db)
 	}
 	res, err := c.run(ctx, cfg)
 	if err != nil {

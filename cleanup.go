@@ -76,7 +76,19 @@ type CleanupResult struct {
 	PartitionsHeld []PartitionStatus
 	// PartitionsCreated are the partitions the clean-up created ahead.
 	PartitionsCreated []string
+	// PartitionUpkeepSkipped is true on a partitioned outbox when the
+	// role does not own outbox_events (the operator role of `outbox
+	// migrate --print-grants`): the partition upkeep, which needs the
+	// owner, was skipped (PartitionUpkeepSkippedNote) and the inbox
+	// clean-up ran.
+	PartitionUpkeepSkipped bool
 }
+
+// PartitionUpkeepSkippedNote is what the relay logs (once) and `outbox
+// cleanup` prints when the partition upkeep is skipped because the role
+// does not own outbox_events.
+const PartitionUpkeepSkippedNote = "outbox_events is partitioned and this role does not own it, so it cannot create partitions ahead or drop settled ones: " +
+	"run `outbox cleanup` as the tables' owner regularly, or the relay as that owner (docs/operations.md, Partitioned outbox)"
 
 func (c CleanupConfig) validate() error {
 	switch {
@@ -162,6 +174,9 @@ func (c *cleaner) run(ctx context.Context, cfg CleanupConfig) (CleanupResult, er
 	case parted && c.upkeep != nil:
 		var r partman.Result
 		r, err = c.upkeep(ctx, cfg.OlderThan)
+		if errors.Is(err, partman.ErrNotOwner) {
+			res.PartitionUpkeepSkipped, err = true, nil
+		}
 		res.PartitionsDropped, res.PartitionsCreated = r.Dropped, r.Created
 		for _, h := range r.Held {
 			res.PartitionsHeld = append(res.PartitionsHeld, partitionStatus(h.Partition, h.Hold, h.Why))

@@ -112,7 +112,8 @@ func (r *Relay) ExplainLook(ctx context.Context, complete bool) (string, error) 
 	if complete || !from.avail.Valid {
 		from = lowMarkStart
 	}
-	rows, err := r.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+r.sql.look, from.avail, from.occ)
+	xmax, xip := from.lateArgs()
+	rows, err := r.pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+r.sql.look, from.avail, from.occ, xmax, xip)
 	if err != nil {
 		return "", err
 	}

@@ -738,7 +738,7 @@ func newWorld(ctx context.Context, e *ilvEnv, cfg ilvConfig) (w *world, err erro
 			LeaseDuration: ilvLease, PollInterval: ilvPoll, CatchUpInterval: -1, RescanInterval: cfg.rescan, OutageProbeMax: ilvProbeMax,
 			RetryBackoffMin: ilvBackoffMin, RetryBackoffMax: ilvBackoffMax, MaxAttempts: ilvMaxAttempts,
 			ShutdownTimeout: time.Second, DisableClaimAhead: true, DisableNotify: true, DisablePipelining: cfg.noPipelining,
-			HeartbeatInterval: time.Hour, LaneSweepInterval: time.Hour, VacuumInterval: -1, Logger: discardLogger(),
+			HeartbeatInterval: outbox.RelayHeartbeatLifetimeMax / 3, LaneSweepInterval: time.Hour, VacuumInterval: -1, Logger: discardLogger(),
 		})
 		if err != nil {
 			return nil, err

@@ -84,7 +84,6 @@ func TestPartitionedWriterRefusesIDsOutsidePartitions(t *testing.T) {
 // table), and the upkeep keeps partitions ready ahead.
 func TestPartitionedRotationHoldsPendingPartition(t *testing.T) {
 	t.Parallel()
-	partman.DropSettled.Store(true) // off by default in this release (internal/partman, Upkeep)
 	ctx := context.Background()
 	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
 	w := newWriter(t, schema)
@@ -102,7 +101,7 @@ func TestPartitionedRotationHoldsPendingPartition(t *testing.T) {
 		}
 	}
 	heldPart := partman.Name(partman.TimeOf(ids[0]))
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() WHERE event_id = ANY($1)`, ids[:2]); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() - interval '1 second' WHERE event_id = ANY($1)`, ids[:2]); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET quarantined_at = now(), last_error = 'poison' WHERE event_id = $1`, ids[3]); err != nil {
@@ -132,7 +131,7 @@ func TestPartitionedRotationHoldsPendingPartition(t *testing.T) {
 	}
 
 	// The pending one published: the quarantined one still holds it.
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() WHERE event_id = $1`, ids[2]); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() - interval '1 second' WHERE event_id = $1`, ids[2]); err != nil {
 		t.Fatal(err)
 	}
 	if res, err = admin.Cleanup(ctx, cfg); err != nil || len(held(res, heldPart)) != 1 {
@@ -153,7 +152,7 @@ func TestPartitionedRotationHoldsPendingPartition(t *testing.T) {
 	if err := insertWithID(t, pool, w, "held-d", next); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() WHERE event_id = $1`, next); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() - interval '1 second' WHERE event_id = $1`, next); err != nil {
 		t.Fatal(err)
 	}
 	if res, err = admin.Cleanup(ctx, cfg); err != nil || len(res.PartitionsDropped) != 1 || res.PartitionsDropped[0] != heldPart {
@@ -182,7 +181,6 @@ func held(res outbox.CleanupResult, name string) []outbox.PartitionStatus {
 // the horizon, and a partition whose event it quarantined stays.
 func TestPartitionedRelayPublishesAndRotates(t *testing.T) {
 	t.Parallel()
-	partman.DropSettled.Store(true) // off by default in this release (internal/partman, Upkeep)
 	ctx := context.Background()
 	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
 	w := newWriter(t, schema)

@@ -131,7 +131,7 @@ func TestLostConnectionDoesNotLoseTheMark(t *testing.T) {
 			}
 			cfg := quietConfig(schema, next)
 			cfg.LeaseDuration = time.Minute
-			cfg.HeartbeatInterval = time.Hour // no other UPDATE on the relay's connections
+			cfg.HeartbeatInterval = outbox.RelayHeartbeatLifetimeMax / 3 // no other UPDATE on the relay's connections
 			cfg.VacuumInterval = -1
 			cfg.RetryBackoffMin, cfg.RetryBackoffMax = time.Hour, time.Hour
 			r, stop := startRelay(t, pool, cfg)
@@ -187,7 +187,7 @@ func TestLostIdleConnectionsRetriedAtOnce(t *testing.T) {
 	logs := newLogRecorder()
 	cfg := quietConfig(schema, b.pub)
 	cfg.PollInterval, cfg.DisableNotify = time.Hour, true // only Wake starts a round
-	cfg.HeartbeatInterval, cfg.LaneSweepInterval, cfg.VacuumInterval = time.Hour, time.Hour, -1
+	cfg.HeartbeatInterval, cfg.LaneSweepInterval, cfg.VacuumInterval = outbox.RelayHeartbeatLifetimeMax/3, time.Hour, -1
 	cfg.Logger = slog.New(logs)
 	r, stop := startRelay(t, pool, cfg)
 	defer stop()

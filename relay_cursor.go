@@ -156,6 +156,16 @@ type claimCursor struct {
 // are not delayed in practice.
 const fullScanDuty = 0.05
 
+// fullScanRestMax bounds fullScanDuty's rest to this many rescan intervals
+// (a minute by default). A full scan's time counts its waits too: a look
+// queued 3 s behind an ALTER TABLE's lock put the next one a minute away
+// (TestAdv24CompleteLookSpacedByALockWait), and one queued for a minute
+// would have put it 19 minutes away. The looks that are expensive under a
+// pinned xmin, the complete ones, have a duty bound of their own
+// (completeLookDuty); a look from the low-water mark reads the last
+// seconds of entries.
+const fullScanRestMax = 12
+
 // claimKind is how the next claim looks for events.
 type claimKind int
 
@@ -176,7 +186,7 @@ func (c *claimCursor) nextKind(now time.Time, rescan time.Duration) claimKind {
 	if rescan < 0 {
 		return claimFull
 	}
-	rest := time.Duration(float64(c.lastFullCost) * (1/fullScanDuty - 1))
+	rest := min(time.Duration(float64(c.lastFullCost)*(1/fullScanDuty-1)), fullScanRestMax*rescan)
 	if since := now.Sub(c.lastFull) - c.lastFullCost; since < rest {
 		return claimFresh // see fullScanDuty
 	}
@@ -209,7 +219,7 @@ func (c *claimCursor) fullDone(start time.Time, cost time.Duration, n, size int)
 func (c *claimCursor) lookFrom(now time.Time, completeEvery time.Duration) (lowMark, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	every := max(completeEvery, time.Duration(float64(c.lastCompleteCost)/completeLookDuty))
+	every := max(completeEvery, min(time.Duration(float64(c.lastCompleteCost)/completeLookDuty), completeLookSpacingMax))
 	if !c.low.avail.Valid || now.Sub(c.lastComplete) >= every {
 		return lowMarkStart, true
 	}
@@ -225,6 +235,31 @@ func (c *claimCursor) lookFrom(now time.Time, completeEvery time.Duration) (lowM
 // cannot see (nextLowMark). At 1% a 10 s complete look comes every 17
 // minutes; the looks from the mark keep their RescanInterval.
 const completeLookDuty = 0.01
+
+// completeLookSpacingMax bounds the spacing completeLookDuty asks for: a
+// look's time counts its waits too (a lock queued behind an ALTER TABLE),
+// which cost no CPU, and what only the complete look finds (rows without a
+// dispatch_xid behind the mark, a quarantine lifted by a bare UPDATE) waits
+// at most this long, or 60 rescan intervals when that is longer.
+const completeLookSpacingMax = 30 * time.Minute
+
+// lookFailed records a look that failed after cost: a complete one counts
+// as done for its spacing, and, when there was no mark yet, the next looks
+// start margin before now. Else a complete look that always fails (a
+// statement_timeout shorter than a walk of the whole index) made every
+// look a complete one, and the looks from the mark, which find a dead
+// relay's expired leases, never ran again.
+func (c *claimCursor) lookFailed(complete bool, start time.Time, cost, margin time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !complete {
+		return
+	}
+	c.lastComplete, c.lastCompleteCost = start, cost
+	if !c.low.avail.Valid {
+		c.low = nextLowMark(nil, nil, start, margin)
+	}
+}
 
 // lookDone records the low-water mark a look found, and when a complete one
 // ran (at now, taking cost).

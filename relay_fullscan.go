@@ -30,6 +30,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -146,16 +147,30 @@ func (r *Relay) dropFullScan(ctx context.Context) {
 // lookSQL is the background full scan's look: the ids of the full scan's
 // window (the oldest claimable events, a quarter more than the batch) and,
 // when no row of the window is the head of its lane, of the oldest heads
-// past it (at most a batch), as one array, in one read that locks nothing.
-// extra is the relay's further condition on a row e (see claimSQL). The
-// claim that follows (claimLookedSQL) re-checks all of it.
+// past it (at most a batch), and the heads committed late behind its bound
+// (below), as one array, in one read that locks nothing. extra is the
+// relay's further condition on a row e (see claimSQL). The claim that
+// follows (claimLookedSQL) re-checks all of it.
 //
 // It reads outbox_dispatch_idx from ($1, $2), a position of its key
 // (available_at, occurred_at): the look's low-water mark (lowMark), or
-// (-infinity, -infinity) for a complete look. It also returns where the
-// next look may start, the position of the oldest pending event that is
-// not quarantined (leased or not, due or not) at or past the bound, or
-// NULL when there is none, and the statement's now().
+// (-infinity, -infinity) for a complete look. A transaction that was
+// running at the previous look's snapshot, or began after it, may have
+// committed an event behind that bound since (its available_at is its
+// start): a writer that began before the mark and wrote late. Those events
+// are the ones whose dispatch_xid is in the previous look's running
+// transactions ($4) or at or past its xmax ($3): late reads them from
+// outbox_fresh_key_idx, the entries written since the previous look, as
+// the incremental claim's cursor does. Its heads join the window; the
+// oldest of them, claimable or not (a successor whose predecessor is leased),
+// holds the next mark back (the late low), so that the next look reads it
+// from outbox_dispatch_idx. Rows without a dispatch_xid (written by hand,
+// or by a writer from before migration 009) are left to the complete look.
+//
+// It also returns where the next look may start, the position of the
+// oldest pending event that is not quarantined (leased or not, due or not)
+// at or past the bound, or NULL when there is none, the late low, the
+// statement's now() and its snapshot.
 func lookSQL(events string, batchSize int, extra string) string {
 	limit, window := strconv.Itoa(batchSize), strconv.Itoa(batchSize+batchSize/4)
 	// One walk: low reads outbox_dispatch_idx from the bound up to the
@@ -166,6 +181,11 @@ func lookSQL(events string, batchSize int, extra string) string {
 	// buffers each in the pressure bench after ten minutes at 800 events/s).
 	cond := windowCond(extra) + `
 	  AND (e.available_at, e.occurred_at) >= ((SELECT available_at FROM low), (SELECT occurred_at FROM low))`
+	lateCols := `e.event_id, e.published_at, e.quarantined_at, e.available_at, e.occurred_at, e.claim_until, e.claimed_by,
+		e.aggregate_type, e.aggregate_id, e.aggregate_sequence`
+	latePending := `coalesce(e.published_at, e.quarantined_at) IS NULL AND e.dispatch_xid IS NOT NULL
+		  AND e.available_at = e.occurred_at
+		  AND (e.available_at, e.occurred_at) < ($1::timestamptz, $2::timestamptz)`
 	return `WITH low AS (
 	SELECT e.available_at, e.occurred_at FROM ` + events + ` e
 	WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
@@ -188,9 +208,31 @@ func lookSQL(events string, batchSize int, extra string) string {
 	  AND ` + isHead(events, "e") + `
 	ORDER BY e.available_at, e.occurred_at
 	LIMIT ` + limit + `
+), late_all AS MATERIALIZED (
+	SELECT ` + lateCols + ` FROM ` + events + ` e
+	WHERE ` + latePending + `
+	  AND e.dispatch_xid >= $3::text::xid8
+	UNION
+	SELECT ` + lateCols + ` FROM unnest($4::text[]::xid8[]) AS x(xid)
+	CROSS JOIN LATERAL (
+		SELECT * FROM ` + events + ` e
+		WHERE ` + latePending + `
+		  AND e.dispatch_xid = x.xid
+		OFFSET 0) e
+), late AS (
+	SELECT e.event_id FROM late_all e
+	WHERE ` + windowCond(extra) + `
+	  AND ` + isHead(events, "e") + `
+	ORDER BY e.available_at, e.occurred_at
+	LIMIT ` + limit + `
+), late_low AS (
+	SELECT e.available_at, e.occurred_at FROM late_all e
+	ORDER BY e.available_at, e.occurred_at
+	LIMIT 1
 )
-SELECT coalesce(array_agg(i.event_id), '{}'), (SELECT available_at FROM low), (SELECT occurred_at FROM low), now() FROM (
-	SELECT event_id FROM scan UNION ALL SELECT event_id FROM beyond) i`
+SELECT coalesce(array_agg(DISTINCT i.event_id), '{}'), (SELECT available_at FROM low), (SELECT occurred_at FROM low),
+	(SELECT available_at FROM late_low), (SELECT occurred_at FROM late_low), now(), pg_current_snapshot()::text FROM (
+	SELECT event_id FROM scan UNION ALL SELECT event_id FROM beyond UNION ALL SELECT event_id FROM late) i`
 }
 
 // claimLookedSQL is the background full scan's claim of the events its look
@@ -216,14 +258,26 @@ func claimLookedSQL(events string, batchSize int, extra string) string {
 // look, then, when it found anything, the claim of what it found.
 func (r *Relay) claimLooked(ctx context.Context, q querier, b *batch) (int64, error) {
 	var ids []uuid.UUID
-	var lowAvail, lowOcc *time.Time
+	var lowAvail, lowOcc, lateAvail, lateOcc *time.Time
 	var now time.Time
+	var snap string
 	start := time.Now()
 	from, complete := r.cursor.lookFrom(start, r.completeLookEvery())
-	if err := q.QueryRow(ctx, r.sql.look, from.avail, from.occ).Scan(&ids, &lowAvail, &lowOcc, &now); err != nil {
+	xmax, xip := from.lateArgs()
+	if err := q.QueryRow(ctx, r.sql.look, from.avail, from.occ, xmax, xip).
+		Scan(&ids, &lowAvail, &lowOcc, &lateAvail, &lateOcc, &now, &snap); err != nil {
+		r.cursor.lookFailed(complete, start, time.Since(start), r.lookMargin())
 		return 0, fmt.Errorf("claim batch: full scan: %w", err)
 	}
-	r.cursor.lookDone(nextLowMark(lowAvail, lowOcc, now, r.lookMargin()), complete, start, time.Since(start))
+	if lateAvail != nil && lateOcc != nil && (lowAvail == nil || lateAvail.Before(*lowAvail) ||
+		(lateAvail.Equal(*lowAvail) && lowOcc != nil && lateOcc.Before(*lowOcc))) {
+		lowAvail, lowOcc = lateAvail, lateOcc
+	}
+	next := nextLowMark(lowAvail, lowOcc, now, r.lookMargin())
+	if err := next.setSnapshot(snap); err != nil {
+		return 0, err
+	}
+	r.cursor.lookDone(next, complete, start, time.Since(start))
 	if len(ids) == 0 {
 		return 0, nil
 	}
@@ -240,6 +294,34 @@ func (r *Relay) claimLooked(ctx context.Context, q querier, b *batch) (int64, er
 // look.
 type lowMark struct {
 	avail, occ pgtype.Timestamptz
+	// xmax and xip are the snapshot of the look that set the mark: the
+	// next look reads the events of the transactions it did not see
+	// (lookSQL's late), which may lie behind the mark.
+	xmax uint64
+	xip  []string
+}
+
+// lateArgs are lookSQL's $3 and $4: the previous look's xmax and running
+// transactions, or, without a previous look's snapshot (a complete look,
+// a mark set after a failed one), an empty range: nothing to read late.
+func (m lowMark) lateArgs() (xmax string, xip []string) {
+	if m.xmax == 0 {
+		return strconv.FormatUint(math.MaxInt64, 10), nil
+	}
+	return strconv.FormatUint(m.xmax, 10), m.xip
+}
+
+// setSnapshot records the look's snapshot (pg_snapshot's text form).
+func (m *lowMark) setSnapshot(snap string) error {
+	_, xmax, xip, err := parseSnapshot(snap)
+	if err != nil {
+		return err
+	}
+	m.xmax, m.xip = xmax, make([]string, len(xip))
+	for i, x := range xip {
+		m.xip[i] = strconv.FormatUint(x, 10)
+	}
+	return nil
 }
 
 // lowMarkStart is the position before every entry.

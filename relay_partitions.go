@@ -29,32 +29,39 @@ const partitionUpkeepEvery = time.Minute
 var errUpkeepBusy = errors.New("another process is running the partition upkeep")
 
 // upkeepPartitions runs one round of partman.Upkeep on a connection of
-// pool holding a session advisory lock of the schema's upkeep, so that
-// relays (and `outbox cleanup`) of one schema take turns rather than
-// creating or detaching the same partition at once: errUpkeepBusy when
-// another holds it.
+// pool (upkeepSession).
 func upkeepPartitions(ctx context.Context, pool *pgxpool.Pool, s pgident.Schema, horizon time.Duration, ahead int) (partman.Result, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return partman.Result{}, err
 	}
 	defer conn.Release()
+	return upkeepSession(ctx, pgtx.Conn(conn), func() { conn.Conn().Close(context.WithoutCancel(ctx)) }, s, horizon, ahead)
+}
+
+// upkeepSession runs one round of partman.Upkeep on sess, one session,
+// holding a session advisory lock of the schema's upkeep, so that relays
+// (and `outbox cleanup`) of one schema take turns rather than creating or
+// detaching the same partition at once: errUpkeepBusy when another holds
+// it. discard closes the session when the lock cannot be released (a
+// session lock must not go back to a pool).
+func upkeepSession(ctx context.Context, sess pgtx.DB, discard func(), s pgident.Schema, horizon time.Duration, ahead int) (partman.Result, error) {
 	h := fnv.New64a()
 	h.Write([]byte("outbox partition upkeep " + s.Name()))
 	lock := int64(h.Sum64())
 	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, lock).Scan(&got); err != nil {
+	if err := sess.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, lock).Scan(&got); err != nil {
 		return partman.Result{}, err
 	}
 	if !got {
 		return partman.Result{}, errUpkeepBusy
 	}
 	defer func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lock); err != nil {
-			conn.Conn().Close(context.WithoutCancel(ctx)) // a session lock must not go back to the pool
+		if _, err := sess.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lock); err != nil {
+			discard()
 		}
 	}()
-	return partman.Upkeep(ctx, pgtx.Conn(conn), s, horizon, ahead)
+	return partman.Upkeep(ctx, sess, s, horizon, ahead)
 }
 
 // partitionLoop runs the partition upkeep at start and then every
@@ -81,9 +88,7 @@ func (r *Relay) partitionLoop(ctx context.Context) {
 				return
 			case errors.Is(err, partman.ErrNotOwner):
 				if !cannot {
-					r.log.Warn("outbox_events is partitioned and the relay's role does not own it, so it cannot create partitions ahead or drop settled ones: "+
-						"run `outbox cleanup` as the tables' owner regularly, or the relay as that owner (docs/operations.md, Partitioned outbox)",
-						slog.String("schema", r.schema.Name()))
+					r.log.Warn(PartitionUpkeepSkippedNote, slog.String("schema", r.schema.Name()))
 					cannot = true
 				}
 			case errors.Is(err, errUpkeepBusy):
@@ -92,8 +97,9 @@ func (r *Relay) partitionLoop(ctx context.Context) {
 			default:
 				cannot = false
 			}
-			if len(res.Created) > 0 || len(res.Dropped) > 0 {
-				r.log.Info("partition upkeep", slog.Any("created", res.Created), slog.Any("dropped", res.Dropped))
+			if len(res.Created) > 0 || len(res.Dropped) > 0 || len(res.Attached) > 0 || len(res.Pending) > 0 {
+				r.log.Info("partition upkeep", slog.Any("created", res.Created), slog.Any("dropped", res.Dropped),
+					slog.Any("attached_again", res.Attached), slog.Any("detach_pending", res.Pending))
 			}
 			if held := heldSummary(res.Held); held != lastHeld {
 				if held != "" {

@@ -103,7 +103,8 @@ const laneIndex = "outbox_events_lane_idx"
 // are created). An empty table is replaced. A table with events keeps them
 // in place: it becomes the first partition, covering its ids up to the end
 // of the interval after the current one, and the partitions of the ids to
-// come follow it. Before the short step that swaps the tables, the
+// come follow it (at least one, with Ahead 1 too: the newest partition's
+// width is the one the upkeep makes the next ones with). Before the short step that swaps the tables, the
 // conversion proves the events fit that range with a CHECK constraint
 // validated online (a scan that does not block writers, SHARE UPDATE
 // EXCLUSIVE) and builds the new parent's lane index on the table
@@ -322,7 +323,16 @@ WHERE r.prrelid = $1::regclass ORDER BY 1`, events)
 			return res, fmt.Errorf("%s: %w", firstWords(q), err)
 		}
 	}
-	res.Created, err = partman.EnsureAheadIn(ctx, tx, s, now, cfg.Ahead, cfg.Interval, opts)
+	// The kept partition covers the current interval and the next: with
+	// one partition ahead (Ahead 1) none would follow it, and it would be
+	// the newest, whose width the upkeep gives every partition it makes
+	// (partman.Interval): as wide as the events kept, not cfg.Interval. At
+	// least one partition of cfg.Interval follows it.
+	ahead := cfg.Ahead
+	if !lo.IsZero() {
+		ahead = max(ahead, 2)
+	}
+	res.Created, err = partman.EnsureAheadIn(ctx, tx, s, now, ahead, cfg.Interval, opts)
 	if err != nil {
 		return res, err
 	}

@@ -11,6 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/internal/outboxtest"
+	"github.com/pgoutbox/outbox/internal/partman"
+	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtx"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
@@ -167,5 +170,71 @@ func TestPartitionRefusesRandomIDs(t *testing.T) {
 	var kind string
 	if err := pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, schema+".outbox_events").Scan(&kind); err != nil || kind != "r" {
 		t.Fatalf("relkind %q (%v), want the plain table left", kind, err)
+	}
+}
+
+// With one partition ahead, a table with events becomes a first partition
+// covering their ids up to the end of the interval after the current one,
+// followed by partitions one interval wide (at least one, whose width the
+// upkeep gives the next ones); it was left the newest, and the upkeep made
+// every later partition as wide as it.
+func TestPartitionKeptBoundsOneAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := partitionSchema(t)
+	old := uuid.Must(uuid.NewV7())
+	old[1]-- // 2^32 ms (seven weeks) before now: many intervals wide
+	if err := enqueue(t, pool, schema, "a", &old); err != nil {
+		t.Fatal(err)
+	}
+	if err := enqueue(t, pool, schema, "a", nil); err != nil {
+		t.Fatal(err)
+	}
+	const interval = time.Minute
+	var now time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	res, err := outboxmigrate.Partition(ctx, pool, schema, outboxmigrate.PartitionConfig{Interval: interval, Ahead: 1})
+	if err != nil || res.Kept == "" {
+		t.Fatalf("conversion %+v, %v", res, err)
+	}
+	s, err := pgident.NewSchema(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := partman.List(ctx, pgtx.Pool(pool), s)
+	if err != nil || len(parts) < 2 {
+		t.Fatalf("partitions %+v, %v: want the kept one and at least one after it", parts, err)
+	}
+	cur := partman.Align(now, interval)
+	kept := parts[0]
+	if kept.Name != res.Kept || !kept.From.Equal(partman.Align(partman.TimeOf(old), interval)) {
+		t.Fatalf("kept partition %+v, want %s from the interval of the oldest id (%s)", kept, res.Kept, partman.TimeOf(old))
+	}
+	// The conversion may cross an interval boundary after reading now.
+	if end := kept.To; !end.Equal(cur.Add(2*interval)) && !end.Equal(cur.Add(3*interval)) {
+		t.Fatalf("kept partition ends at %s, want the end of the interval after the current one (%s)", end, cur.Add(2*interval))
+	}
+	for _, p := range parts[1:] {
+		if p.Interval() != interval {
+			t.Fatalf("partition %s is %s wide, want %s", p.Name, p.Interval(), interval)
+		}
+	}
+	if got := partman.Interval(parts); got != interval {
+		t.Fatalf("the interval the upkeep makes partitions with is %s, want %s", got, interval)
+	}
+	made, err := partman.EnsureAhead(ctx, pgtx.Pool(pool), s, now.Add(10*interval), 2)
+	if err != nil || len(made) == 0 {
+		t.Fatalf("upkeep ten intervals later made %v, %v", made, err)
+	}
+	parts, err = partman.List(ctx, pgtx.Pool(pool), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts[1:] {
+		if p.Interval() != interval {
+			t.Fatalf("after the upkeep partition %s is %s wide, want %s", p.Name, p.Interval(), interval)
+		}
 	}
 }

@@ -25,8 +25,10 @@ same clean-up periodically.
 On a partitioned outbox (outbox migrate --partitioned) it deletes no event: it creates the
 partitions due ahead and detaches and drops each partition whose events are all settled and
 published longer ago than --older-than, and says which partitions past the horizon stay and why
-(an unpublished or quarantined event, a skip marker a later event needs). That needs the tables'
-owner: run it as that role (from cron, say) when the relay's role is not.`
+(an unpublished or quarantined event, a skip marker a later event needs); it also finishes a
+detach an earlier round left unfinished (dropped, or attached again when its events are not all
+settled). That needs the tables' owner: run it as that role (from cron, say) when the relay's role
+is not. As another role it says so on stderr, skips the partitions and cleans up the inbox.`
 
 // cleanupFlags are the horizon flags shared with `outbox relay`.
 type cleanupFlags struct {
@@ -93,7 +95,10 @@ func runCleanup(ctx context.Context, args []string) error {
 	if *asJSON {
 		return opJSON(os.Stdout, map[string]any{"events_deleted": res.Events, "inbox_rows_deleted": res.InboxRows,
 			"batches": res.Batches, "seconds": res.Duration.Seconds(), "partitions_dropped": res.PartitionsDropped,
-			"partitions_created": res.PartitionsCreated, "partitions_held": res.PartitionsHeld})
+			"partitions_created": res.PartitionsCreated, "partitions_held": res.PartitionsHeld, "partition_upkeep_skipped": res.PartitionUpkeepSkipped})
+	}
+	if res.PartitionUpkeepSkipped {
+		fmt.Fprintf(os.Stderr, "outbox cleanup: schema %s: %s\n", common.Schema, outbox.PartitionUpkeepSkippedNote)
 	}
 	if len(res.PartitionsDropped)+len(res.PartitionsCreated)+len(res.PartitionsHeld) > 0 {
 		fmt.Printf("partitioned outbox: dropped %d partitions past %s, created %d ahead\n", len(res.PartitionsDropped), &horizons.olderThan, len(res.PartitionsCreated))

@@ -76,6 +76,10 @@ type Partition struct {
 	// DetachPending is true while a DETACH ... CONCURRENTLY of it has not
 	// finished (it was interrupted): FINALIZE completes it.
 	DetachPending bool
+	// Detached is true for a table an upkeep round detached and neither
+	// dropped nor attached again (Leftovers): the next round does one or
+	// the other.
+	Detached bool
 }
 
 // Interval is the partition's width.
@@ -170,6 +174,33 @@ func Create(ctx context.Context, q pgtx.Querier, s pgident.Schema, from, to time
 	}
 	if _, err := q.Exec(ctx, `CREATE TABLE `+t+` (LIKE `+parent+` INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)`+with); err != nil {
 		return "", fmt.Errorf("create partition %s: %w", name, err)
+	}
+	// The roles that read the parent may read the partition's own table:
+	// status reads a partition whose detach is unfinished there, as the
+	// parent no longer shows its events.
+	grants, err := q.Query(ctx, `SELECT format('GRANT SELECT ON %s TO %s', $2::text,
+	CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END)
+FROM pg_class c, aclexplode(c.relacl) a
+WHERE c.oid = $1::regclass AND a.privilege_type = 'SELECT' AND a.grantee <> c.relowner`, parent, t)
+	if err != nil {
+		return "", fmt.Errorf("read the grants of %s: %w", parent, err)
+	}
+	var stmts []string
+	for grants.Next() {
+		var g string
+		if err := grants.Scan(&g); err != nil {
+			_ = grants.Close()
+			return "", err
+		}
+		stmts = append(stmts, g)
+	}
+	if err := grants.Close(); err != nil {
+		return "", fmt.Errorf("read the grants of %s: %w", parent, err)
+	}
+	for _, g := range stmts {
+		if _, err := q.Exec(ctx, g); err != nil {
+			return "", fmt.Errorf("grant on partition %s: %w", name, err)
+		}
 	}
 	if _, err := q.Exec(ctx, `ALTER TABLE `+parent+` ATTACH PARTITION `+t+` FOR VALUES FROM ('`+Bound(from).String()+`') TO ('`+Bound(to).String()+`')`); err != nil {
 		return "", fmt.Errorf("attach partition %s: %w", name, err)

@@ -2,10 +2,16 @@ package partman
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"regexp"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/pgtx"
@@ -109,28 +115,142 @@ type Result struct {
 	Created []string
 	// Dropped are the partitions detached and dropped.
 	Dropped []string
+	// Attached are the partitions attached again: a detach left unfinished
+	// (pending, or detached but neither dropped nor attached again) whose
+	// events were not all settled and past the horizon, or that a round
+	// with no horizon found.
+	Attached []string
+	// Pending are the partitions left "detach pending" because the detach
+	// (or its FINALIZE) waited longer than the round allows for older
+	// transactions on the table: the next round finishes them.
+	Pending []string
 	// Held are the partitions past the horizon that stay.
 	Held []Held
 }
 
-// DropSettled turns on Upkeep's detach and drop of settled partitions: off
-// by default until the defects in Upkeep's comment are fixed; the tests of
-// the drop turn it on.
-var DropSettled atomic.Bool
+// detachWaitMax bounds how long one DETACH ... CONCURRENTLY (or its
+// FINALIZE) of a round waits for the transactions already using
+// outbox_events: it cannot run in a transaction, so lock_timeout set
+// locally cannot bound it, and it waits for every older transaction on the
+// table, however long. It runs under this statement_timeout (a quarter of
+// the partitions' interval when that is shorter), and one that gives up
+// leaves the partition "detach pending", which the next round finishes.
+const detachWaitMax = 5 * time.Second
 
-// Upkeep creates the partitions due ahead (EnsureAhead) and, when horizon
-// is positive, detaches and drops every partition whose ids and publishes
-// are all older than horizon and whose events are all settled (Check). It
-// needs the table's owner (CanManage): ErrNotOwner otherwise. DETACH
-// PARTITION ... CONCURRENTLY cannot run in a transaction, so db must run
-// Exec outside one (a pool or a database).
+func detachWait(interval time.Duration) time.Duration {
+	w := detachWaitMax
+	if q := interval / 4; q > 0 && q < w {
+		w = q
+	}
+	return max(w, 100*time.Millisecond)
+}
+
+// marker starts the comment a partition gets before it is detached, with
+// its bounds: a detached table that carries it is one the upkeep left
+// unfinished (the round failed between the detach and the drop), which the
+// next round attaches again or drops (Leftovers).
+const marker = "outbox upkeep: detaching from outbox_events "
+
+var markerRE = regexp.MustCompile(`^` + marker + `FOR VALUES FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)$`)
+
+// Leftovers returns the tables of schema s that an upkeep round detached
+// from outbox_events and neither dropped nor attached again (it failed or
+// its connection died in between): plain tables named as partitions that
+// carry the detach's marker comment. An event committed into the
+// partition between the round's check and the detach is in such a table,
+// where no relay reads it, until the next round attaches it again.
+func Leftovers(ctx context.Context, q pgtx.Querier, s pgident.Schema) ([]Partition, error) {
+	rows, err := q.Query(ctx, `SELECT c.relname, obj_description(c.oid, 'pg_class')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition
+  AND c.relname LIKE 'outbox\_events\_p%' AND obj_description(c.oid, 'pg_class') LIKE $2
+ORDER BY c.relname`, s.Name(), marker+"%")
+	if err != nil {
+		return nil, fmt.Errorf("list detached partitions: %w", err)
+	}
+	defer rows.Close()
+	var out []Partition
+	for rows.Next() {
+		var p Partition
+		var comment string
+		if err := rows.Scan(&p.Name, &comment); err != nil {
+			return nil, err
+		}
+		m := markerRE.FindStringSubmatch(comment)
+		if m == nil {
+			continue
+		}
+		p.FromID, p.ToID = uuid.MustParse(m[1]), uuid.MustParse(m[2])
+		p.From, p.To = TimeOf(p.FromID), TimeOf(p.ToID)
+		p.Detached = true
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// CheckTable reads what holds partition p from its own table rather than
+// through the parent, which no longer shows a partition whose detach is
+// pending or done: it needs SELECT on the table (CanRead).
+func CheckTable(ctx context.Context, q pgtx.Querier, s pgident.Schema, p Partition) (Hold, error) {
+	return check(ctx, q, s.Table(p.Name), p, s)
+}
+
+// CanRead reports whether the session's role may read partition p's own
+// table.
+func CanRead(ctx context.Context, q pgtx.Querier, s pgident.Schema, p Partition) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false)`, s.Table(p.Name)).Scan(&ok)
+	return ok, err
+}
+
+// hooks are faults tests inject at the steps of the detach, by schema
+// (SetHook).
+var hooks sync.Map
+
+// SetHook makes fn run at each step of schema s's upkeep that tests
+// interrupt ("before-detach": after the check through the parent, before
+// the DETACH; "after-detach": after it, before the table is checked again
+// and dropped); an error from fn fails the round there. The returned
+// function removes it. For tests.
+func SetHook(s pgident.Schema, fn func(step, partition string) error) (remove func()) {
+	hooks.Store(s.Name(), fn)
+	return func() { hooks.Delete(s.Name()) }
+}
+
+func hook(s pgident.Schema, step, partition string) error {
+	if fn, ok := hooks.Load(s.Name()); ok {
+		return fn.(func(string, string) error)(step, partition)
+	}
+	return nil
+}
+
+// Upkeep runs one round of a partitioned outbox's upkeep on db, which must
+// be one session (pgtx.Conn: the detach's statement_timeout is set on it),
+// outside a transaction (DETACH PARTITION ... CONCURRENTLY cannot run in
+// one). It needs the table's owner (CanManage): ErrNotOwner otherwise. In
+// order:
 //
-// The detach and drop run only while DropSettled is on; it is off in this
-// release (docs/operations.md, "Partitioned outbox"): a hostile review
-// found two ways for them to strand a committed event out of the relay's
-// reach (a detached table whose second step failed; a detach left pending
-// that no relay without a horizon finishes) and one to stall the upkeep
-// behind a long reader until writes are refused.
+//  1. It creates the partitions due ahead (EnsureAhead), first, so that no
+//     detach ever holds them up.
+//  2. It finishes what an earlier round left unfinished, with or without a
+//     horizon: a partition left "detach pending" is detached (FINALIZE),
+//     and it and every table detached but neither dropped nor attached
+//     again (Leftovers) are checked under an ACCESS EXCLUSIVE lock, then
+//     dropped when their events are all settled and past the horizon,
+//     attached again otherwise (always when horizon is not positive).
+//  3. When horizon is positive, it detaches and drops every partition
+//     whose ids and publishes are all older than horizon and whose events
+//     are all settled (Check), but for the newest. Each is marked (a
+//     comment with its bounds) before its DETACH ... CONCURRENTLY, then
+//     checked again under an ACCESS EXCLUSIVE lock as a table of its own
+//     that no writer can reach any more: an event written between the
+//     first check and the detach (an id of the caller's, from the past)
+//     puts it back (ATTACH, which the CHECK constraint the detach left
+//     proves without a scan) instead of dropping it.
+//
+// A DETACH or FINALIZE waits at most detachWait for older transactions on
+// the table and then leaves the partition pending for the next round
+// (Result.Pending); the round goes on without detaching more.
 func Upkeep(ctx context.Context, db pgtx.DB, s pgident.Schema, horizon time.Duration, ahead int) (Result, error) {
 	var res Result
 	ok, err := CanManage(ctx, db, s)
@@ -147,80 +267,183 @@ func Upkeep(ctx context.Context, db pgtx.DB, s pgident.Schema, horizon time.Dura
 	if res.Created, err = EnsureAhead(ctx, db, s, now, ahead); err != nil {
 		return res, err
 	}
-	if horizon <= 0 || !DropSettled.Load() {
-		return res, nil
-	}
 	parts, err := List(ctx, db, s)
 	if err != nil {
 		return res, err
 	}
-	cut := now.Add(-horizon)
+	u := upkeep{db: db, s: s, drop: horizon > 0, cut: now.Add(-horizon), wait: detachWait(Interval(parts)), res: &res}
+	for _, p := range parts {
+		if p.DetachPending {
+			if err := u.finish(ctx, p); err != nil {
+				return res, err
+			}
+		}
+	}
+	left, err := Leftovers(ctx, db, s)
+	if err != nil {
+		return res, err
+	}
+	for _, p := range left {
+		if err := u.settle(ctx, p); err != nil {
+			return res, err
+		}
+	}
+	if !u.drop || len(res.Pending) > 0 {
+		// A partitioned table has one detach pending at most: none
+		// starts while one is.
+		return res, nil
+	}
 	for i, p := range parts {
 		if i == len(parts)-1 {
 			break // the newest stays: it gives the next ones their width
 		}
-		if !p.DetachPending && p.To.After(cut) {
+		if p.DetachPending || p.To.After(u.cut) {
 			continue
 		}
-		gone, held, err := dropOne(ctx, db, s, p, cut)
-		if err != nil {
+		if err := u.dropOne(ctx, p); err != nil {
 			return res, err
 		}
-		if gone {
-			res.Dropped = append(res.Dropped, p.Name)
-		} else if held != nil {
-			res.Held = append(res.Held, *held)
+		if len(res.Pending) > 0 {
+			break // older transactions hold the table: the next round goes on
 		}
 	}
 	return res, nil
 }
 
-// dropOne drops partition p when nothing holds it. A detach interrupted
-// earlier (p.DetachPending) is finished with FINALIZE first. After the
-// detach, the table is checked again under an ACCESS EXCLUSIVE lock, as a
-// table of its own that no writer can reach any more: an event written
-// between the first check and the detach (an id of the caller's, from the
-// past) puts the table back (ATTACH, which the CHECK constraint the detach
-// left proves without a scan) instead of dropping it.
-func dropOne(ctx context.Context, db pgtx.DB, s pgident.Schema, p Partition, cut time.Time) (bool, *Held, error) {
-	parent := s.Table("outbox_events")
-	t := s.Table(p.Name)
-	if !p.DetachPending {
-		h, err := Check(ctx, db, s, p)
-		if err != nil {
-			return false, nil, err
-		}
-		if why := h.Reason(cut); why != "" {
-			return false, &Held{Partition: p, Hold: h, Why: why}, nil
-		}
-		if _, err := db.Exec(ctx, `ALTER TABLE `+parent+` DETACH PARTITION `+t+` CONCURRENTLY`); err != nil {
-			return false, nil, fmt.Errorf("detach partition %s: %w", p.Name, err)
-		}
-	} else if _, err := db.Exec(ctx, `ALTER TABLE `+parent+` DETACH PARTITION `+t+` FINALIZE`); err != nil {
-		return false, nil, fmt.Errorf("finish the interrupted detach of partition %s: %w", p.Name, err)
+type upkeep struct {
+	db   pgtx.DB
+	s    pgident.Schema
+	drop bool
+	cut  time.Time
+	wait time.Duration
+	res  *Result
+}
+
+// detach runs DETACH PARTITION p CONCURRENTLY (or FINALIZE) under the
+// round's statement_timeout: false when it gave up, leaving p pending.
+func (u *upkeep) detach(ctx context.Context, p Partition, how string) (bool, error) {
+	// The timeout varies by up to its length from round to round: a
+	// FINALIZE waits for every transaction of the database whose snapshot
+	// is as old as its own, so two of them (of two schemas' upkeeps) that
+	// start together wait for each other; the first to give up lets the
+	// other finish.
+	wait := u.wait + time.Duration(rand.Int64N(int64(u.wait)))
+	if _, err := u.db.Exec(ctx, `SET statement_timeout = '`+fmt.Sprint(wait.Milliseconds())+`ms'`); err != nil {
+		return false, err
 	}
+	_, err := u.db.Exec(ctx, `ALTER TABLE `+u.s.Table("outbox_events")+` DETACH PARTITION `+u.s.Table(p.Name)+` `+how)
+	if _, rerr := u.db.Exec(context.WithoutCancel(ctx), `RESET statement_timeout`); rerr != nil && err == nil {
+		err = rerr
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil { // query_canceled: the statement_timeout
+		u.res.Pending = append(u.res.Pending, p.Name)
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("detach partition %s (%s): %w", p.Name, how, err)
+	}
+	return true, nil
+}
+
+// mark puts the marker comment, with p's bounds, on p's table.
+func (u *upkeep) mark(ctx context.Context, p Partition) error {
+	return u.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+lockTimeout+`'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `COMMENT ON TABLE `+u.s.Table(p.Name)+` IS '`+marker+`FOR VALUES FROM (''`+p.FromID.String()+`'') TO (''`+p.ToID.String()+`'')'`)
+		if err != nil {
+			return fmt.Errorf("mark partition %s: %w", p.Name, err)
+		}
+		return nil
+	})
+}
+
+// finish completes the detach of a pending partition and settles it.
+func (u *upkeep) finish(ctx context.Context, p Partition) error {
+	if err := u.mark(ctx, p); err != nil {
+		return err
+	}
+	done, err := u.detach(ctx, p, "FINALIZE")
+	if err != nil || !done {
+		return err
+	}
+	return u.settle(ctx, p)
+}
+
+// dropOne drops partition p when nothing holds it.
+func (u *upkeep) dropOne(ctx context.Context, p Partition) error {
+	h, err := Check(ctx, u.db, u.s, p)
+	if err != nil {
+		return err
+	}
+	if why := h.Reason(u.cut); why != "" {
+		u.res.Held = append(u.res.Held, Held{Partition: p, Hold: h, Why: why})
+		return nil
+	}
+	if err := u.mark(ctx, p); err != nil {
+		return err
+	}
+	if err := hook(u.s, "before-detach", p.Name); err != nil {
+		return err
+	}
+	done, err := u.detach(ctx, p, "CONCURRENTLY")
+	if err != nil || !done {
+		return err
+	}
+	if err := hook(u.s, "after-detach", p.Name); err != nil {
+		return err
+	}
+	return u.settle(ctx, p)
+}
+
+// settle decides the fate of p's detached table, under an ACCESS
+// EXCLUSIVE lock that keeps every reader and writer out: dropped when the
+// round drops and nothing holds it, attached again otherwise (the marker
+// removed in the same transaction).
+func (u *upkeep) settle(ctx context.Context, p Partition) error {
+	parent := u.s.Table("outbox_events")
+	t := u.s.Table(p.Name)
 	var held *Held
-	err := db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
+	dropped := false
+	err := u.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+lockTimeout+`'`); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `LOCK TABLE `+t+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
-		h, err := check(ctx, tx, t, p, s)
+		h, err := check(ctx, tx, t, p, u.s)
 		if err != nil {
 			return err
 		}
-		if why := h.Reason(cut); why != "" {
-			held = &Held{Partition: p, Hold: h, Why: why}
-			_, err := tx.Exec(ctx, `ALTER TABLE `+parent+` ATTACH PARTITION `+t+` FOR VALUES FROM ('`+p.FromID.String()+`') TO ('`+p.ToID.String()+`')`)
+		why := h.Reason(u.cut)
+		if u.drop && why == "" {
+			dropped = true
+			_, err = tx.Exec(ctx, `DROP TABLE `+t)
 			return err
 		}
-		_, err = tx.Exec(ctx, `DROP TABLE `+t)
+		if why != "" {
+			held = &Held{Partition: p, Hold: h, Why: why}
+		}
+		if _, err := tx.Exec(ctx, `ALTER TABLE `+parent+` ATTACH PARTITION `+t+` FOR VALUES FROM ('`+p.FromID.String()+`') TO ('`+p.ToID.String()+`')`); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `COMMENT ON TABLE `+t+` IS NULL`)
 		return err
 	})
 	if err != nil {
-		return false, nil, fmt.Errorf("drop partition %s: %w", p.Name, err)
+		return fmt.Errorf("drop or attach again partition %s: %w", p.Name, err)
 	}
-	return held == nil, held, nil
+	switch {
+	case dropped:
+		u.res.Dropped = append(u.res.Dropped, p.Name)
+	default:
+		u.res.Attached = append(u.res.Attached, p.Name)
+		if held != nil && u.drop {
+			u.res.Held = append(u.res.Held, *held)
+		}
+	}
+	return nil
 }

@@ -285,3 +285,35 @@ func Collect[T any](rows Rows, fn func(row Row) (T, error)) ([]T, error) {
 	}
 	return out, rows.Close()
 }
+
+// SQLConn is a DB over one connection of a database/sql database: its
+// statements and transactions all run on that connection (one session).
+type SQLConn struct {
+	SQLTx
+	Conn *sql.Conn
+}
+
+// SQLConnOf returns a DB over c.
+func SQLConnOf(c *sql.Conn) SQLConn { return SQLConn{SQLTx: SQL(c), Conn: c} }
+
+func (c SQLConn) BeginFunc(ctx context.Context, opts TxOptions, fn func(Querier) error) (err error) {
+	o := &sql.TxOptions{ReadOnly: opts.ReadOnly}
+	if opts.RepeatableRead {
+		o.Isolation = sql.LevelRepeatableRead
+	}
+	tx, err := c.Conn.BeginTx(ctx, o)
+	if err != nil {
+		return err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	if err = fn(SQL(tx)); err != nil {
+		return err
+	}
+	committed = true
+	return tx.Commit()
+}
