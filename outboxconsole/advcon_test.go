@@ -160,17 +160,21 @@ func TestAdvconNoSchemaOutsideSources(t *testing.T) {
 	t.Logf("Sources called %d times for the probes", calls.Load())
 }
 
-// TestAdvconDatabaseNameNeedingEscape: a source whose database's name (a
-// key of the fleet's file, which the file does not restrict) needs
-// escaping in a path is reachable at the URL the index links to.
+// TestAdvconDatabaseNameNeedingEscape: a source whose database's name
+// would need escaping in a path, or that a path cleaner rewrites ("..",
+// which no request path can hold as a segment), is shown down with why and
+// no link; its pages are not served. A name of letters, digits, '_', '.'
+// and '-' is reachable at the URL the index links to. (The fleet's file
+// refuses such database keys: outboxfleet's TestConfigErrorsAreClear.)
 func TestAdvconDatabaseNameNeedingEscape(t *testing.T) {
 	t.Parallel()
 	pool, schema := outboxtest.Schema(t)
-	names := []string{"eu/west", "a%b", "..", "x?y#z", "eu west"}
+	bad := []string{"eu/west", "a%b", "..", "x?y#z", "eu west"}
+	good := []string{"eu-west.1", "_main"}
 	h, err := outboxconsole.NewMulti(outboxconsole.MultiConfig{Token: testToken, Logger: discard(),
 		Sources: func(context.Context) []outboxconsole.Source {
 			var out []outboxconsole.Source
-			for _, n := range names {
+			for _, n := range append(append([]string{}, bad...), good...) {
 				out = append(out, outboxconsole.Source{Database: n, Schema: schema, Pool: pool})
 			}
 			return out
@@ -187,14 +191,22 @@ func TestAdvconDatabaseNameNeedingEscape(t *testing.T) {
 		t.Fatalf("index: %d", code)
 	}
 	links := regexp.MustCompile(`href="(/sources/[^"]*)"`).FindAllStringSubmatch(body, -1)
-	if len(links) != len(names) {
-		t.Errorf("index links %d sources, want %d", len(links), len(names))
+	if len(links) != len(good) {
+		t.Errorf("index links %d sources, want %d (the valid names)", len(links), len(good))
 	}
 	for _, m := range links {
 		link := strings.ReplaceAll(m[1], "&amp;", "&")
 		code, body := c.get(link)
 		if code != http.StatusOK {
 			t.Errorf("GET %s (the index's link): %d, want 200\n%.200s", link, code, body)
+		}
+	}
+	if n := strings.Count(body, `<span class="state down">down</span> database: invalid name`); n != len(bad) {
+		t.Errorf("index shows %d sources down for their database's name, want %d\n%s", n, len(bad), body)
+	}
+	for _, p := range []string{"/sources/eu%2Fwest/" + schema + "/", "/sources/a%25b/" + schema + "/", "/sources/eu%20west/" + schema + "/"} {
+		if code, _ := c.get(p); code == http.StatusOK {
+			t.Errorf("GET %s: 200, want no page", p)
 		}
 	}
 }
