@@ -47,9 +47,9 @@ type database struct {
 	// untrusted: schemas not served because an untrusted role owns them
 	// or one of their outbox tables, or a table is not one (pgtrust): why.
 	untrusted map[string]error
-	discover   error  // the last discovery's error, nil when it worked
-	listed     bool   // a discovery worked once
-	control    string // the listener's control channel; "" while it is not listening
+	discover  error  // the last discovery's error, nil when it worked
+	listed    bool   // a discovery worked once
+	control   string // the listener's control channel; "" while it is not listening
 	// rediscover makes the discovery run now (a look found a schema gone).
 	rediscover chan struct{}
 	wg         sync.WaitGroup // the sources' relays
