@@ -26,6 +26,17 @@
 // and CSRF token serve every source. Each action is recorded in its
 // source's own outbox_operations. Replay is not offered there.
 //
+// The sources of one pool are read at most its MaxConns at once, each
+// source's FiguresTimeout starting at its turn, the whole index within
+// MultiConfig.IndexTimeout ("not read in time" beyond it). Before any of a
+// source's tables is read (on each load of the index, on each request to
+// its pages), its schema and outbox tables must be owned by a role of
+// Source.TrustedOwners (default: the pool's role), be tables, and carry no
+// rule and no trigger of another role's function: PostgreSQL would run a
+// tenant's view or trigger with the console's role. A source that fails is
+// shown down, naming the object and its owner. New (one schema) does not
+// check: its caller names the schema.
+//
 // # What it shows
 //
 // The overview page reads Admin.Status (the data of `outbox status`, one

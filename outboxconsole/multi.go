@@ -3,9 +3,11 @@ package outboxconsole
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtrust"
 	"github.com/pgoutbox/outbox/internal/redact"
 )
 
@@ -20,16 +24,30 @@ import (
 // index of a console of several outboxes.
 const FiguresTimeoutDefault = 5 * time.Second
 
+// IndexTimeoutMin is the least default of MultiConfig.IndexTimeout.
+const IndexTimeoutMin = 10 * time.Second
+
 // Source is one outbox of a console of several (NewMulti): a schema of a
 // database.
 type Source struct {
 	// Database names the database (a key of the fleet's file); Schema the
-	// schema of the outbox tables. The source's pages are under
+	// schema of the outbox tables. A Database that is not a valid key
+	// (pgident.ValidateKey: letters, digits, '_', '.', '-', no "..") is
+	// shown down, its pages not served: it could not be one segment of
+	// their path. The source's pages are under
 	// /sources/<Database>/<Schema>/.
 	Database string
 	Schema   string
 	// Pool is the database's pool, shared by its sources.
 	Pool *pgxpool.Pool
+	// TrustedOwners are the roles that may own the schema and its outbox
+	// tables (see package pgtrust's checks: tables, not views; no trigger
+	// of an untrusted role's function); empty means the pool's role
+	// (current_user) only. A source that fails the check is shown as down
+	// with the object and owner at fault, and none of its pages is served:
+	// its tables are never read, so none of its code runs with the
+	// console's role. Compared by name, not by role membership.
+	TrustedOwners []string
 	// Err, when set, is why the source cannot be shown (its database could
 	// not be listed, its schema has no outbox tables): the index shows it
 	// as down with this text, which must hold no secret, and its pages
@@ -51,6 +69,13 @@ type MultiConfig struct {
 	// source slower than that (its database unreachable) shows as down
 	// without holding the others up. Defaults to FiguresTimeoutDefault.
 	FiguresTimeout time.Duration
+	// IndexTimeout bounds the whole index: the figures of sources still
+	// waiting for one of their pool's connections then show as "not read
+	// in time" (not as down). At most as many sources of a pool are read
+	// at once as the pool has connections (its MaxConns), and each
+	// source's FiguresTimeout starts once its turn comes. Defaults to
+	// twice FiguresTimeout, at least IndexTimeoutMin.
+	IndexTimeout time.Duration
 
 	Token           string
 	PublicRead      bool
@@ -72,9 +97,12 @@ type SourceFigures struct {
 	// URL is the source's console; empty for a database that could not be
 	// listed.
 	URL string
-	// Down is set when the figures could not be read; Error says why.
-	Down  bool
-	Error string
+	// Down is set when the figures could not be read (or the source is
+	// not trusted); Error says why. Unread is set when its turn for one of
+	// its pool's connections did not come within the index's deadline.
+	Down   bool
+	Unread bool
+	Error  string
 	outbox.Backlog
 	RelaysAlive int
 }
@@ -104,6 +132,9 @@ func NewMulti(cfg MultiConfig) (http.Handler, error) {
 	}
 	if cfg.FiguresTimeout <= 0 {
 		cfg.FiguresTimeout = FiguresTimeoutDefault
+	}
+	if cfg.IndexTimeout <= 0 {
+		cfg.IndexTimeout = max(2*cfg.FiguresTimeout, IndexTimeoutMin)
 	}
 	if cfg.PageSize <= 0 {
 		cfg.PageSize = PageSizeDefault
@@ -150,7 +181,15 @@ func (m *multi) list(ctx context.Context) []Source {
 	defer m.mu.Unlock()
 	m.sources = make(map[string]Source, len(got))
 	m.down = map[string]error{}
-	for _, s := range got {
+	for i, s := range got {
+		if s.Err == nil {
+			if err := pgident.ValidateKey(s.Database); err != nil {
+				// Not one path segment as it is ("eu/west", ".."): no page
+				// could be reached at its link.
+				s.Err = fmt.Errorf("database: %w", err)
+				got[i] = s
+			}
+		}
 		if s.Schema != "" {
 			m.sources[sourceKey(s.Database, s.Schema)] = s
 		} else if s.Err != nil {
@@ -160,11 +199,17 @@ func (m *multi) list(ctx context.Context) []Source {
 	return got
 }
 
-// index lists every source with its figures, read concurrently, each
-// within FiguresTimeout.
+// index lists every source with its figures: the sources of one pool read
+// at most MaxConns at once, each within FiguresTimeout from its turn, the
+// whole within IndexTimeout. Each source's owners are checked
+// (pgtrust.Check, within its own FiguresTimeout) before its tables are
+// read.
 func (m *multi) index(w http.ResponseWriter, r *http.Request) {
 	sources := m.list(r.Context())
 	rows := make([]SourceFigures, len(sources))
+	ictx, icancel := context.WithTimeout(r.Context(), m.cfg.IndexTimeout)
+	defer icancel()
+	turns := map[*pgxpool.Pool]chan struct{}{}
 	var wg sync.WaitGroup
 	for i, s := range sources {
 		rows[i] = SourceFigures{Database: s.Database, Schema: s.Schema}
@@ -175,15 +220,39 @@ func (m *multi) index(w http.ResponseWriter, r *http.Request) {
 			rows[i].Down, rows[i].Error = true, safeText(oneLine(redact.Text(s.Err.Error())))
 			continue
 		}
+		turn := turns[s.Pool]
+		if turn == nil {
+			turn = make(chan struct{}, max(int(s.Pool.Config().MaxConns), 1))
+			turns[s.Pool] = turn
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			select {
+			case turn <- struct{}{}:
+				defer func() { <-turn }()
+				if ictx.Err() != nil {
+					rows[i].Unread, rows[i].Error = true, "not read within "+m.cfg.IndexTimeout.String()
+					return
+				}
+			case <-ictx.Done():
+				rows[i].Unread, rows[i].Error = true, "its turn for one of the database's "+strconv.Itoa(cap(turn))+" connections did not come within "+m.cfg.IndexTimeout.String()
+				return
+			}
+			// The owners' check, then the figures, each within
+			// FiguresTimeout: the check's first run on a connection
+			// fills its catalogue cache.
+			cctx, ccancel := context.WithTimeout(r.Context(), m.cfg.FiguresTimeout)
+			err := pgtrust.Check(cctx, s.Pool, s.Schema, s.TrustedOwners)
+			ccancel()
 			ctx, cancel := context.WithTimeout(r.Context(), m.cfg.FiguresTimeout)
 			defer cancel()
-			admin, err := outbox.NewAdmin(s.Pool, outbox.AdminConfig{Schema: s.Schema})
 			var g outbox.Gauges
 			if err == nil {
-				g, err = admin.Gauges(ctx)
+				var admin *outbox.Admin
+				if admin, err = outbox.NewAdmin(s.Pool, outbox.AdminConfig{Schema: s.Schema}); err == nil {
+					g, err = admin.Gauges(ctx)
+				}
 			}
 			if err != nil {
 				rows[i].Down, rows[i].Error = true, safeText(oneLine(redact.Text(err.Error())))
@@ -222,6 +291,12 @@ func (m *multi) source(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.Err != nil {
 		http.Error(w, "source down: "+safeText(oneLine(redact.Text(s.Err.Error()))), http.StatusServiceUnavailable)
+		return
+	}
+	// Each request: an owner changed since is refused before any of the
+	// schema's tables is read (a page) or written (an action).
+	if err := pgtrust.Check(r.Context(), s.Pool, schema, s.TrustedOwners); err != nil {
+		http.Error(w, "source down: "+safeText(oneLine(redact.Text(err.Error()))), http.StatusServiceUnavailable)
 		return
 	}
 	m.mu.Lock()

@@ -160,15 +160,21 @@ func TestAdvUnreadableSchemaHidesTheOthers(t *testing.T) {
 	}
 	u.User = url.User(role)
 	st := newStream(t)
+	// The tables are the admin's (the migration role), the relay another
+	// role: trusted_owners names the admin (pgtrust).
+	var owner string
+	if err := admin.QueryRow(ctx, "SELECT current_user").Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
 	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
 relay: {poll_interval: 50ms, discover_interval: 200ms, idle_max: 2s}
 databases:
-  db: {url: %q, max_conns: 4}
+  db: {url: %q, max_conns: 4, trusted_owners: [%s]}
 destinations:
   events: {url: "nats://unused"}
 sources:
   - {database: db, schema_pattern: "%s_*", destination: events}
-`, u.String(), prefix)))
+`, u.String(), owner, prefix)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,6 +94,19 @@ type Database struct {
 	URLFile string `yaml:"url_file"`
 	// MaxConns bounds the shared pool. Defaults to MaxConnsDefault.
 	MaxConns int32 `yaml:"max_conns"`
+	// TrustedOwners are the roles that may own a served schema and its
+	// outbox tables; empty means the role the URL connects as
+	// (current_user) only. A schema (named or matched by a pattern) owned
+	// otherwise, or whose outbox tables are not tables (a view, a foreign
+	// table) or carry a trigger of an untrusted role's function, is not
+	// served: state "untrusted", naming the object and its owner. The
+	// relay runs the code of what it reads (a view's function, a
+	// trigger) with its own role: a tenant owning its schema must not be
+	// trusted. Compared by name, not by membership. Set it to the
+	// migration role when the tables are owned by one role and the relay
+	// connects as another (the least-privileged setup). It is per database
+	// because ownership and the connecting role are the database's.
+	TrustedOwners []string `yaml:"trusted_owners"`
 }
 
 // Destination is one destination, opened once and shared by every source
@@ -252,7 +265,20 @@ func (c Config) validate() error {
 	if len(c.Sources) == 0 {
 		return errors.New("sources: none configured")
 	}
+	for name := range c.Destinations {
+		if err := pgident.ValidateKey(name); err != nil {
+			return fmt.Errorf("destinations: %w", err)
+		}
+	}
 	for name, db := range c.Databases {
+		if err := pgident.ValidateKey(name); err != nil {
+			return fmt.Errorf("databases: %w", err)
+		}
+		for _, o := range db.TrustedOwners {
+			if o == "" {
+				return fmt.Errorf("databases.%s.trusted_owners: an empty role name", name)
+			}
+		}
 		if db.MaxConns < 0 || db.MaxConns == 1 {
 			return fmt.Errorf("databases.%s.max_conns %d: at least 2 (a relay needs a connection for its claims and one for its marks)", name, db.MaxConns)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtrust"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 	"github.com/pgoutbox/outbox/outboxprom"
 )
@@ -43,9 +44,12 @@ type database struct {
 	// unreadable: schemas whose migration version the relay cannot read
 	// (no grants, say): why. The others are served all the same.
 	unreadable map[string]error
-	discover   error  // the last discovery's error, nil when it worked
-	listed     bool   // a discovery worked once
-	control    string // the listener's control channel; "" while it is not listening
+	// untrusted: schemas not served because an untrusted role owns them
+	// or one of their outbox tables, or a table is not one (pgtrust): why.
+	untrusted map[string]error
+	discover  error  // the last discovery's error, nil when it worked
+	listed    bool   // a discovery worked once
+	control   string // the listener's control channel; "" while it is not listening
 	// rediscover makes the discovery run now (a look found a schema gone).
 	rediscover chan struct{}
 	wg         sync.WaitGroup // the sources' relays
@@ -140,6 +144,7 @@ func (d *database) discoverOnce(ctx context.Context) error {
 	want, missing := match(d.specs, present)
 	latest := outboxmigrate.All()
 	latestVersion := latest[len(latest)-1].Version
+	untrusted := d.checkTrust(ctx, want)
 
 	d.mu.Lock()
 	d.missing = missing
@@ -154,6 +159,9 @@ func (d *database) discoverOnce(ctx context.Context) error {
 	for schema := range want {
 		s, ok := d.sources[schema]
 		if ok && s.err.Load() == nil {
+			continue
+		}
+		if untrusted[schema] {
 			continue
 		}
 		if ok { // its relay stopped on an error: start it again
@@ -216,11 +224,52 @@ func (d *database) discoverOnce(ctx context.Context) error {
 			delete(d.unreadable, schema)
 		}
 	}
+	for schema := range d.untrusted {
+		if _, ok := want[schema]; !ok {
+			delete(d.untrusted, schema)
+		}
+	}
 	d.mu.Unlock()
 	if changed {
 		d.listenChanged(ctx)
 	}
 	return nil
+}
+
+// checkTrust checks the owners and kinds of the wanted schemas that are
+// not running (pgtrust.Check, against the database's trusted_owners),
+// before any of their tables is read: those refused are recorded in
+// d.untrusted and returned; those that pass leave it. A running source was
+// checked when it started: only a trusted owner (or a superuser) can change
+// what it owns since. An error reading the catalogue refuses the schema
+// too, until the next discovery.
+func (d *database) checkTrust(ctx context.Context, want map[string]sourceSpec) map[string]bool {
+	d.mu.Lock()
+	var check []string
+	for schema := range want {
+		if s, ok := d.sources[schema]; !ok || s.err.Load() != nil {
+			check = append(check, schema)
+		}
+	}
+	d.mu.Unlock()
+	sort.Strings(check)
+	trusted := d.f.cfg.Databases[d.name].TrustedOwners
+	out := map[string]bool{}
+	for _, schema := range check {
+		err := pgtrust.Check(ctx, d.pool, schema, trusted)
+		d.mu.Lock()
+		if err != nil {
+			if d.untrusted[schema] == nil || d.untrusted[schema].Error() != err.Error() {
+				d.log().Warn("schema not served: it is not trusted (the others are)", slog.String("schema", schema), slog.Any("error", err))
+			}
+			d.untrusted[schema] = err
+			out[schema] = true
+		} else {
+			delete(d.untrusted, schema)
+		}
+		d.mu.Unlock()
+	}
+	return out
 }
 
 // versionsOneByOne reads the migration version of each schema on its own,
@@ -377,6 +426,10 @@ func (d *database) status() []SourceStatus {
 	for schema, err := range d.unreadable {
 		out = append(out, SourceStatus{Name: d.name + "/" + schema, Database: d.name, Schema: schema, State: "unreadable",
 			Ready: fmt.Errorf("cannot read schema %s's migration version (grants?): %w", schema, err)})
+	}
+	for schema, err := range d.untrusted {
+		out = append(out, SourceStatus{Name: d.name + "/" + schema, Database: d.name, Schema: schema, State: "untrusted",
+			Ready: fmt.Errorf("schema %s not served (its code would run with the relay's role): %w", schema, err)})
 	}
 	for schema, v := range d.waiting {
 		out = append(out, SourceStatus{Name: d.name + "/" + schema, Database: d.name, Schema: schema, State: "waiting",

@@ -17,6 +17,18 @@
 // Destinations are opened once and shared by the sources that route to
 // them.
 //
+// # Trust
+//
+// PostgreSQL runs a view's function, a rule or a trigger with the role of
+// the statement that fires it, here the relay's. A schema (named or matched
+// by a pattern) is served only when it and each of its outbox tables are
+// owned by a role of its database's TrustedOwners (default: the connecting
+// role only; by name, not membership), are tables, and carry no rule and
+// no trigger of another role's function; otherwise it is "untrusted" in
+// Sources and Ready, naming the object and its owner, and is not read
+// beyond the catalogue. When the tables are owned by a migration role and
+// the relay connects as another, list the migration role.
+//
 // # Fairness
 //
 // A source's relay holds a connection only for one statement at a time (a

@@ -101,7 +101,7 @@ func New(cfg Config, opts Options) (*Fleet, error) {
 			return nil, redact.Error(fmt.Errorf("outboxfleet: databases.%s: %w", name, err), redact.DatabaseSecrets(db.URL)...)
 		}
 		d := &database{f: f, name: name, pool: pool, sources: map[string]*source{}, missing: map[string]error{},
-			waiting: map[string]int{}, unreadable: map[string]error{}, rediscover: make(chan struct{}, 1)}
+			waiting: map[string]int{}, unreadable: map[string]error{}, untrusted: map[string]error{}, rediscover: make(chan struct{}, 1)}
 		for i, s := range cfg.Sources {
 			if s.Database == name {
 				d.specs = append(d.specs, sourceSpec{index: i, Source: s})
@@ -183,7 +183,11 @@ type SourceStatus struct {
 	// State is "running", "waiting" (found, not yet at the latest
 	// migration), "missing" (a schema named in the config that has no
 	// outbox tables), "unreadable" (a schema whose migration version the
-	// relay's role cannot read; the others are served) or "failed" (its relay stopped on an error; it is
+	// relay's role cannot read; the others are served), "untrusted" (a
+	// schema, or one of its outbox tables, owned by a role not in the
+	// database's trusted_owners, or a table that is not one: Ready names
+	// the object and its owner; it is never read beyond the catalogue) or
+	// "failed" (its relay stopped on an error; it is
 	// started again at the next discovery).
 	State string
 	// Ready is the relay's readiness (nil: ready), or why the source is not

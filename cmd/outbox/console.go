@@ -56,7 +56,10 @@ Many outboxes (--config relay.yaml, the file of 'outbox relay --config'): an ind
 every source, database/schema (a pattern's schemas as they are at each load), with its backlog,
 oldest pending age, quarantined events and relays alive, or "down" with the error; each
 source's console is under /sources/DATABASE/SCHEMA/, behind one login for all. One pool per
-database, of its max_conns. --database-url, --schema, --inbox-schema, --sideeffect-schema and
+database, of --fleet-max-conns connections (the console's own cap, not the file's max_conns);
+the index reads that many sources of a database at once, each within its own timeout. A schema
+or outbox table owned by a role not in the database's trusted_owners (default: the role the
+URL connects as), or an outbox table that is a view, is shown down, never read. --database-url, --schema, --inbox-schema, --sideeffect-schema and
 --destination are refused beside it (no replay).`
 
 // Bounds of the console server's connections: reading a request (headers
@@ -89,6 +92,7 @@ func runConsole(ctx context.Context, args []string) error {
 	seSchema := fs.String("sideeffect-schema", cli.Env("OUTBOX_SIDEEFFECT_SCHEMA", ""), "schema of the side-effect attempts shown and resolved (env OUTBOX_SIDEEFFECT_SCHEMA; default: --inbox-schema)")
 	refresh := fs.Duration("refresh", outboxconsole.RefreshDefault, "how often pages reload themselves; 0 turns it off")
 	pageSize := fs.Int("page-size", outboxconsole.PageSizeDefault, "rows per list page")
+	fleetMaxConns := fs.Int("fleet-max-conns", consoleFleetMaxConnsDefault, "with --config: the console's own pool size per database (not the file's max_conns, which sizes the relay's); the index reads at most this many sources of a database at once")
 	configFile := fs.String("config", cli.Env("OUTBOX_CONSOLE_CONFIG", ""), "show every source of a fleet's configuration `FILE` (outbox relay --config): an index of every database and schema (a pattern's schemas as they are now) with its backlog, oldest pending age, quarantined events and relays alive, each source's console under /sources/DATABASE/SCHEMA/, one login for all (env OUTBOX_CONSOLE_CONFIG). Not with --database-url, --schema, --inbox-schema, --sideeffect-schema or --destination")
 	err := cli.Parse(fs, args)
 	if err != nil {
@@ -146,7 +150,10 @@ func runConsole(ctx context.Context, args []string) error {
 		schemas = common.Schema
 	)
 	if *configFile != "" {
-		fc, err := openFleetConsole(ctx, *configFile)
+		if *fleetMaxConns < 1 {
+			return cli.Usagef(fs, "--fleet-max-conns %d: at least 1", *fleetMaxConns)
+		}
+		fc, err := openFleetConsole(ctx, *configFile, int32(*fleetMaxConns))
 		if err != nil {
 			return err
 		}

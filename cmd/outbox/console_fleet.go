@@ -51,11 +51,15 @@ func checkConsoleFleetFlags(fs *flag.FlagSet) error {
 	return nil
 }
 
+// consoleFleetMaxConnsDefault is the console's pool size per database of a
+// fleet (--fleet-max-conns).
+const consoleFleetMaxConnsDefault = 4
+
 // consoleListTimeout bounds listing one database's schemas for the index.
 const consoleListTimeout = 5 * time.Second
 
 // fleetConsole is what the console of a fleet reads: one pool per
-// database, bounded by its max_conns, shared by its sources.
+// database, of --fleet-max-conns connections, shared by its sources.
 type fleetConsole struct {
 	cfg   outboxfleet.Config
 	names []string
@@ -64,7 +68,7 @@ type fleetConsole struct {
 }
 
 // openFleetConsole makes the pools; none connects before a page is asked.
-func openFleetConsole(ctx context.Context, file string) (*fleetConsole, error) {
+func openFleetConsole(ctx context.Context, file string, maxConns int32) (*fleetConsole, error) {
 	cfg, err := outboxfleet.Load(file)
 	if err != nil {
 		return nil, err
@@ -77,10 +81,7 @@ func openFleetConsole(ctx context.Context, file string) (*fleetConsole, error) {
 			fc.errs[name] = redact.Error(fmt.Errorf("url: %w", err), redact.DatabaseSecrets(db.URL)...)
 			continue
 		}
-		pc.MaxConns = db.MaxConns
-		if pc.MaxConns <= 0 {
-			pc.MaxConns = outboxfleet.MaxConnsDefault
-		}
+		pc.MaxConns = maxConns
 		pc.MinConns = 0
 		if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
 			pc.ConnConfig.RuntimeParams["application_name"] = "outbox console (fleet)"
@@ -132,7 +133,7 @@ func (fc *fleetConsole) sources(ctx context.Context) []outboxconsole.Source {
 			serve, missing := fc.cfg.Match(name, present)
 			var out []outboxconsole.Source
 			for _, s := range serve {
-				out = append(out, outboxconsole.Source{Database: name, Schema: s, Pool: pool})
+				out = append(out, outboxconsole.Source{Database: name, Schema: s, Pool: pool, TrustedOwners: fc.cfg.Databases[name].TrustedOwners})
 			}
 			for _, s := range missing {
 				out = append(out, outboxconsole.Source{Database: name, Schema: s,

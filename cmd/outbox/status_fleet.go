@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cli"
+	"github.com/pgoutbox/outbox/internal/pgtrust"
 	"github.com/pgoutbox/outbox/internal/redact"
 	"github.com/pgoutbox/outbox/outboxfleet"
 )
@@ -29,7 +30,9 @@ type fleetSourceStatus struct {
 	Database string `json:"database"`
 	Schema   string `json:"schema"`
 	// State is "served" or "missing" (named in the file, no outbox tables),
-	// or "unreadable" (the database or the schema could not be read; Error).
+	// "unreadable" (the database or the schema could not be read; Error),
+	// or "untrusted" (the schema or an outbox table is owned by a role not
+	// in the database's trusted_owners, or is not a table; Error names it).
 	State       string `json:"state"`
 	Error       string `json:"error,omitempty"`
 	RelaysAlive int    `json:"relays_alive"`
@@ -116,6 +119,14 @@ func fleetDatabaseStatus(ctx context.Context, cfg outboxfleet.Config, name strin
 	var errs []error
 	for _, schema := range serve {
 		row := fleetSourceStatus{Source: name + "/" + schema, Database: name, Schema: schema, State: "served"}
+		// Its owners first: an untrusted schema is not read beyond the
+		// catalogue (its code would run with this role).
+		if err := pgtrust.Check(cctx, pool, schema, cfg.Databases[name].TrustedOwners); err != nil {
+			row.State, row.Error = "untrusted", err.Error()
+			errs = append(errs, err)
+			out = append(out, row)
+			continue
+		}
 		admin, err := outbox.NewAdmin(pool, outbox.AdminConfig{Schema: schema})
 		if err == nil {
 			var g outbox.Gauges

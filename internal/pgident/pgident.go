@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -77,4 +78,19 @@ func PickName(shared, legacy string) (string, error) {
 		return shared, nil
 	}
 	return "", fmt.Errorf("%w: Tables is %q but Schema is %q; set one of them (Schema is the older field, kept for compatibility)", ErrConflict, shared, legacy)
+}
+
+var validKey = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$`)
+
+// ValidateKey returns an error when name cannot name a database or a
+// destination of a fleet's file: 1-63 letters, digits, '_', '.' or '-',
+// starting with a letter, a digit or '_', without "..". Such a name is one
+// segment of a console's path (/sources/<database>/<schema>/) as it is,
+// with nothing to escape and nothing a path cleaner rewrites, and one word
+// in a log line or a metric's label.
+func ValidateKey(name string) error {
+	if !validKey.MatchString(name) || strings.Contains(name, "..") {
+		return fmt.Errorf("invalid name %q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter, a digit or '_', without '..'", name)
+	}
+	return nil
 }
