@@ -222,12 +222,18 @@ type SQLDB struct {
 // Database returns a DB over db.
 func Database(db *sql.DB) SQLDB { return SQLDB{SQLTx: SQL(db), DB: db} }
 
-func (d SQLDB) BeginFunc(ctx context.Context, opts TxOptions, fn func(Querier) error) (err error) {
+func (d SQLDB) BeginFunc(ctx context.Context, opts TxOptions, fn func(Querier) error) error {
+	return sqlBeginFunc(ctx, d.DB.BeginTx, opts, fn)
+}
+
+// sqlBeginFunc runs fn in a transaction begun by begin (a database's or a
+// connection's BeginTx), committed when fn returns nil.
+func sqlBeginFunc(ctx context.Context, begin func(context.Context, *sql.TxOptions) (*sql.Tx, error), opts TxOptions, fn func(Querier) error) error {
 	o := &sql.TxOptions{ReadOnly: opts.ReadOnly}
 	if opts.RepeatableRead {
 		o.Isolation = sql.LevelRepeatableRead
 	}
-	tx, err := d.DB.BeginTx(ctx, o)
+	tx, err := begin(ctx, o)
 	if err != nil {
 		return err
 	}
@@ -296,24 +302,6 @@ type SQLConn struct {
 // SQLConnOf returns a DB over c.
 func SQLConnOf(c *sql.Conn) SQLConn { return SQLConn{SQLTx: SQL(c), Conn: c} }
 
-func (c SQLConn) BeginFunc(ctx context.Context, opts TxOptions, fn func(Querier) error) (err error) {
-	o := &sql.TxOptions{ReadOnly: opts.ReadOnly}
-	if opts.RepeatableRead {
-		o.Isolation = sql.LevelRepeatableRead
-	}
-	tx, err := c.Conn.BeginTx(ctx, o)
-	if err != nil {
-		return err
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
-	if err = fn(SQL(tx)); err != nil {
-		return err
-	}
-	committed = true
-	return tx.Commit()
+func (c SQLConn) BeginFunc(ctx context.Context, opts TxOptions, fn func(Querier) error) error {
+	return sqlBeginFunc(ctx, c.Conn.BeginTx, opts, fn)
 }
