@@ -356,8 +356,10 @@ func TestCleanupCommandSurvivesACrashMidBatch(t *testing.T) {
 		t.Fatalf("after the rerun: %d old events and %d old inbox rows left", oldEvents, oldInbox)
 	}
 	stdout, _, code = runOutbox(t, nil, append(args, "--json")...)
-	var res map[string]float64
-	if err := json.Unmarshal([]byte(stdout), &res); err != nil || code != 0 || res["events_deleted"] != 0 {
+	var res struct {
+		EventsDeleted *int64 `json:"events_deleted"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil || code != 0 || res.EventsDeleted == nil || *res.EventsDeleted != 0 {
 		t.Fatalf("third run: exit %d, %q (%v): want nothing left to delete", code, stdout, err)
 	}
 }
