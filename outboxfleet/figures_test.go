@@ -44,34 +44,6 @@ func envDuration(key string, def time.Duration) time.Duration {
 	return def
 }
 
-// privateDatabase creates a database of the test's own on the shared server
-// (so that pg_stat_database counts the fleet's transactions alone) and
-// returns its URL and a pool on it; it is dropped when the test ends.
-func privateDatabase(t *testing.T, admin *pgxpool.Pool) (string, *pgxpool.Pool) {
-	t.Helper()
-	ctx := context.Background()
-	name := outboxtest.UniqueName(t, "db")
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(outboxtest.DatabaseURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		pool.Close()
-		if _, err := admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
-	return u.String(), pool
-}
-
 // transactions is the database's committed and rolled-back transactions so
 // far (pg_stat_database; backends report at most once a second, and an idle
 // one within about ten).
@@ -109,7 +81,7 @@ func TestFleetFigureIdle(t *testing.T) {
 	n := envInt("OUTBOX_FLEET_SOURCES", 200)
 	warm, window := envDuration("OUTBOX_FLEET_WARMUP", 2*time.Minute), envDuration("OUTBOX_FLEET_WINDOW", time.Minute)
 	admin := outboxtest.Pool(t)
-	dbURL, pool := privateDatabase(t, admin)
+	dbURL, pool := outboxtest.Database(t, admin)
 	var schemas []string
 	for i := 0; i < n; i++ {
 		schemas = append(schemas, fmt.Sprintf("tenant_%03d", i))
@@ -196,7 +168,7 @@ func TestFleetFigureIsolation(t *testing.T) {
 	phase := envDuration("OUTBOX_FLEET_PHASE", 20*time.Second)
 	ctx := context.Background()
 	admin := outboxtest.Pool(t)
-	dbURL, pool := privateDatabase(t, admin)
+	dbURL, pool := outboxtest.Database(t, admin)
 	schemas := []string{"busy", "steady"}
 	for i := 0; i < idle; i++ {
 		schemas = append(schemas, fmt.Sprintf("idle_%03d", i))

@@ -23,33 +23,6 @@ import (
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
-// fleetDatabase creates a database of the test's own and returns its URL
-// and a pool on it; it is dropped when the test ends.
-func fleetDatabase(t *testing.T, admin *pgxpool.Pool) (string, *pgxpool.Pool) {
-	t.Helper()
-	ctx := context.Background()
-	name := outboxtest.UniqueName(t, "db")
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(outboxtest.DatabaseURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		pool.Close()
-		if _, err := admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
-	return u.String(), pool
-}
-
 // migrateFleetSchema migrates schema in pool's database and drops it when
 // the test ends.
 func migrateFleetSchema(t *testing.T, pool *pgxpool.Pool, schema string) {
@@ -130,7 +103,7 @@ func TestConsoleFleet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	admin := outboxtest.Pool(t)
-	otherURL, other := fleetDatabase(t, admin)
+	otherURL, other := outboxtest.Database(t, admin)
 	prefix := outboxtest.UniqueName(t, "fc")
 	named, matched, inOther, later := prefix+"_orders", prefix+"_t_1", prefix+"_billing", prefix+"_t_2"
 	migrateFleetSchema(t, admin, named)
