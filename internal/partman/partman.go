@@ -278,9 +278,14 @@ func EnsureAheadIn(ctx context.Context, q pgtx.Querier, s pgident.Schema, now ti
 
 // IsNoPartition reports whether err is PostgreSQL's refusal of a row whose
 // partition key falls in no partition (SQLSTATE 23514, check_violation,
-// with no constraint named: "no partition of relation ... found for row").
+// with no constraint named: "no partition of relation ... found for row"),
+// or in a partition the upkeep closed before dropping it (23514 naming
+// ClosedName).
 func IsNoPartition(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == "" &&
-		len(pgErr.Message) > 24 && pgErr.Message[:24] == "no partition of relation"
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+		return false
+	}
+	return pgErr.ConstraintName == ClosedName ||
+		pgErr.ConstraintName == "" && len(pgErr.Message) > 24 && pgErr.Message[:24] == "no partition of relation"
 }
