@@ -159,12 +159,19 @@ var markerRE = regexp.MustCompile(`^` + marker + `FOR VALUES FROM \('([0-9a-f-]{
 // carry the detach's marker comment. An event committed into the
 // partition between the round's check and the detach is in such a table,
 // where no relay reads it, until the next round attaches it again.
+//
+// Only tables owned by outbox_events' owner (or by a member of its role,
+// as the partitions an upkeep running as such a member creates) count:
+// a role with CREATE on the schema can make a table of that name and
+// comment, and the upkeep (a superuser's, often) would otherwise attach
+// it, publishing its invented events, or fail every round on it.
 func Leftovers(ctx context.Context, q pgtx.Querier, s pgident.Schema) ([]Partition, error) {
 	rows, err := q.Query(ctx, `SELECT c.relname, obj_description(c.oid, 'pg_class')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition
   AND c.relname LIKE 'outbox\_events\_p%' AND obj_description(c.oid, 'pg_class') LIKE $2
-ORDER BY c.relname`, s.Name(), marker+"%")
+  AND pg_has_role(c.relowner, (SELECT p.relowner FROM pg_class p WHERE p.oid = to_regclass($3)), 'MEMBER')
+ORDER BY c.relname`, s.Name(), marker+"%", s.Table("outbox_events"))
 	if err != nil {
 		return nil, fmt.Errorf("list detached partitions: %w", err)
 	}
