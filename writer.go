@@ -302,8 +302,11 @@ func (w *Writer) insertMany(events []Event, later bool, tc traceContext, query q
 // id is not a UUIDv7 (an id of the caller's, a UUIDv4 say), or its time is
 // before the oldest partition or after the newest the relay's upkeep
 // created (a clock far off, or no upkeep running for longer than the
-// partitions ahead last). PostgreSQL refused the row (SQLSTATE 23514, "no
-// partition of relation ... found for row"): nothing was written, and the
+// partitions ahead last), or in a partition the upkeep closed before
+// dropping it (an id older than the replay horizon: a long transaction's, a
+// clock behind). PostgreSQL refused the row (SQLSTATE 23514, "no
+// partition of relation ... found for row", or naming the constraint
+// outbox_partition_closed): nothing was written, and the
 // transaction is aborted; roll it back. Leave Event.ID empty to have the
 // writer make a UUIDv7. docs/operations.md, "Partitioned outbox".
 var ErrNoPartition = errors.New("the event id falls in no partition of outbox_events")

@@ -169,7 +169,8 @@ func Partition(ctx context.Context, pool *pgxpool.Pool, schema string, cfg Parti
 		// attach would build it under its lock if the table had none.
 		if _, err := pool.Exec(ctx, `CREATE INDEX CONCURRENTLY IF NOT EXISTS `+pgx.Identifier{laneIndex}.Sanitize()+` ON `+events+
 			` (aggregate_type, aggregate_id, aggregate_sequence)`); err != nil {
-			return res, fmt.Errorf("outboxmigrate: partition %s: build %s: %w", s.Name(), laneIndex, err)
+			err = fmt.Errorf("outboxmigrate: partition %s: build %s: %w", s.Name(), laneIndex, err)
+			return res, dropRangeCheck(ctx, pool, s, hi, err)
 		}
 	}
 	err = db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
@@ -178,9 +179,35 @@ func Partition(ctx context.Context, pool *pgxpool.Pool, schema string, cfg Parti
 		return err
 	})
 	if err != nil {
-		return PartitionResult{}, fmt.Errorf("outboxmigrate: partition %s: %w", s.Name(), err)
+		err = fmt.Errorf("outboxmigrate: partition %s: %w", s.Name(), err)
+		if !lo.IsZero() {
+			err = dropRangeCheck(ctx, pool, s, hi, err)
+		}
+		return PartitionResult{}, err
 	}
 	return res, nil
+}
+
+// dropRangeCheck removes the range check from the plain table after a
+// conversion failed past proveRange, and returns failed: left there, the
+// check refuses every event whose id is after hi (SQLSTATE 23514), every
+// event once hi is past. It waits at most lockTimeout for its lock; when it
+// cannot drop the check, the error says so.
+func dropRangeCheck(ctx context.Context, pool *pgxpool.Pool, s pgident.Schema, hi time.Time, failed error) error {
+	ctx = context.WithoutCancel(ctx)
+	err := pgtx.Pool(pool).BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `ALTER TABLE `+s.Table("outbox_events")+` DROP CONSTRAINT IF EXISTS `+pgx.Identifier{rangeCheck}.Sanitize())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%w; and the check %s it added is still on %s, where it refuses every event id after %s: "+
+			"drop it (ALTER TABLE %s DROP CONSTRAINT %s) or run the conversion again: %v",
+			failed, rangeCheck, s.Table("outbox_events"), hi.Format(time.RFC3339), s.Table("outbox_events"), rangeCheck, err)
+	}
+	return failed
 }
 
 func notTimeOrdered(id uuid.UUID, hi time.Time) error {
@@ -246,6 +273,8 @@ func swap(ctx context.Context, tx pgtx.Querier, s pgident.Schema, cfg PartitionC
 	if err != nil {
 		return res, err
 	}
+	// (A regrole prints quoted where the role's name needs it: no
+	// quote_ident on top.)
 	// What the parent must have: the old table's CHECK constraints (NOT
 	// VALID ones stay so: ATTACH refuses a child whose constraint is NOT
 	// VALID under a valid one of the parent), its indexes but for those
@@ -264,11 +293,11 @@ ORDER BY c.relname`, events, laneIndex)
 		return res, err
 	}
 	grants, err := strs(ctx, tx, `SELECT format('GRANT %s ON %s TO %s', a.privilege_type, $1::text,
-	CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(a.grantee::regrole::text) END)
+	CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END)
 FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = $1::regclass AND a.grantee <> c.relowner
 UNION ALL
 SELECT format('GRANT %s (%I) ON %s TO %s', a.privilege_type, t.attname, $1::text,
-	CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(a.grantee::regrole::text) END)
+	CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END)
 FROM pg_attribute t JOIN pg_class c ON c.oid = t.attrelid, aclexplode(t.attacl) a
 WHERE t.attrelid = $1::regclass AND t.attnum > 0 AND NOT t.attisdropped AND a.grantee <> c.relowner`, events)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"sort"
 	"time"
@@ -164,8 +165,21 @@ const lockTimeout = "5s"
 // ACCESS EXCLUSIVE lock on it, and wait behind (and hold behind it) every
 // transaction reading the outbox. The new table is empty: the attach has
 // nothing to scan.
+//
+// A partition is named after its start (Name) unless a relation or type of
+// that name is in the schema (a table a role with CREATE on the schema
+// made): then the name gets a random suffix, rather than the creation
+// failing every round until the partitions ahead run out. Nothing reads a
+// partition's range from its name.
 func Create(ctx context.Context, q pgtx.Querier, s pgident.Schema, from, to time.Time, opts string) (string, error) {
 	name := Name(from)
+	var taken bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL OR to_regtype($1) IS NOT NULL`, s.Table(name)).Scan(&taken); err != nil {
+		return "", fmt.Errorf("create partition %s: %w", name, err)
+	}
+	if taken {
+		name = fmt.Sprintf("%s_%08x", name, rand.Uint32())
+	}
 	parent := s.Table("outbox_events")
 	t := s.Table(name)
 	with := ""
@@ -278,9 +292,14 @@ func EnsureAheadIn(ctx context.Context, q pgtx.Querier, s pgident.Schema, now ti
 
 // IsNoPartition reports whether err is PostgreSQL's refusal of a row whose
 // partition key falls in no partition (SQLSTATE 23514, check_violation,
-// with no constraint named: "no partition of relation ... found for row").
+// with no constraint named: "no partition of relation ... found for row"),
+// or in a partition the upkeep closed before dropping it (23514 naming
+// ClosedName).
 func IsNoPartition(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == "" &&
-		len(pgErr.Message) > 24 && pgErr.Message[:24] == "no partition of relation"
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+		return false
+	}
+	return pgErr.ConstraintName == ClosedName ||
+		pgErr.ConstraintName == "" && len(pgErr.Message) > 24 && pgErr.Message[:24] == "no partition of relation"
 }

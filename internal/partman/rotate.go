@@ -159,12 +159,19 @@ var markerRE = regexp.MustCompile(`^` + marker + `FOR VALUES FROM \('([0-9a-f-]{
 // carry the detach's marker comment. An event committed into the
 // partition between the round's check and the detach is in such a table,
 // where no relay reads it, until the next round attaches it again.
+//
+// Only tables owned by outbox_events' owner (or by a member of its role,
+// as the partitions an upkeep running as such a member creates) count:
+// a role with CREATE on the schema can make a table of that name and
+// comment, and the upkeep (a superuser's, often) would otherwise attach
+// it, publishing its invented events, or fail every round on it.
 func Leftovers(ctx context.Context, q pgtx.Querier, s pgident.Schema) ([]Partition, error) {
 	rows, err := q.Query(ctx, `SELECT c.relname, obj_description(c.oid, 'pg_class')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition
   AND c.relname LIKE 'outbox\_events\_p%' AND obj_description(c.oid, 'pg_class') LIKE $2
-ORDER BY c.relname`, s.Name(), marker+"%")
+  AND pg_has_role(c.relowner, (SELECT p.relowner FROM pg_class p WHERE p.oid = to_regclass($3)), 'MEMBER')
+ORDER BY c.relname`, s.Name(), marker+"%", s.Table("outbox_events"))
 	if err != nil {
 		return nil, fmt.Errorf("list detached partitions: %w", err)
 	}
@@ -360,6 +367,53 @@ func (u *upkeep) mark(ctx context.Context, p Partition) error {
 	})
 }
 
+// ClosedName names the trigger that closes a partition to new events
+// (closePartition), and the constraint its error names.
+const ClosedName = "outbox_partition_closed"
+
+// closeTimeout bounds how long closePartition waits for its lock: claims
+// and marks of outbox_events queue behind it meanwhile.
+const closeTimeout = "1s"
+
+// closePartition closes partition p to new events: a BEFORE INSERT
+// trigger (ClosedName) that refuses every row, with migration 018's
+// partition_closed(). Creating it takes a SHARE ROW EXCLUSIVE lock on p,
+// which waits for every transaction that wrote into p (and holds back
+// later writers, claims and marks of p, for at most closeTimeout): once it
+// commits, no uncommitted event is in p, and none can enter. false when the
+// lock was not had in time (a long transaction holds p); true, and no
+// trigger, on a schema without partition_closed() (not migrated to 018).
+// A trigger left by an earlier round stays: it closed p then.
+func (u *upkeep) closePartition(ctx context.Context, p Partition) (bool, error) {
+	var fn bool
+	if err := u.db.QueryRow(ctx, `SELECT to_regprocedure($1) IS NOT NULL`, u.s.Quoted()+".partition_closed()").Scan(&fn); err != nil {
+		return false, fmt.Errorf("close partition %s: %w", p.Name, err)
+	}
+	if !fn {
+		return true, nil
+	}
+	t := u.s.Table(p.Name)
+	err := u.db.BeginFunc(ctx, pgtx.TxOptions{}, func(tx pgtx.Querier) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+closeTimeout+`'`); err != nil {
+			return err
+		}
+		var has bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2)`, t, ClosedName).Scan(&has); err != nil || has {
+			return err
+		}
+		_, err := tx.Exec(ctx, `CREATE TRIGGER `+ClosedName+` BEFORE INSERT ON `+t+` FOR EACH ROW EXECUTE FUNCTION `+u.s.Quoted()+`.partition_closed()`)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" && ctx.Err() == nil { // lock_not_available: the lock_timeout
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("close partition %s: %w", p.Name, err)
+	}
+	return true, nil
+}
+
 // finish completes the detach of a pending partition and settles it.
 func (u *upkeep) finish(ctx context.Context, p Partition) error {
 	if err := u.mark(ctx, p); err != nil {
@@ -372,10 +426,31 @@ func (u *upkeep) finish(ctx context.Context, p Partition) error {
 	return u.settle(ctx, p)
 }
 
-// dropOne drops partition p when nothing holds it.
+// dropOne drops partition p when nothing holds it. Once the check
+// through the parent finds it droppable, it closes p (closePartition) and
+// checks it again: from then on no event can enter it, so an event
+// committed after that second check (an id from the past) cannot end up
+// out of outbox_events while p's detach is pending or unfinished, behind
+// its aggregate's later events, which the claim would then publish first.
 func (u *upkeep) dropOne(ctx context.Context, p Partition) error {
 	h, err := Check(ctx, u.db, u.s, p)
 	if err != nil {
+		return err
+	}
+	if why := h.Reason(u.cut); why != "" {
+		u.res.Held = append(u.res.Held, Held{Partition: p, Hold: h, Why: why})
+		return nil
+	}
+	closed, err := u.closePartition(ctx, p)
+	if err != nil {
+		return err
+	}
+	if !closed {
+		u.res.Held = append(u.res.Held, Held{Partition: p, Hold: h,
+			Why: "a transaction holds it (one writing an event with an id that old, or a long one reading the outbox) past " + closeTimeout + ": the next round closes it"})
+		return nil
+	}
+	if h, err = Check(ctx, u.db, u.s, p); err != nil {
 		return err
 	}
 	if why := h.Reason(u.cut); why != "" {
