@@ -14,7 +14,7 @@
 //	cd bench && go run . --only outage  # a 2 s NATS outage under load; a webhook answering 5% 503 or 500
 //	cd bench && go run . --only destinations  # each destination beside a naive publisher
 //	cd bench && go run . --only destinations --destinations kafka
-//	cd bench && go run . --only sizing  # what an event costs PostgreSQL, stage by stage (CPU, WAL, bytes), DELETE and partitioned outboxes, on a private cluster (about 4 minutes)
+//	cd bench && go run . --only sizing  # what an event costs PostgreSQL, stage by stage (CPU, WAL, bytes), DELETE and partitioned outboxes, on a private cluster (about 10 minutes)
 //	cd bench && go run . --only pressure  # the pressure cells of issues 24 and 27 (over an hour; see --pressure-*)
 //
 // Every scenario uses its own PostgreSQL schema (or database) and its own

@@ -27,9 +27,10 @@ package main
 // backends; they are split by their shares of pg_stat_statements'
 // execution time. WAL is pg_current_wal_lsn's advance over the stage;
 // table and index bytes are outbox_events' growth (or shrink) over it.
-// CPU time and bytes do not depend on how long a stage waited for a loaded
-// machine, so the figures hold beside other work (a load changes caches
-// and frequency, not the instructions counted here, to a first order).
+// CPU time and bytes do not count how long a stage waited for a loaded
+// machine, so the figures can be taken beside other work; a load does
+// inflate CPU per event somewhat (lock spinning, cache misses), so such
+// figures are upper bounds.
 
 import (
 	"context"
