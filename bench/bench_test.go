@@ -214,3 +214,63 @@ func ratioText(p *float64) string {
 	}
 	return fmt.Sprint(*p)
 }
+
+// TestQuickSizing runs the sizing group (not in the default run) at
+// --quick sizes and checks its table: every stage of both outbox kinds is
+// there, the write, the claim and mark and the clean-up each cost the
+// server's backends CPU and wrote WAL (the readings by application_name
+// found the stage's backends), the partitioned outbox dropped partitions
+// rather than deleting rows, and a total per kind. Like TestQuickRun, it
+// checks no figure against a target.
+func TestQuickSizing(t *testing.T) {
+	t.Parallel() // see TestQuickRun
+	o := options{quick: true, only: []string{"sizing"}, sz: quickSizes(),
+		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		natsURL:     envOr("NATS_URL", "nats://127.0.0.1:4222"), amqpURL: envOr("AMQP_URL", "amqp://127.0.0.1:5672/")}
+	var log strings.Builder
+	results, err := run(context.Background(), o, &log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	got := map[string]Result{}
+	for _, r := range results {
+		got[r.Scenario] = r
+	}
+	stages := map[string][]string{
+		"delete":      {"write-steady", "claim+mark-steady", "claim-steady", "mark-steady", "write-backlog", "claim+mark-drain", "claim-drain", "mark-drain", "clean-up-DELETE", "VACUUM-outbox_events", "VACUUM-outbox_aggregates", "total-steady-path"},
+		"partitioned": {"write-steady", "claim+mark-steady", "write-backlog", "claim+mark-drain", "partition-drop", "VACUUM-outbox_aggregates", "total-steady-path"},
+	}
+	for kind, names := range stages {
+		for _, n := range names {
+			r, ok := got["sizing/"+kind+"/"+n]
+			if !ok {
+				t.Errorf("sizing/%s/%s missing", kind, n)
+				continue
+			}
+			if r.Events <= 0 || r.Value == nil {
+				t.Errorf("sizing/%s/%s: %d events, value %v", kind, n, r.Events, r.Value)
+			}
+		}
+		// The stages whose backends must have run: the CPU of a few
+		// thousand writes or claims is more than one 10 ms tick.
+		for _, n := range []string{"write-backlog", "claim+mark-drain", "total-steady-path"} {
+			if r := got["sizing/"+kind+"/"+n]; r.Value == nil || *r.Value <= 0 {
+				t.Errorf("sizing/%s/%s: no backend CPU (%v): the readings missed the stage's backends", kind, n, r.Value)
+			}
+		}
+		for _, n := range []string{"write-backlog", "claim+mark-drain"} {
+			if r := got["sizing/"+kind+"/"+n]; !strings.Contains(r.Note, "WAL ") || strings.Contains(r.Note, "WAL 0 B") {
+				t.Errorf("sizing/%s/%s: no WAL: %q", kind, n, r.Note)
+			}
+		}
+	}
+	if r := got["sizing/partitioned/partition-drop"]; !regexp.MustCompile(`[1-9][0-9]* partitions of 1s dropped`).MatchString(r.Note) {
+		t.Errorf("the partitioned outbox dropped no partition: %q", r.Note)
+	}
+	if r := got["sizing/delete/clean-up-DELETE"]; r.Events <= 0 {
+		t.Errorf("the DELETE clean-up deleted nothing: %+v", r)
+	}
+	if !strings.Contains(log.String(), "| outbox | stage | events | backends CPU µs/event |") {
+		t.Errorf("no sizing table:\n%s", log.String())
+	}
+}

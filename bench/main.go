@@ -14,6 +14,7 @@
 //	cd bench && go run . --only outage  # a 2 s NATS outage under load; a webhook answering 5% 503 or 500
 //	cd bench && go run . --only destinations  # each destination beside a naive publisher
 //	cd bench && go run . --only destinations --destinations kafka
+//	cd bench && go run . --only sizing  # what an event costs PostgreSQL, stage by stage (CPU, WAL, bytes), DELETE and partitioned outboxes, on a private cluster (about 10 minutes)
 //	cd bench && go run . --only pressure  # the pressure cells of issues 24 and 27 (over an hour; see --pressure-*)
 //
 // Every scenario uses its own PostgreSQL schema (or database) and its own
@@ -143,6 +144,7 @@ type sizes struct {
 	soak           soakSizes
 	outage         time.Duration // cdc-outage: how long no relay runs
 	pressure       pressureSizes
+	sizing         sizingSizes
 }
 
 func defaultSizes() sizes {
@@ -152,6 +154,7 @@ func defaultSizes() sizes {
 		latencyDur: 30 * time.Second, latencyRate: 1000, latencyClients: 16, notifyWriteDur: 1500 * time.Millisecond,
 		scaleCounts: []int{1, 2, 4}, scaleNoAhead: true, history: 5_000_000, idleDur: 20 * time.Second, idleSettle: 3 * time.Second,
 		checkpoint: true, soak: defaultSoak(), outage: 5 * time.Minute, pressure: defaultPressure(),
+		sizing: defaultSizing(),
 	}
 }
 
@@ -169,6 +172,7 @@ func quickSizes() sizes {
 		latencyDur: 1500 * time.Millisecond, latencyRate: 1000, latencyClients: 16, notifyWriteDur: 300 * time.Millisecond,
 		scaleCounts: []int{1, 2}, history: 20_000, idleDur: 2 * time.Second, idleSettle: time.Second,
 		soak: quickSoak(), outage: 5 * time.Second, pressure: quickPressure(),
+		sizing: quickSizing(),
 	}
 }
 
@@ -182,7 +186,7 @@ var allGroups = []string{"write", "inbox", "relay", "latency", "destinations", "
 var quickGroups = slices.DeleteFunc(slices.Clone(allGroups), func(g string) bool { return g == "destinations" })
 
 // extraGroups run only when named with --only: they take long.
-var extraGroups = []string{"soak", "cdc", "cdc-outage", "outage", "pressure"}
+var extraGroups = []string{"soak", "cdc", "cdc-outage", "outage", "pressure", "sizing"}
 
 type options struct {
 	json, quick, long, keep bool
@@ -234,6 +238,11 @@ func main() {
 	fs.DurationVar(&soak.partitionInterval, "soak-partition-interval", 0, "soak: the partitioned outbox's partition width (default 1m, --quick 1s)")
 	fs.IntVar(&soak.partitionsAhead, "soak-partitions-ahead", 0, "soak: partitions kept ready after the current one, by the conversion and the relay's upkeep (default the library's, 6; --quick 20)")
 	fs.DurationVar(&soak.window, "soak-window", 0, "soak: the span the summary compares: the first against the last (published/s), the second against the last (size, claim p99) (default a sixth of --soak-duration)")
+	var sizing sizingSizes
+	fs.IntVar(&sizing.rate, "sizing-rate", 0, "sizing: events/s offered in the steady stage, one event per transaction, with the relay running (default 1000)")
+	fs.DurationVar(&sizing.duration, "sizing-duration", 0, "sizing: the steady stage's duration (default 30s, --quick 2s)")
+	fs.IntVar(&sizing.backlog, "sizing-backlog", 0, "sizing: events written with no relay, then drained (default 30000, --quick 2000)")
+	fs.DurationVar(&sizing.partitionInterval, "sizing-partition-interval", 0, "sizing: the partitioned outbox's partition width (default 10s, --quick 1s)")
 	var pf pressureFlags
 	fs.StringVar(&pf.cells, "pressure-cells", "", "pressure: comma-separated cells to run, in this order: "+strings.Join(pressureCells, ",")+" (default all)")
 	fs.StringVar(&pf.relays, "pressure-relays", "", "pressure: comma-separated relay kinds, one after the other: "+strings.Join(pressureRelayKinds, ",")+" (default all)")
@@ -278,6 +287,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", perr)
 		os.Exit(2)
 	}
+	o.sz.sizing = o.sz.sizing.override(sizing)
 	if outage > 0 {
 		o.sz.outage = outage
 	}
@@ -408,6 +418,8 @@ func run(ctx context.Context, o options, logw io.Writer) ([]Result, error) {
 			rs, err = benchPressure(ctx, e)
 		case "inbox":
 			rs, err = benchInbox(ctx, e)
+		case "sizing":
+			rs, err = benchSizing(ctx, e)
 		}
 		if o.quick {
 			smoke(rs)
