@@ -113,12 +113,12 @@ func TestPartitionedClaimFigures(t *testing.T) {
 	}
 }
 
-// The incremental claim's lookups by lane key on a partitioned outbox read
-// the partitions near the events' ids, not every partition: with 30
-// partitions (14 settled ones kept for the horizon, 14 made ahead) the
-// statement reads at most twice the buffers it reads with 4, where the
-// plain statements (each lookup probing every partition) read several
-// times as many.
+// The claims' lookups by lane key on a partitioned outbox read the
+// partitions near the events' ids, not every partition: with 30 partitions
+// (14 settled ones kept for the horizon, 14 made ahead) the full scan's
+// claim and the incremental claim read at most 1.25 times the buffers they
+// read with 4 (measured: 1.1 and 1.05), where the plain statements, each
+// lookup probing every partition, read 2.5 to 3 times as many.
 func TestPartitionedClaimLookupsDoNotGrowWithPartitions(t *testing.T) {
 	t.Parallel()
 	costs := map[int]map[string]outbox.ClaimCost{}
@@ -133,7 +133,9 @@ func TestPartitionedClaimLookupsDoNotGrowWithPartitions(t *testing.T) {
 		t.Logf("%s: buffers with 4 and 30 partitions: plain statements %d, %d; partitioned ones %d, %d", which,
 			plain[4][which].Buffers, plain[30][which].Buffers, costs[4][which].Buffers, costs[30][which].Buffers)
 	}
-	if b4, b30 := costs[4]["fresh"].Buffers, costs[30]["fresh"].Buffers; b30 > 2*b4 {
-		t.Errorf("the incremental claim read %d buffers with 30 partitions, %d with 4: want at most twice", b30, b4)
+	for _, which := range []string{"claim", "fresh"} {
+		if b4, b30 := costs[4][which].Buffers, costs[30][which].Buffers; 4*b30 > 5*b4 {
+			t.Errorf("%s read %d buffers with 30 partitions, %d with 4: want at most 1.25 times as many", which, b30, b4)
+		}
 	}
 }

@@ -78,6 +78,23 @@ func isHeadNearExcept(events, e, except string) string {
 			OR NOT ` + probe("", `p.published_at IS NULL`+cond) + `)))`
 }
 
+// skippedFromNear is skippedFromSQL for a partitioned outbox: the
+// predecessor of a claimed head is read near e's id first (one row: its
+// skipped_from when it was skipped, else 0), and only when it is not near
+// through skippedFromSQL's probe of every partition. A lane's first event
+// has no predecessor.
+func skippedFromNear(events, e string) string {
+	return `(CASE WHEN ` + e + `.aggregate_sequence = 1 THEN 0 ELSE coalesce((
+		SELECT CASE WHEN s.skipped_at IS NOT NULL THEN coalesce(s.skipped_from, 0) ELSE 0 END FROM (
+			SELECT s.skipped_at, s.skipped_from FROM ` + events + ` s
+			WHERE s.aggregate_type = ` + e + `.aggregate_type AND s.aggregate_id = ` + e + `.aggregate_id
+			  AND s.aggregate_sequence = ` + e + `.aggregate_sequence - 1
+			  AND s.event_id >= ` + idShiftSQL(e+".event_id", -nearBeforeMs) + `
+			  AND s.event_id < ` + idShiftSQL(e+".event_id", nearAfterMs) + `
+			OFFSET 0) s LIMIT 1),
+		` + skippedFromSQL(events, e) + `) END)`
+}
+
 // successorsKey is the line of successorsSQL that states the successors'
 // range of sequences; successorsNear adds to it the bound of their ids.
 const successorsKey = `
@@ -96,8 +113,9 @@ var successorsNear = `
 
 // partitionedSQL returns the statements of sq with their lane lookups made
 // for a partitioned outbox of table events: the heads' checks of isHead
-// and isHeadExcept become isHeadNearExcept, and the successors' lookup is
-// bounded by successorsNear. The statements are otherwise the same text,
+// and isHeadExcept become isHeadNearExcept, the claimed heads' skip probe
+// skippedFromNear, and the successors' lookup is bounded by
+// successorsNear. The statements are otherwise the same text,
 // so that a plain table's plans stay as they are.
 func partitionedSQL(sq relaySQL, events string) relaySQL {
 	swap := func(sql string) string {
@@ -106,6 +124,7 @@ func partitionedSQL(sq relaySQL, events string) relaySQL {
 				sql = strings.ReplaceAll(sql, isHeadExcept(events, e, except), isHeadNearExcept(events, e, except))
 			}
 		}
+		sql = strings.ReplaceAll(sql, skippedFromSQL(events, "e"), skippedFromNear(events, "e"))
 		return strings.ReplaceAll(sql, successorsKey, successorsNear)
 	}
 	for _, p := range []*string{&sq.claim, &sq.fastClaim, &sq.look, &sq.claimLooked, &sq.claimIDs, &sq.handOffWindow} {
