@@ -4,9 +4,11 @@ import (
 	"context"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -136,6 +138,84 @@ func TestPartitionedClaimLookupsDoNotGrowWithPartitions(t *testing.T) {
 	for _, which := range []string{"claim", "fresh"} {
 		if b4, b30 := costs[4][which].Buffers, costs[30][which].Buffers; 4*b30 > 5*b4 {
 			t.Errorf("%s read %d buffers with 30 partitions, %d with 4: want at most 1.25 times as many", which, b30, b4)
+		}
+	}
+}
+
+// seenPublisher records the events handed to it.
+type seenPublisher struct {
+	mu   sync.Mutex
+	seen []outbox.Message
+}
+
+func (p *seenPublisher) Publish(_ context.Context, msgs []outbox.Message) []error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seen = append(p.seen, msgs...)
+	return make([]error, len(msgs))
+}
+
+func (p *seenPublisher) saw(agg string, seq int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range p.seen {
+		if m.AggregateID == agg && m.Sequence == seq {
+			return true
+		}
+	}
+	return false
+}
+
+// On a partitioned outbox a lane's ids need not follow its sequences (a
+// writer that waited for the lane's lock made its id first; a caller's
+// own id): the claim's head check finds an unpublished predecessor whose id
+// is minutes away all the same. Each lane's first event backs off for an
+// hour, and its second, whose id is far from the first's (after it in one
+// lane, before it in the other), is never handed to the destination while
+// later lanes are published. (With the near lookup alone, without its
+// fallback to every partition, the second events went out.)
+func TestPartitionedClaimKeepsOrderWithIDsFarApart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
+	s := mustSchema(t, schema)
+	parts, err := partman.List(ctx, pgtx.Pool(pool), s)
+	if err != nil || len(parts) == 0 {
+		t.Fatalf("partitions %v, %v", parts, err)
+	}
+	from := parts[0].From.Add(-5 * time.Minute)
+	if _, err := partman.Create(ctx, pgtx.Pool(pool), s, from, from.Add(10*time.Second), ""); err != nil {
+		t.Fatal(err)
+	}
+	far := func(n byte) uuid.UUID {
+		id := partman.Bound(from)
+		id[6], id[8], id[15] = 0x70, 0x80, n
+		return id
+	}
+	w := newWriter(t, schema)
+	for _, ev := range []struct {
+		agg string
+		id  uuid.UUID
+	}{{"old-first", far(1)}, {"old-first", uuid.Nil}, {"old-second", uuid.Nil}, {"old-second", far(2)}} {
+		if err := insertWithID(t, pool, w, ev.agg, ev.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET available_at = now() + interval '1 hour'
+WHERE aggregate_sequence = 1 AND aggregate_id LIKE 'old-%'`); err != nil {
+		t.Fatal(err)
+	}
+	pub := &seenPublisher{}
+	startRelay(t, pool, quietConfig(schema, pub))
+	for range 2 {
+		if err := insertWithID(t, pool, w, "later", uuid.Nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outboxtest.Eventually(t, 30*time.Second, "a later lane's second event published", func() bool { return pub.saw("later", 2) })
+	for _, agg := range []string{"old-first", "old-second"} {
+		if pub.saw(agg, 2) {
+			t.Errorf("lane %s: its second event was handed to the destination while its first is pending", agg)
 		}
 	}
 }
