@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -106,6 +108,7 @@ func QuarantineStatements(schema string) (map[string]string, error) {
 // BUFFERS): from the relay's low-water mark, or from the start when
 // complete. The cursor is not changed.
 func (r *Relay) ExplainLook(ctx context.Context, complete bool) (string, error) {
+	r.partitionAware(ctx)
 	r.cursor.mu.Lock()
 	from := r.cursor.low
 	r.cursor.mu.Unlock()
@@ -138,4 +141,67 @@ func (r *Relay) LookLow() time.Time {
 		return time.Time{}
 	}
 	return r.cursor.low.avail.Time
+}
+
+// ClaimCost is what one claim statement cost under EXPLAIN (ANALYZE,
+// BUFFERS, FORMAT JSON): the shared buffers its execution touched (hit and
+// read) and its planning and execution times.
+type ClaimCost struct {
+	Buffers       int64
+	Planning, Run time.Duration
+}
+
+// ClaimCostOf runs one of r's claim statements ("claim": the full scan's
+// one-statement claim; "fresh": the incremental claim from where the cursor
+// stands; "look": the background full scan's complete look) under EXPLAIN
+// (ANALYZE, BUFFERS, FORMAT JSON) in a transaction it rolls back, for
+// tests. Nothing is claimed and the cursor does not move. raw keeps the
+// statements as NewRelay made them (a plain table's), for figures of the
+// claim before partitionAware.
+func ClaimCostOf(ctx context.Context, r *Relay, which string, raw bool) (ClaimCost, error) {
+	if !raw {
+		r.partitionAware(ctx)
+	}
+	var sql string
+	var args []any
+	switch which {
+	case "claim":
+		sql, args = r.sql.claim, []any{r.cfg.BatchSize, r.cfg.ID, uuid.New(), r.cfg.LeaseDuration.Milliseconds()}
+	case "fresh":
+		if !r.cursor.isValid() {
+			if err := r.startCursor(ctx); err != nil {
+				return ClaimCost{}, err
+			}
+		}
+		fresh, cont := r.cursor.freshArgs()
+		defer r.cursor.restore(cont)
+		sql, args = r.sql.fastClaim, append([]any{r.cfg.BatchSize, r.cfg.ID, uuid.New(), r.cfg.LeaseDuration.Milliseconds()}, fresh...)
+	case "look":
+		xmax, xip := lowMarkStart.lateArgs()
+		sql, args = r.sql.look, []any{lowMarkStart.avail, lowMarkStart.occ, xmax, xip}
+	default:
+		return ClaimCost{}, fmt.Errorf("no claim statement %q", which)
+	}
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return ClaimCost{}, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var doc []byte
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&doc); err != nil {
+		return ClaimCost{}, err
+	}
+	var out []struct {
+		Plan struct {
+			Hit  int64 `json:"Shared Hit Blocks"`
+			Read int64 `json:"Shared Read Blocks"`
+		}
+		Planning float64 `json:"Planning Time"`
+		Run      float64 `json:"Execution Time"`
+	}
+	if err := json.Unmarshal(doc, &out); err != nil || len(out) != 1 {
+		return ClaimCost{}, fmt.Errorf("read the plan: %v (%d plans)", err, len(out))
+	}
+	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
+	return ClaimCost{Buffers: out[0].Plan.Hit + out[0].Plan.Read, Planning: ms(out[0].Planning), Run: ms(out[0].Run)}, nil
 }

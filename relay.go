@@ -401,6 +401,9 @@ type Relay struct {
 	health    atomic.Pointer[error] // nil: the last batch went well
 	idsMu     sync.Mutex            // one PublishIDs call at a time
 	idsMarks  *idsMarks             // the last PublishIDs call's marks, written in the background
+	// partitionOnce makes the statements a partitioned outbox's, once
+	// (partitionAware).
+	partitionOnce sync.Once
 	// testHookMarks, set by tests before the relay is used, runs before
 	// background marks are written.
 	testHookMarks func()
@@ -469,6 +472,7 @@ func (r *Relay) Stats() RelayStats {
 // releases the rest and returns nil. It returns an error only for a problem
 // that retrying cannot fix.
 func (r *Relay) Run(ctx context.Context) error {
+	r.partitionAware(ctx)
 	if !r.cfg.DisableNotify && r.cfg.ReconcileAfter <= 0 {
 		// A safety net (ReconcileAfter) does not listen: every wake-up is
 		// for an event just written, which it leaves to the CDC stream.

@@ -112,6 +112,7 @@ func (r *Relay) PublishIDs(ctx context.Context, ids []uuid.UUID) (PublishIDsResu
 	if r.running.Load() {
 		return res, errPublishIDsRunning
 	}
+	r.partitionAware(ctx)
 	acked, err := r.pendingMarks()
 	if err != nil {
 		return res, err
@@ -291,6 +292,11 @@ func missingIDsSQL(events string) string {
 WHERE NOT EXISTS (SELECT 1 FROM ` + events + ` e WHERE e.event_id = i.id OFFSET 0)`
 }
 
+// claimIDsExcept is claimIDsSQL's condition on a head's predecessor p that
+// counts it as published: it is among the ids this relay acknowledged and
+// is still marking ($5).
+const claimIDsExcept = "p.event_id = ANY ($5::uuid[])"
+
 // claimIDsSQL is the claim of given events ($1, an array of ids; $2 to $4
 // as in the polling claim; $5, the ids this relay has acknowledged and is
 // still marking): one statement, returning the polling claim's columns.
@@ -333,7 +339,7 @@ func claimIDsSQL(events string) string {
 	FROM locked l
 	ORDER BY l.aggregate_type, l.aggregate_id, l.aggregate_sequence
 ), heads AS (
-	SELECT h.* FROM lowest h WHERE ` + isHeadExcept(events, "h", "p.event_id = ANY ($5::uuid[])") + `
+	SELECT h.* FROM lowest h WHERE ` + isHeadExcept(events, "h", claimIDsExcept) + `
 ), candidates AS (
 	SELECT r.event_id, r.claimed_by, r.k = 0 AS head FROM (
 		SELECT l.event_id, l.claimed_by, l.aggregate_sequence - h.aggregate_sequence AS k,

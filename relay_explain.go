@@ -15,6 +15,7 @@ import (
 // outbox_dispatch_idx and outbox_pending_lane_idx, never a sequential scan of
 // the table). Nothing is claimed.
 func (r *Relay) ExplainClaim(ctx context.Context) (string, error) {
+	r.partitionAware(ctx)
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("explain claim: %w", err)
@@ -39,6 +40,7 @@ func (r *Relay) ExplainClaim(ctx context.Context) (string, error) {
 // the cursor, whatever transaction is held open. Nothing is claimed and the
 // cursor does not move.
 func (r *Relay) ExplainFreshClaim(ctx context.Context) (string, error) {
+	r.partitionAware(ctx)
 	if !r.cursor.isValid() {
 		if err := r.startCursor(ctx); err != nil {
 			return "", fmt.Errorf("explain claim: %w", err)
