@@ -15,11 +15,15 @@
 // there is none), because initdb and postgres refuse to run as root; the
 // cluster's directory is then made where that user can reach it.
 //
+// initdb runs once for the clusters a process has at a time: Start copies
+// the data directory of a template that initdb made, removed with the last
+// of them (template.go).
+//
 // A cluster outlives a process killed without a chance to Close it
 // (SIGKILL): its directory records the process that owns it, and the next
 // Start of any process removes the clusters whose owner is gone, stopping
-// their servers first. Keep hands a cluster over to its user: it is never
-// removed.
+// their servers first, and the owner's template. Keep hands a cluster over
+// to its user: it is never removed.
 package pgcluster
 
 import (
@@ -56,6 +60,7 @@ type Cluster struct {
 	port      int
 	settings  map[string]string
 	owner     *user.User // the user the server runs as when the caller is root
+	template  string     // the key of the template its data directory was copied from (initData)
 
 	mu      sync.Mutex
 	running bool
@@ -216,7 +221,7 @@ func Start(cfg Config) (*Cluster, error) {
 			return fail(err)
 		}
 	}
-	if err := c.run("initdb", "-D", c.data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
+	if err := c.initData(base); err != nil {
 		return fail(err)
 	}
 	if cfg.Prepare != nil {
@@ -335,6 +340,7 @@ func (c *Cluster) Keep() (restart string, err error) {
 	if err := c.Stop(); err != nil {
 		return "", err
 	}
+	c.releaseTemplate()
 	// Kept for its user: no later Start may take it for a leftover.
 	if err := os.Remove(filepath.Join(c.dir, ownerFile)); err != nil {
 		return "", err
@@ -364,8 +370,10 @@ func (c *Cluster) Close() error {
 	return err
 }
 
-// removeDirs removes the cluster's directory and its socket's.
+// removeDirs removes the cluster's directory and its socket's, and lets go
+// of its template.
 func (c *Cluster) removeDirs() error {
+	c.releaseTemplate()
 	err := os.RemoveAll(c.dir)
 	if c.sock != c.dir {
 		err = errors.Join(err, os.RemoveAll(c.sock))

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -176,11 +177,18 @@ func TestLeftoversOfAKilledProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	if got := RemoveLeftovers(base); len(got) != 1 || got[0] != dir {
-		t.Fatalf("removed %v, want the killed process's %s", got, dir)
+	// Its cluster and the template the cluster was copied from.
+	got := RemoveLeftovers(base)
+	if len(got) != 2 || !slices.Contains(got, dir) {
+		t.Fatalf("removed %v, want the killed process's %s and its template", got, dir)
 	}
-	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("%s is still there (%v)", dir, err)
+	for _, d := range got {
+		if d != dir && !strings.HasPrefix(filepath.Base(d), templatePrefix) {
+			t.Errorf("removed %s, neither the killed process's cluster nor its template", d)
+		}
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is still there (%v)", d, err)
+		}
 	}
 	// The postmaster may still be exiting for a moment; one that stays is
 	// the leftover this is about.
