@@ -340,7 +340,7 @@ sources:
 		for round := 0; round < backlog/1000; round++ {
 			evs := make([]outbox.Event, 1000)
 			for a := range evs {
-				evs[a] = outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("busy-%d-%d", round, a), Type: "Step", Payload: []byte(`{}`)}
+				evs[a] = outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("busy-%03d-%04d", round, a), Type: "Step", Payload: []byte(`{}`)}
 			}
 			if _, err := wb.InsertTx(ctx, tx, evs...); err != nil {
 				return err
