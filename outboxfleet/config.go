@@ -379,7 +379,16 @@ func keys[V any](m map[string]V) []string {
 func (c Config) String() string {
 	var b strings.Builder
 	for _, name := range keys(c.Databases) {
-		fmt.Fprintf(&b, "database %s: %s (max_conns %d)\n", name, redact.Database(c.Databases[name].URL), c.Databases[name].MaxConns)
+		db := c.Databases[name]
+		maxConns := db.MaxConns
+		if maxConns == 0 {
+			maxConns = MaxConnsDefault
+		}
+		owners := "the connecting role"
+		if len(db.TrustedOwners) > 0 {
+			owners = strings.Join(db.TrustedOwners, ",")
+		}
+		fmt.Fprintf(&b, "database %s: %s (max_conns %d, trusted_owners %s)\n", name, redact.Database(db.URL), maxConns, owners)
 	}
 	for _, name := range keys(c.Destinations) {
 		fmt.Fprintf(&b, "destination %s: %s\n", name, redact.URL(c.Destinations[name].URL))

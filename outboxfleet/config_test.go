@@ -15,6 +15,7 @@ relay:
 databases:
   main:
     url: postgres://fleet:s3cret-pw@db.internal:5432/app
+    trusted_owners: [outbox_migrator, fleet]
 destinations:
   events:
     url: nats://relay:n4ts-pw@nats.internal:4222?stream=EVENTS
@@ -56,7 +57,7 @@ func TestConfigErrorsAreClear(t *testing.T) {
 		{"database key with a slash", replace("  main:\n    url:", "  eu/west:\n    url:"), `databases: invalid name "eu/west"`},
 		{"database key ..", replace("  main:\n    url:", "  \"..\":\n    url:"), `databases: invalid name ".."`},
 		{"destination key with a space", replace("  billing:\n    url:", "  \"bill ing\":\n    url:"), `destinations: invalid name "bill ing"`},
-		{"empty trusted owner", replace("    url: postgres://fleet:s3cret-pw@db.internal:5432/app", "    url: postgres://fleet:s3cret-pw@db.internal:5432/app\n    trusted_owners: [\"\"]"), "databases.main.trusted_owners: an empty role name"},
+		{"empty trusted owner", replace("trusted_owners: [outbox_migrator, fleet]", "trusted_owners: [\"\"]"), "databases.main.trusted_owners: an empty role name"},
 		{"bad schema name", replace("schema: orders", "schema: my-orders"), `sources[0]: invalid schema name "my-orders"`},
 		{"destination and routes", replace("    routes:", "    destination: events\n    routes:"), "sources[1]: set destination or routes"},
 		{"type in two routes", replace("aggregate_types: [invoice, payment]", "aggregate_types: [invoice, payment]\n        destination: billing\n      - aggregate_types: [payment]"), `aggregate type "payment" is already routed by routes[0]: an aggregate type goes to one destination`},
@@ -115,7 +116,7 @@ func TestConfigSecretsFromEnvAndFiles(t *testing.T) {
 			t.Fatalf("the description shows a secret:\n%s", desc)
 		}
 	}
-	for _, want := range []string{"db.internal", "source main schemas tenant_*: invoice,payment -> billing; other types -> events"} {
+	for _, want := range []string{"db.internal", "trusted_owners outbox_migrator,fleet", "source main schemas tenant_*: invoice,payment -> billing; other types -> events"} {
 		if !strings.Contains(desc, want) {
 			t.Fatalf("the description lacks %q:\n%s", want, desc)
 		}

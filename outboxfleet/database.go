@@ -150,7 +150,7 @@ func (d *database) discoverOnce(ctx context.Context) error {
 	d.missing = missing
 	var retire []*source
 	for schema, s := range d.sources {
-		if sp, ok := want[schema]; !ok || sp.index != s.spec.index {
+		if sp, ok := want[schema]; !ok || sp.index != s.spec.index || untrusted[schema] {
 			retire = append(retire, s)
 			delete(d.sources, schema)
 		}
@@ -236,38 +236,53 @@ func (d *database) discoverOnce(ctx context.Context) error {
 	return nil
 }
 
-// checkTrust checks the owners and kinds of the wanted schemas that are
-// not running (pgtrust.Check, against the database's trusted_owners),
-// before any of their tables is read: those refused are recorded in
-// d.untrusted and returned; those that pass leave it. A running source was
-// checked when it started: only a trusted owner (or a superuser) can change
-// what it owns since. An error reading the catalogue refuses the schema
-// too, until the next discovery.
+// checkTrust checks the owners and kinds of every wanted schema, running
+// or not, in one statement (pgtrust.CheckAll, against the database's
+// trusted_owners), before any table of a new one is read: those refused are
+// recorded in d.untrusted and returned; those that pass leave it. A running
+// source is checked again at every discovery because its tables' owner can
+// change, or a trigger be added, after it started: one refused is stopped by
+// discoverOnce. When the statement fails, the schemas not running are
+// refused until the next discovery; the running ones keep running (they
+// passed their last check).
 func (d *database) checkTrust(ctx context.Context, want map[string]sourceSpec) map[string]bool {
 	d.mu.Lock()
-	var check []string
+	schemas := make([]string, 0, len(want))
+	isRunning := map[string]bool{}
 	for schema := range want {
-		if s, ok := d.sources[schema]; !ok || s.err.Load() != nil {
-			check = append(check, schema)
+		schemas = append(schemas, schema)
+		if s, ok := d.sources[schema]; ok && s.err.Load() == nil {
+			isRunning[schema] = true
 		}
 	}
 	d.mu.Unlock()
-	sort.Strings(check)
+	sort.Strings(schemas)
 	trusted := d.f.cfg.Databases[d.name].TrustedOwners
+	errs, err := pgtrust.CheckAll(ctx, d.pool, schemas, trusted)
 	out := map[string]bool{}
-	for _, schema := range check {
-		err := pgtrust.Check(ctx, d.pool, schema, trusted)
-		d.mu.Lock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, schema := range schemas {
+		why := errs[schema]
 		if err != nil {
-			if d.untrusted[schema] == nil || d.untrusted[schema].Error() != err.Error() {
-				d.log().Warn("schema not served: it is not trusted (the others are)", slog.String("schema", schema), slog.Any("error", err))
+			if isRunning[schema] {
+				continue
 			}
-			d.untrusted[schema] = err
-			out[schema] = true
-		} else {
-			delete(d.untrusted, schema)
+			why = fmt.Errorf("check the owners of schema %s: %w", schema, err)
 		}
-		d.mu.Unlock()
+		if why == nil {
+			delete(d.untrusted, schema)
+			continue
+		}
+		if d.untrusted[schema] == nil || d.untrusted[schema].Error() != why.Error() {
+			msg := "schema not served: it is not trusted (the others are)"
+			if isRunning[schema] {
+				msg = "source no longer trusted: it is stopped (the others are served)"
+			}
+			d.log().Warn(msg, slog.String("schema", schema), slog.Any("error", why))
+		}
+		d.untrusted[schema] = why
+		out[schema] = true
 	}
 	return out
 }

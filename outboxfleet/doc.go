@@ -26,8 +26,10 @@
 // role only; by name, not membership), are tables, and carry no rule and
 // no trigger of another role's function; otherwise it is "untrusted" in
 // Sources and Ready, naming the object and its owner, and is not read
-// beyond the catalogue. When the tables are owned by a migration role and
-// the relay connects as another, list the migration role.
+// beyond the catalogue. Every source is checked again at each discovery,
+// and a running one refused since is stopped. When the tables are owned by
+// a migration role and the relay connects as another, list the migration
+// role.
 //
 // # Fairness
 //

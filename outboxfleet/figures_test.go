@@ -77,38 +77,67 @@ func rssMB(t *testing.T) float64 {
 // transactions per second (every statement of the fleet is a transaction of
 // its own) over OUTBOX_FLEET_WINDOW (60 s), after the sources have been idle
 // for OUTBOX_FLEET_WARMUP (120 s). Target: at most 5 per second.
-func TestFleetFigureIdle(t *testing.T) {
+func TestFleetFigureIdle(t *testing.T) { figureIdle(t, 1) }
+
+// TestFleetFigureIdleThreeDatabases: the same 200 sources spread over 3
+// databases under one fleet (a pool, a listener and a look each): the
+// transactions per second of the three together.
+func TestFleetFigureIdleThreeDatabases(t *testing.T) { figureIdle(t, 3) }
+
+// figureDatabases makes ndb databases of the test's own (outboxtest.Database)
+// and the fleet configuration's databases section naming them db0, db1...
+func figureDatabases(t *testing.T, admin *pgxpool.Pool, ndb int) (urls []string, pools []*pgxpool.Pool, yaml string) {
+	var b strings.Builder
+	for i := 0; i < ndb; i++ {
+		u, p := outboxtest.Database(t, admin)
+		urls, pools = append(urls, u), append(pools, p)
+		fmt.Fprintf(&b, "  db%d: {url: %q}\n", i, u)
+	}
+	return urls, pools, b.String()
+}
+
+func figureIdle(t *testing.T, ndb int) {
 	n := envInt("OUTBOX_FLEET_SOURCES", 200)
 	warm, window := envDuration("OUTBOX_FLEET_WARMUP", 2*time.Minute), envDuration("OUTBOX_FLEET_WINDOW", time.Minute)
 	admin := outboxtest.Pool(t)
-	dbURL, pool := outboxtest.Database(t, admin)
-	var schemas []string
-	for i := 0; i < n; i++ {
-		schemas = append(schemas, fmt.Sprintf("tenant_%03d", i))
+	urls, pools, dbs := figureDatabases(t, admin, ndb)
+	var sources strings.Builder
+	for d := 0; d < ndb; d++ {
+		var schemas []string
+		for i := d; i < n; i += ndb { // tenant_000 in db0, tenant_001 in db1, ...
+			schemas = append(schemas, fmt.Sprintf("tenant_%03d", i))
+		}
+		migrateSchemas(t, pools[d], schemas...)
+		fmt.Fprintf(&sources, "  - {database: db%d, schema_pattern: \"tenant_*\", destination: events}\n", d)
 	}
-	migrateSchemas(t, pool, schemas...)
 	st := newStream(t)
 	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
 databases:
-  main: {url: %q}
+%s
 destinations:
   events: {url: "nats://unused"}
 sources:
-  - {database: main, schema_pattern: "tenant_*", destination: events}
-`, dbURL)))
+%s`, dbs, sources.String())))
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := runFleet(t, cfg, outboxfleet.Options{OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub})})
 	waitFor(t, 5*time.Minute, "every source running", func() bool { return len(running(f)) == n })
+	total := func() int64 {
+		var sum int64
+		for _, u := range urls {
+			sum += transactions(t, admin, u)
+		}
+		return sum
+	}
 	started := time.Now()
 	time.Sleep(warm) // the figure is the cost after this much idle time, not a synchronisation
-	before, from := transactions(t, admin, dbURL), time.Now()
+	before, from := total(), time.Now()
 	time.Sleep(window)
-	after, to := transactions(t, admin, dbURL), time.Now()
+	after, to := total(), time.Now()
 	rate := float64(after-before) / to.Sub(from).Seconds()
-	t.Logf("FIGURE fleet idle: %d sources in one database, idle %s..%s: %.2f transactions/s (%d in %s); RSS of the test process %.0f MB",
-		n, from.Sub(started).Round(time.Second), to.Sub(started).Round(time.Second), rate, after-before, to.Sub(from).Round(time.Second), rssMB(t))
+	t.Logf("FIGURE fleet idle: %d sources in %d database(s), idle %s..%s: %.2f transactions/s (%d in %s); RSS of the test process %.0f MB",
+		n, ndb, from.Sub(started).Round(time.Second), to.Sub(started).Round(time.Second), rate, after-before, to.Sub(from).Round(time.Second), rssMB(t))
 	if rate > 5 {
 		t.Errorf("%.2f transactions/s for %d idle sources: want at most 5", rate, n)
 	}
@@ -120,7 +149,11 @@ type commitToAck struct {
 	next any
 	mu   sync.Mutex
 	lat  []time.Duration
-	on   bool
+	// Where the time goes: the source's claims that took events (their
+	// round trip, waiting for a pool connection included) and its
+	// publishes' acknowledgement latencies.
+	claims, acks []time.Duration
+	on           bool
 }
 
 func (c *commitToAck) ObservePublish(o outbox.PublishObservation) {
@@ -128,12 +161,20 @@ func (c *commitToAck) ObservePublish(o outbox.PublishObservation) {
 		c.mu.Lock()
 		if c.on {
 			c.lat = append(c.lat, o.CommitToAck)
+			c.acks = append(c.acks, o.AckLatency)
 		}
 		c.mu.Unlock()
 	}
 	c.next.(outbox.PublishObserver).ObservePublish(o)
 }
 func (c *commitToAck) ObserveClaim(o outbox.ClaimObservation) {
+	if o.Err == nil && o.Events > 0 && !o.FullScan {
+		c.mu.Lock()
+		if c.on {
+			c.claims = append(c.claims, o.Duration)
+		}
+		c.mu.Unlock()
+	}
 	c.next.(outbox.ClaimObserver).ObserveClaim(o)
 }
 
@@ -141,19 +182,46 @@ func (c *commitToAck) ObserveClaim(o outbox.ClaimObservation) {
 func (c *commitToAck) measure() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.lat, c.on = nil, true
+	c.lat, c.claims, c.acks, c.on = nil, nil, nil, true
 }
 
 // p99 of what was recorded since measure, and how many.
 func (c *commitToAck) p99() (time.Duration, int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := append([]time.Duration(nil), c.lat...)
-	if len(l) == 0 {
-		return 0, 0
+	return percentile(c.lat, 99), len(c.lat)
+}
+
+// breakdown says where the time went since measure: the p50 and p99 of
+// commit-to-ack, of the claims' round trips and of the acknowledgements.
+func (c *commitToAck) breakdown() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprintf("commit-to-ack p50 %s p99 %s; claim round trip p50 %s p99 %s (%d claims); ack p50 %s p99 %s",
+		percentile(c.lat, 50), percentile(c.lat, 99), percentile(c.claims, 50), percentile(c.claims, 99), len(c.claims),
+		percentile(c.acks, 50), percentile(c.acks, 99))
+}
+
+func percentile(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
 	}
+	l := slices.Clone(d)
 	slices.Sort(l)
-	return l[(len(l)*99)/100], len(l)
+	return l[(len(l)*p)/100].Round(100 * time.Microsecond)
+}
+
+// poolWait says how the pool's connections were waited for between two
+// of its Stats.
+func poolWait(before, after *pgxpool.Stat) string {
+	n := after.AcquireCount() - before.AcquireCount()
+	waited := after.EmptyAcquireCount() - before.EmptyAcquireCount()
+	d := after.AcquireDuration() - before.AcquireDuration()
+	var mean time.Duration
+	if n > 0 {
+		mean = d / time.Duration(n)
+	}
+	return fmt.Sprintf("pool: %d acquires, %d waited for a connection, mean acquire %s", n, waited, mean.Round(10*time.Microsecond))
 }
 
 // TestFleetFigureIsolation: a backlog of OUTBOX_FLEET_BACKLOG (200,000)
@@ -162,27 +230,47 @@ func (c *commitToAck) p99() (time.Duration, int) {
 // sources of the same database: the second source's p99 commit-to-ack, alone
 // and during the backlog. Targets: at most 50 ms, and at most twice its p99
 // alone.
-func TestFleetFigureIsolation(t *testing.T) {
+func TestFleetFigureIsolation(t *testing.T) { figureIsolation(t, 1) }
+
+// TestFleetFigureIsolationThreeDatabases: the same over 3 databases under
+// one fleet, the backlog in the first, the steady source in the last, the
+// idle sources spread over the three: what the sources of one database
+// share with another's is the process and the destination.
+func TestFleetFigureIsolationThreeDatabases(t *testing.T) { figureIsolation(t, 3) }
+
+func figureIsolation(t *testing.T, ndb int) {
 	backlog := envInt("OUTBOX_FLEET_BACKLOG", 200000)
 	idle := envInt("OUTBOX_FLEET_IDLE_SOURCES", 198)
 	phase := envDuration("OUTBOX_FLEET_PHASE", 20*time.Second)
 	ctx := context.Background()
 	admin := outboxtest.Pool(t)
-	dbURL, pool := outboxtest.Database(t, admin)
-	schemas := []string{"busy", "steady"}
+	_, pools, dbs := figureDatabases(t, admin, ndb)
+	busyDB, steadyDB := 0, ndb-1
+	schemas := make([][]string, ndb)
+	schemas[busyDB] = append(schemas[busyDB], "busy")
+	schemas[steadyDB] = append(schemas[steadyDB], "steady")
 	for i := 0; i < idle; i++ {
-		schemas = append(schemas, fmt.Sprintf("idle_%03d", i))
+		schemas[i%ndb] = append(schemas[i%ndb], fmt.Sprintf("idle_%03d", i))
 	}
-	migrateSchemas(t, pool, schemas...)
+	var sources strings.Builder
+	for d := 0; d < ndb; d++ {
+		migrateSchemas(t, pools[d], schemas[d]...)
+		fmt.Fprintf(&sources, "  - {database: db%d, schema_pattern: \"*\", destination: events}\n", d)
+	}
+	pool := pools[steadyDB]
 	st := newStream(t)
+	relay := "{}" // the defaults; OUTBOX_FLEET_BATCH_SIZE sets batch_size
+	if n := envInt("OUTBOX_FLEET_BATCH_SIZE", 0); n > 0 {
+		relay = fmt.Sprintf("{batch_size: %d}", n)
+	}
 	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
+relay: %s
 databases:
-  main: {url: %q}
+%s
 destinations:
   events: {url: "nats://unused"}
 sources:
-  - {database: main, schema_pattern: "*", destination: events}
-`, dbURL)))
+%s`, relay, dbs, sources.String())))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,19 +278,22 @@ sources:
 	f := runFleet(t, cfg, outboxfleet.Options{
 		OpenDestination: publishers(map[string]outbox.Publisher{"events": st.pub}),
 		ConfigureRelay: func(source string, rc *outbox.RelayConfig) {
-			if source == "main/steady" {
+			if strings.HasSuffix(source, "/steady") {
 				lat.next = rc.Observer
 				rc.Observer = lat
 			}
 		},
 	})
-	waitFor(t, 5*time.Minute, "every source running", func() bool { return len(running(f)) == len(schemas) })
+	waitFor(t, 5*time.Minute, "every source running", func() bool { return len(running(f)) == idle+2 })
 	// The 200 sources' start-up (each relay's first heartbeat, durability
 	// check, lane sweep and full scan) fills the pool for a while: the
 	// figure is of a fleet that runs, not of one starting.
 	time.Sleep(envDuration("OUTBOX_FLEET_WARMUP", 30*time.Second))
 
+	// The writer's transactions: commit-to-ack counts from their start.
+	var txs []time.Duration
 	steady := func(d time.Duration) {
+		txs = txs[:0]
 		w, err := outbox.NewWriter(outbox.WriterConfig{Schema: "steady"})
 		if err != nil {
 			t.Fatal(err)
@@ -216,27 +307,57 @@ sources:
 		defer tick.Stop()
 		for end, i := time.Now().Add(d), 0; time.Now().Before(end); i++ {
 			<-tick.C
+			txStart := time.Now()
 			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				_, err := w.InsertTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("s-%d", i%50), Type: "Tick", Payload: []byte(`{}`)})
 				return err
 			}); err != nil {
 				t.Fatal(err)
 			}
+			txs = append(txs, time.Since(txStart))
 			nt.Notify()
 		}
 	}
+	fleetPool := f.Pool(fmt.Sprintf("db%d", steadyDB))
+	s0 := fleetPool.Stat()
 	lat.measure()
 	steady(phase)
 	alone, n1 := lat.p99()
+	s1 := fleetPool.Stat()
+	t.Logf("alone: %s; writer's transaction p50 %s p99 %s; %s", lat.breakdown(), percentile(txs, 50), percentile(txs, 99), poolWait(s0, s1))
 
-	var bw written
-	bw.write(t, pool, "busy", "order", 1000, backlog/1000)
+	// The backlog is committed at once (one transaction): written round by
+	// round, it drained as fast as a loaded machine wrote it, and there was
+	// no backlog to measure beside. Each event is an aggregate of its own:
+	// 200 events to each of 1,000 aggregates in one transaction update
+	// each aggregate's row 200 times, and each update walks the versions
+	// the transaction left before it (8 minutes were not enough).
+	wb, err := outbox.NewWriter(outbox.WriterConfig{Schema: "busy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, pools[busyDB], func(tx pgx.Tx) error {
+		for round := 0; round < backlog/1000; round++ {
+			evs := make([]outbox.Event, 1000)
+			for a := range evs {
+				evs[a] = outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("busy-%03d-%04d", round, a), Type: "Step", Payload: []byte(`{}`)}
+			}
+			if _, err := wb.InsertTx(ctx, tx, evs...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s2 := fleetPool.Stat()
 	lat.measure()
 	steady(phase)
 	during, n2 := lat.p99()
-	left := unpublishedIn(t, pool, "busy")
-	t.Logf("FIGURE fleet isolation: %d sources; steady source p99 commit-to-ack alone %s (%d events), during a %d-event backlog in another source %s (%d events; %d of the backlog still pending at the end); RSS %.0f MB",
-		len(schemas), alone.Round(time.Millisecond), n1, backlog, during.Round(time.Millisecond), n2, left, rssMB(t))
+	t.Logf("during the backlog: %s; writer's transaction p50 %s p99 %s; %s", lat.breakdown(), percentile(txs, 50), percentile(txs, 99), poolWait(s2, fleetPool.Stat()))
+	left := unpublishedIn(t, pools[busyDB], "busy")
+	t.Logf("FIGURE fleet isolation: %d sources in %d database(s); steady source p99 commit-to-ack alone %s (%d events), during a %d-event backlog in another source %s (%d events; %d of the backlog still pending at the end); RSS %.0f MB",
+		idle+2, ndb, alone.Round(time.Millisecond), n1, backlog, during.Round(time.Millisecond), n2, left, rssMB(t))
 	if left == 0 {
 		t.Logf("the backlog drained before the phase ended: make OUTBOX_FLEET_BACKLOG larger for a fair figure")
 	}

@@ -43,29 +43,32 @@ func (e *Untrusted) Error() string {
 	return fmt.Sprintf("untrusted: %s %s (owner %s); trusted owners: %v", e.Object, e.Why, e.Owner, e.Trusted)
 }
 
+// checkSQL reads, for each schema of $1, the schema's owner, its outbox
+// tables' (those of $2) with their partitions', the functions of their
+// triggers and their rules, and once the connecting role (with an empty schema).
 const checkSQL = `WITH rels AS (
-  SELECT c.oid, c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-  WHERE n.nspname = $1 AND c.relname = ANY($2::text[])
+  SELECT n.nspname AS schema, c.oid, c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = ANY($1::text[]) AND c.relname = ANY($2::text[])
 ), tree AS (
-  SELECT DISTINCT p.relid AS oid FROM rels r, LATERAL pg_catalog.pg_partition_tree(r.oid) p
-  UNION SELECT oid FROM rels
+  SELECT DISTINCT r.schema, p.relid AS oid FROM rels r, LATERAL pg_catalog.pg_partition_tree(r.oid) p
+  UNION SELECT schema, oid FROM rels
 )
-SELECT 0 AS ord, 'schema ' || quote_ident(n.nspname), pg_catalog.pg_get_userbyid(n.nspowner), '', ''
-  FROM pg_catalog.pg_namespace n WHERE n.nspname = $1
+SELECT n.nspname::text AS schema, 0 AS ord, 'schema ' || quote_ident(n.nspname), pg_catalog.pg_get_userbyid(n.nspowner), '', ''
+  FROM pg_catalog.pg_namespace n WHERE n.nspname = ANY($1::text[])
 UNION ALL
-SELECT 1, 'relation ' || c.oid::regclass::text, pg_catalog.pg_get_userbyid(c.relowner), c.relkind::text, c.relname::text
+SELECT t.schema::text, 1, 'relation ' || c.oid::regclass::text, pg_catalog.pg_get_userbyid(c.relowner), c.relkind::text, c.relname::text
   FROM tree t JOIN pg_catalog.pg_class c ON c.oid = t.oid
 UNION ALL
-SELECT 2, 'trigger ' || quote_ident(tg.tgname) || ' on ' || tg.tgrelid::regclass::text || ' (function ' || tg.tgfoid::regproc::text || ')',
+SELECT t.schema::text, 2, 'trigger ' || quote_ident(tg.tgname) || ' on ' || tg.tgrelid::regclass::text || ' (function ' || tg.tgfoid::regproc::text || ')',
   pg_catalog.pg_get_userbyid(p.proowner), '', ''
   FROM tree t JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = t.oid JOIN pg_catalog.pg_proc p ON p.oid = tg.tgfoid
   WHERE NOT tg.tgisinternal
 UNION ALL
-SELECT 3, 'rule ' || quote_ident(rw.rulename) || ' on ' || rw.ev_class::regclass::text, '', '', ''
+SELECT t.schema::text, 3, 'rule ' || quote_ident(rw.rulename) || ' on ' || rw.ev_class::regclass::text, '', '', ''
   FROM tree t JOIN pg_catalog.pg_rewrite rw ON rw.ev_class = t.oid
 UNION ALL
-SELECT 4, 'current_user', current_user::text, '', ''
-ORDER BY 1, 2`
+SELECT '', 4, 'current_user', current_user::text, '', ''
+ORDER BY 1, 2, 3`
 
 // Querier is what Check needs of a pool or a connection.
 type Querier interface {
@@ -79,46 +82,77 @@ type Querier interface {
 // trigger whose function an untrusted role owns. A schema that does not
 // exist, or has no outbox_events table, is an error too.
 func Check(ctx context.Context, db Querier, schema string, trusted []string) error {
-	rows, err := db.Query(ctx, checkSQL, schema, Tables)
+	errs, err := CheckAll(ctx, db, []string{schema}, trusted)
 	if err != nil {
 		return fmt.Errorf("check the owners of schema %s: %w", schema, err)
 	}
-	type row struct {
-		Ord                       int
-		Object, Owner, Kind, Name string
+	return errs[schema]
+}
+
+// CheckAll checks each of schemas as Check does, all in one statement: the
+// map holds Check's error for each schema refused (the others pass). The
+// error is the statement's (then nothing was checked).
+func CheckAll(ctx context.Context, db Querier, schemas []string, trusted []string) (map[string]error, error) {
+	out := map[string]error{}
+	if len(schemas) == 0 {
+		return out, nil
 	}
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	rows, err := db.Query(ctx, checkSQL, schemas, Tables)
 	if err != nil {
-		return fmt.Errorf("check the owners of schema %s: %w", schema, err)
+		return nil, err
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[catalogueRow])
+	if err != nil {
+		return nil, err
 	}
 	var current string
+	bySchema := map[string][]catalogueRow{}
 	for _, r := range got {
 		if r.Ord == 4 {
 			current = r.Owner
+			continue
 		}
+		bySchema[r.Schema] = append(bySchema[r.Schema], r)
 	}
 	if len(trusted) == 0 {
 		trusted = []string{current}
 	}
-	hasSchema, hasEvents := false, false
-	for _, r := range got {
-		bad := func(why string) error {
-			return &Untrusted{Schema: schema, Object: r.Object, Owner: r.Owner, Why: why, Trusted: trusted}
+	for _, schema := range schemas {
+		if err := judge(schema, bySchema[schema], trusted); err != nil {
+			out[schema] = err
 		}
-		switch r.Ord {
+	}
+	return out, nil
+}
+
+// catalogueRow is a row of checkSQL.
+type catalogueRow struct {
+	Schema                    string
+	Ord                       int
+	Object, Owner, Kind, Name string
+}
+
+// judge returns the error of one schema's catalogue rows (in the order of
+// checkSQL), or nil when every object is trusted.
+func judge(schema string, rows []catalogueRow, trusted []string) error {
+	hasSchema, hasEvents := false, false
+	for _, r := range rows {
+		ord, object, owner, kind, name := r.Ord, r.Object, r.Owner, r.Kind, r.Name
+		bad := func(why string) error {
+			return &Untrusted{Schema: schema, Object: object, Owner: owner, Why: why, Trusted: trusted}
+		}
+		switch ord {
 		case 0:
 			hasSchema = true
 		case 1:
-			hasEvents = hasEvents || r.Name == "outbox_events"
-			if r.Kind != "r" && r.Kind != "p" {
-				return bad(fmt.Sprintf("is not a table (relkind %q)", r.Kind))
+			hasEvents = hasEvents || name == "outbox_events"
+			if kind != "r" && kind != "p" {
+				return bad(fmt.Sprintf("is not a table (relkind %q)", kind))
 			}
 		case 3:
 			return bad("rewrites the table's statements")
-		case 4:
-			continue
 		}
-		if !slices.Contains(trusted, r.Owner) {
+		if !slices.Contains(trusted, owner) {
 			return bad("is owned by an untrusted role")
 		}
 	}
