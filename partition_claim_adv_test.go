@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -35,5 +36,26 @@ func TestPartitionedPublishIDsClaims(t *testing.T) {
 	}
 	if pub.saw("agg-1", 2) || !pub.saw("agg-0", 1) || !pub.saw("agg-0", 2) {
 		t.Fatalf("handed to the destination: %+v", pub.seen)
+	}
+}
+
+// Every statement partitionedSQL rewrites prepares on a partitioned outbox,
+// for a relay and for a safety net beside a CDC stream (ReconcileAfter,
+// whose claims carry a further condition on their heads). Before the fix
+// claimIDs failed: its heads (the CTE lowest) had no event_id.
+func TestPartitionedRewrittenStatementsPrepare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
+	for _, reconcile := range []time.Duration{0, time.Second} {
+		cfg := quietConfig(schema, &seenPublisher{})
+		cfg.ReconcileAfter = reconcile
+		r, err := outbox.NewRelay(pool, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := outbox.PrepareRewrittenClaims(ctx, r); err != nil {
+			t.Errorf("ReconcileAfter %v: %v", reconcile, err)
+		}
 	}
 }
