@@ -2,13 +2,20 @@ package outbox_test
 
 import (
 	"context"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
+	"github.com/pgoutbox/outbox/internal/partman"
+	"github.com/pgoutbox/outbox/internal/pgtx"
+	"github.com/pgoutbox/outbox/outboxmigrate"
 )
 
 // PublishIDs on a partitioned outbox: its claim (claimIDsSQL) is rewritten
@@ -58,4 +65,70 @@ func TestPartitionedRewrittenStatementsPrepare(t *testing.T) {
 			t.Errorf("ReconcileAfter %v: %v", reconcile, err)
 		}
 	}
+}
+
+// TestPartitionedClaimFiguresQuietLanes prints the claim statements'
+// buffers with 4 and 30 partitions (OUTBOX_PARTITION_FIGURES=1) when each
+// head's predecessor was written minutes before it (an aggregate whose
+// events are minutes apart, as an order's are): the near lookup misses and
+// the check of every partition decides, as with the plain statements.
+func TestPartitionedClaimFiguresQuietLanes(t *testing.T) {
+	if os.Getenv("OUTBOX_PARTITION_FIGURES") == "" {
+		t.Skip("set OUTBOX_PARTITION_FIGURES=1 to print the figures")
+	}
+	for _, n := range []int{4, 30} {
+		old := (n - 2) / 2
+		pool, schema := partitionedQuietLanes(t, old, n-2-old, 300, 3)
+		for _, raw := range []bool{true, false} {
+			costs := claimCosts(t, pool, schema, raw)
+			for _, which := range []string{"claim", "fresh"} {
+				c := costs[which]
+				t.Logf("quiet lanes  partitions %2d  plain statements %-5v  %-5s  buffers %7d  execution %8s", n, raw, which, c.Buffers, c.Run)
+			}
+		}
+	}
+}
+
+// partitionedQuietLanes is partitionedLanes without the recent published
+// event: each lane's last published event is in the newest of the old
+// partitions, more than a minute before its pending ones.
+func partitionedQuietLanes(t *testing.T, old, ahead, lanes, pending int) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	const interval = time.Minute
+	pool, schema := outboxtest.PartitionedSchema(t, outboxmigrate.PartitionConfig{Interval: interval, Ahead: ahead})
+	s := mustSchema(t, schema)
+	parts, err := partman.List(ctx, pgtx.Pool(pool), s)
+	if err != nil || len(parts) == 0 {
+		t.Fatalf("partitions %v, %v", parts, err)
+	}
+	w := newWriter(t, schema)
+	for k := old; k >= 1; k-- {
+		from := parts[0].From.Add(-time.Duration(k) * interval)
+		if _, err := partman.Create(ctx, pgtx.Pool(pool), s, from, from.Add(interval), ""); err != nil {
+			t.Fatal(err)
+		}
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			evs := make([]outbox.Event, lanes)
+			for a := range evs {
+				evs[a] = orderEvent("agg-"+strconv.Itoa(a), "Old")
+				id := partman.Bound(from)
+				id[6], id[8], id[14], id[15] = 0x70, 0x80, byte(a>>8), byte(a)
+				evs[a].ID = id
+			}
+			_, err := w.InsertTx(ctx, tx, evs...)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	writeEvents(t, pool, w, lanes, pending)
+	if _, err := pool.Exec(ctx, `ANALYZE `+schema+`.outbox_events`); err != nil {
+		t.Fatal(err)
+	}
+	return pool, schema
 }
