@@ -132,3 +132,91 @@ func partitionedQuietLanes(t *testing.T, old, ahead, lanes, pending int) (*pgxpo
 	}
 	return pool, schema
 }
+
+// Lanes whose ids are minutes apart on a partitioned outbox, against a
+// running relay: a successor whose id is five minutes older than its head's
+// (outside the successors' lower bound) is not claimed with the head but
+// goes out after it, not stranded; a skipped predecessor five minutes away
+// from its successor, either way round, still gives the successor its
+// SkippedFrom (the skip probe's fallback to every partition).
+func TestPartitionedClaimFarIDsSuccessorsAndSkips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
+	s := mustSchema(t, schema)
+	parts, err := partman.List(ctx, pgtx.Pool(pool), s)
+	if err != nil || len(parts) == 0 {
+		t.Fatalf("partitions %v, %v", parts, err)
+	}
+	from := parts[0].From.Add(-5 * time.Minute)
+	if _, err := partman.Create(ctx, pgtx.Pool(pool), s, from, from.Add(10*time.Second), ""); err != nil {
+		t.Fatal(err)
+	}
+	far := func(n byte) uuid.UUID {
+		id := partman.Bound(from)
+		id[6], id[8], id[15] = 0x70, 0x80, n
+		return id
+	}
+	w := newWriter(t, schema)
+	lanes := []struct {
+		agg    string
+		first  uuid.UUID
+		second uuid.UUID
+		skip   bool
+	}{
+		{"succ-older", uuid.Nil, far(1), false},
+		{"skip-far-before", far(2), uuid.Nil, true},
+		{"skip-far-after", uuid.Nil, far(3), true},
+	}
+	a := newAdmin(t, pool, schema)
+	for _, l := range lanes {
+		if err := insertWithID(t, pool, w, l.agg, l.first); err != nil {
+			t.Fatal(err)
+		}
+		if err := insertWithID(t, pool, w, l.agg, l.second); err != nil {
+			t.Fatal(err)
+		}
+		if !l.skip {
+			continue
+		}
+		var id uuid.UUID
+		if err := pool.QueryRow(ctx, `UPDATE `+schema+`.outbox_events SET quarantined_at = now()
+WHERE aggregate_id = $1 AND aggregate_sequence = 1 RETURNING event_id`, l.agg).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Skip(ctx, id, "test", "far ids"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub := &seenPublisher{}
+	startRelay(t, pool, quietConfig(schema, pub))
+	outboxtest.Eventually(t, 30*time.Second, "every lane's second event published", func() bool {
+		for _, l := range lanes {
+			if !pub.saw(l.agg, 2) {
+				return false
+			}
+		}
+		return true
+	})
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	for _, l := range lanes {
+		var seqs []int64
+		for _, m := range pub.seen {
+			if m.AggregateID != l.agg {
+				continue
+			}
+			seqs = append(seqs, m.Sequence)
+			if m.Sequence == 2 && l.skip && m.SkippedFrom == 0 {
+				t.Errorf("lane %s: its second event went out without SkippedFrom after its first was skipped", l.agg)
+			}
+		}
+		want := []int64{1, 2}
+		if l.skip {
+			want = []int64{2}
+		}
+		if len(seqs) != len(want) || seqs[0] != want[0] {
+			t.Errorf("lane %s: handed out %v, want %v", l.agg, seqs, want)
+		}
+	}
+}
