@@ -220,3 +220,77 @@ WHERE aggregate_id = $1 AND aggregate_sequence = 1 RETURNING event_id`, l.agg).S
 		}
 	}
 }
+
+// PublishIDs on a partitioned outbox with a lane whose ids are five minutes
+// apart, either way round: given the second event alone while the first is
+// pending, it publishes nothing (the head check's fallback finds the
+// pending predecessor outside the near window); given both, it publishes
+// both, in order.
+func TestPartitionedPublishIDsFarIDsKeepOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
+	s := mustSchema(t, schema)
+	parts, err := partman.List(ctx, pgtx.Pool(pool), s)
+	if err != nil || len(parts) == 0 {
+		t.Fatalf("partitions %v, %v", parts, err)
+	}
+	from := parts[0].From.Add(-5 * time.Minute)
+	if _, err := partman.Create(ctx, pgtx.Pool(pool), s, from, from.Add(10*time.Second), ""); err != nil {
+		t.Fatal(err)
+	}
+	far := func(n byte) uuid.UUID {
+		id := partman.Bound(from)
+		id[6], id[8], id[15] = 0x70, 0x80, n
+		return id
+	}
+	w := newWriter(t, schema)
+	ids := map[string][]uuid.UUID{}
+	for _, l := range []struct {
+		agg           string
+		first, second uuid.UUID
+	}{{"far-first", far(1), uuid.Nil}, {"far-second", uuid.Nil, far(2)}} {
+		for _, id := range []uuid.UUID{l.first, l.second} {
+			if err := insertWithID(t, pool, w, l.agg, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []uuid.UUID
+		if err := pool.QueryRow(ctx, `SELECT array_agg(event_id ORDER BY aggregate_sequence) FROM `+schema+`.outbox_events
+WHERE aggregate_id = $1`, l.agg).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		ids[l.agg] = got
+	}
+	pub := &seenPublisher{}
+	r, err := outbox.NewRelay(pool, quietConfig(schema, pub))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.PublishIDs(ctx, []uuid.UUID{ids["far-first"][1], ids["far-second"][1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Published != 0 {
+		t.Fatalf("second events alone: %+v; want nothing published while the first events are pending", res)
+	}
+	res, err = r.PublishIDs(ctx, append(ids["far-first"], ids["far-second"]...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Published != 4 {
+		t.Fatalf("whole lanes: %+v; want 4 published", res)
+	}
+	if err := r.WaitPublishIDs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	next := map[string]int64{}
+	for _, m := range pub.seen {
+		if m.Sequence != next[m.AggregateID]+1 {
+			t.Errorf("lane %s: sequence %d handed out after %d", m.AggregateID, m.Sequence, next[m.AggregateID])
+		}
+		next[m.AggregateID] = m.Sequence
+	}
+}
