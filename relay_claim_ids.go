@@ -310,7 +310,9 @@ const claimIDsExcept = "p.event_id = ANY ($5::uuid[])"
 // as much as a scan of the backlog). A row that is not claimable (already
 // published, say) is locked for the statement's short transaction and left.
 //
-// Per aggregate, the lowest locked sequence must be the lane's head
+// Per aggregate, the lowest locked sequence (lowest carries its event_id:
+// on a partitioned outbox the head check looks for the predecessor near
+// it, see partitionedSQL) must be the lane's head
 // (isHead: its predecessor is published, or is among $5: the destination
 // acknowledged it and its mark is on its way, see idsMarks); the claim
 // takes it and the locked events that follow it without a gap. A lane whose
@@ -335,7 +337,7 @@ func claimIDsSQL(events string) string {
 		SELECT * FROM ` + events + ` e WHERE e.event_id = i.id OFFSET 0 FOR UPDATE SKIP LOCKED) e
 	WHERE ` + claimableNowOrOwn("e") + `
 ), lowest AS (
-	SELECT DISTINCT ON (l.aggregate_type, l.aggregate_id) l.aggregate_type, l.aggregate_id, l.aggregate_sequence
+	SELECT DISTINCT ON (l.aggregate_type, l.aggregate_id) l.event_id, l.aggregate_type, l.aggregate_id, l.aggregate_sequence
 	FROM locked l
 	ORDER BY l.aggregate_type, l.aggregate_id, l.aggregate_sequence
 ), heads AS (
