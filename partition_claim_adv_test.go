@@ -142,21 +142,7 @@ func partitionedQuietLanes(t *testing.T, old, ahead, lanes, pending int) (*pgxpo
 func TestPartitionedClaimFarIDsSuccessorsAndSkips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
-	s := mustSchema(t, schema)
-	parts, err := partman.List(ctx, pgtx.Pool(pool), s)
-	if err != nil || len(parts) == 0 {
-		t.Fatalf("partitions %v, %v", parts, err)
-	}
-	from := parts[0].From.Add(-5 * time.Minute)
-	if _, err := partman.Create(ctx, pgtx.Pool(pool), s, from, from.Add(10*time.Second), ""); err != nil {
-		t.Fatal(err)
-	}
-	far := func(n byte) uuid.UUID {
-		id := partman.Bound(from)
-		id[6], id[8], id[15] = 0x70, 0x80, n
-		return id
-	}
+	pool, schema, far := partitionedWithFarIDs(t)
 	w := newWriter(t, schema)
 	lanes := []struct {
 		agg    string
@@ -229,21 +215,7 @@ WHERE aggregate_id = $1 AND aggregate_sequence = 1 RETURNING event_id`, l.agg).S
 func TestPartitionedPublishIDsFarIDsKeepOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
-	s := mustSchema(t, schema)
-	parts, err := partman.List(ctx, pgtx.Pool(pool), s)
-	if err != nil || len(parts) == 0 {
-		t.Fatalf("partitions %v, %v", parts, err)
-	}
-	from := parts[0].From.Add(-5 * time.Minute)
-	if _, err := partman.Create(ctx, pgtx.Pool(pool), s, from, from.Add(10*time.Second), ""); err != nil {
-		t.Fatal(err)
-	}
-	far := func(n byte) uuid.UUID {
-		id := partman.Bound(from)
-		id[6], id[8], id[15] = 0x70, 0x80, n
-		return id
-	}
+	pool, schema, far := partitionedWithFarIDs(t)
 	w := newWriter(t, schema)
 	ids := map[string][]uuid.UUID{}
 	for _, l := range []struct {

@@ -177,21 +177,7 @@ func (p *seenPublisher) saw(agg string, seq int64) bool {
 func TestPartitionedClaimKeepsOrderWithIDsFarApart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
-	s := mustSchema(t, schema)
-	parts, err := partman.List(ctx, pgtx.Pool(pool), s)
-	if err != nil || len(parts) == 0 {
-		t.Fatalf("partitions %v, %v", parts, err)
-	}
-	from := parts[0].From.Add(-5 * time.Minute)
-	if _, err := partman.Create(ctx, pgtx.Pool(pool), s, from, from.Add(10*time.Second), ""); err != nil {
-		t.Fatal(err)
-	}
-	far := func(n byte) uuid.UUID {
-		id := partman.Bound(from)
-		id[6], id[8], id[15] = 0x70, 0x80, n
-		return id
-	}
+	pool, schema, far := partitionedWithFarIDs(t)
 	w := newWriter(t, schema)
 	for _, ev := range []struct {
 		agg string
@@ -217,5 +203,28 @@ WHERE aggregate_sequence = 1 AND aggregate_id LIKE 'old-%'`); err != nil {
 		if pub.saw(agg, 2) {
 			t.Errorf("lane %s: its second event was handed to the destination while its first is pending", agg)
 		}
+	}
+}
+
+// partitionedWithFarIDs is a partitioned outbox with a partition five
+// minutes before its first, and far(n): the n-th id there, outside any
+// event's near window.
+func partitionedWithFarIDs(t *testing.T) (*pgxpool.Pool, string, func(n byte) uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	pool, schema := outboxtest.PartitionedSchema(t, tenSeconds)
+	s := mustSchema(t, schema)
+	parts, err := partman.List(ctx, pgtx.Pool(pool), s)
+	if err != nil || len(parts) == 0 {
+		t.Fatalf("partitions %v, %v", parts, err)
+	}
+	from := parts[0].From.Add(-5 * time.Minute)
+	if _, err := partman.Create(ctx, pgtx.Pool(pool), s, from, from.Add(10*time.Second), ""); err != nil {
+		t.Fatal(err)
+	}
+	return pool, schema, func(n byte) uuid.UUID {
+		id := partman.Bound(from)
+		id[6], id[8], id[15] = 0x70, 0x80, n
+		return id
 	}
 }
