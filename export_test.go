@@ -205,3 +205,7 @@ func ClaimCostOf(ctx context.Context, r *Relay, which string, raw bool) (ClaimCo
 	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
 	return ClaimCost{Buffers: out[0].Plan.Hit + out[0].Plan.Read, Planning: ms(out[0].Planning), Run: ms(out[0].Run)}, nil
 }
+
+// ErrUpkeepBusy is errUpkeepBusy, for tests that clean up beside a
+// running relay's partition upkeep.
+var ErrUpkeepBusy = errUpkeepBusy
