@@ -228,3 +228,50 @@ func partitionedWithFarIDs(t *testing.T) (*pgxpool.Pool, string, func(n byte) uu
 		return id
 	}
 }
+
+// TestPartitionedClaimFiguresBatch1000 prints, with
+// OUTBOX_PARTITION_FIGURES=1, the claim statements' buffers, planning and
+// execution at the sizing bench's shape (batch 1000, partitions of 10 s,
+// 30 made ahead, 1000 lanes with one published and two pending events
+// each), before and after ANALYZE, plain statements against the near
+// lookups: the sizing bench's private cluster runs with autovacuum off, so
+// its partitions are never analyzed, and partitions made ahead are empty
+// until they are current in any cluster (BENCHMARKS.md, "The partitioned
+// claim's time, measured").
+func TestPartitionedClaimFiguresBatch1000(t *testing.T) {
+	if os.Getenv("OUTBOX_PARTITION_FIGURES") == "" {
+		t.Skip("set OUTBOX_PARTITION_FIGURES=1 to print the figures")
+	}
+	ctx := context.Background()
+	pool, schema := outboxtest.PartitionedSchema(t, outboxmigrate.PartitionConfig{Interval: 10 * time.Second, Ahead: 30})
+	w := newWriter(t, schema)
+	writeEvents(t, pool, w, 1000, 1)
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	writeEvents(t, pool, w, 1000, 2)
+	for _, analyzed := range []bool{false, true} {
+		if analyzed {
+			if _, err := pool.Exec(ctx, `ANALYZE `+schema+`.outbox_events`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, raw := range []bool{true, false} {
+			cfg := quietConfig(schema, discardPublisher{})
+			cfg.BatchSize = 1000
+			r, err := outbox.NewRelay(pool, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, which := range []string{"claim", "fresh", "look"} {
+				for i := range 2 {
+					c, err := outbox.ClaimCostOf(ctx, r, which, raw)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Logf("analyzed %-5v plain statements %-5v %-5s run %d: buffers %7d planning %10s execution %10s", analyzed, raw, which, i, c.Buffers, c.Planning, c.Run)
+				}
+			}
+		}
+	}
+}

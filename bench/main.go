@@ -243,6 +243,10 @@ func main() {
 	fs.DurationVar(&sizing.duration, "sizing-duration", 0, "sizing: the steady stage's duration (default 30s, --quick 2s)")
 	fs.IntVar(&sizing.backlog, "sizing-backlog", 0, "sizing: events written with no relay, then drained (default 30000, --quick 2000)")
 	fs.DurationVar(&sizing.partitionInterval, "sizing-partition-interval", 0, "sizing: the partitioned outbox's partition width (default 10s, --quick 1s)")
+	var sizingOutboxes string
+	fs.StringVar(&sizingOutboxes, "sizing-outboxes", "", "sizing: comma-separated outbox kinds, one after the other: delete, partitioned (default both)")
+	fs.StringVar(&sizing.explain, "sizing-explain", "", "sizing: load auto_explain in the private cluster and save its log, with the plan (rows and buffers per node) of every statement slower than --sizing-explain-min, to this file (a diagnosis; it slows every statement a little)")
+	fs.DurationVar(&sizing.explainMin, "sizing-explain-min", 50*time.Millisecond, "sizing: with --sizing-explain, the shortest statement whose plan is logged")
 	var pf pressureFlags
 	fs.StringVar(&pf.cells, "pressure-cells", "", "pressure: comma-separated cells to run, in this order: "+strings.Join(pressureCells, ",")+" (default all)")
 	fs.StringVar(&pf.relays, "pressure-relays", "", "pressure: comma-separated relay kinds, one after the other: "+strings.Join(pressureRelayKinds, ",")+" (default all)")
@@ -276,6 +280,9 @@ func main() {
 	var serr error
 	if soak.outboxes, serr = parseSoakList("soak-outboxes", soakOutboxes, soakOutboxKinds); serr == nil {
 		soak.autovacuum, serr = parseSoakList("soak-autovacuum", soakAV, soakAutovacuums)
+	}
+	if serr == nil {
+		sizing.outboxes, serr = parseSoakList("sizing-outboxes", sizingOutboxes, soakOutboxKinds)
 	}
 	if serr != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", serr)

@@ -67,6 +67,13 @@ type sizingSizes struct {
 	// writes of the backlog stage, when no relay's upkeep runs.
 	partitionsAhead int
 	outboxes        []string
+	// explain, when not empty, is a file: the private cluster loads
+	// auto_explain and logs the plan, with rows and buffers per node, of
+	// every statement slower than explainMin (nested ones too); the
+	// server's log is saved there at the end (a diagnosis: it slows every
+	// statement a little).
+	explain    string
+	explainMin time.Duration
 }
 
 func defaultSizing() sizingSizes {
@@ -235,6 +242,7 @@ func (m *sizingMeter) stop(ctx context.Context, kind, stage, app string, events 
 	}
 	s.wal = lsn - m.lsn
 	s.stmts = m.e.statementGroups(ctx, m.schema)
+	m.e.logTopStatements(ctx, kind+" "+stage, 4)
 	size, err := m.e.treeStats(ctx, m.schema, "outbox_events", nil)
 	if err != nil {
 		return s, err
@@ -291,15 +299,41 @@ func sizingRelay(ctx context.Context, e *env, s space) (*outbox.Relay, func() er
 
 // sizingCluster starts the group's private cluster: PostgreSQL's defaults
 // as soakCluster sets them, autovacuum off (a VACUUM is a stage of its
-// own, not something that happens to fall into another one).
-func sizingCluster(ctx context.Context, e *env) (*env, *pgcluster.Cluster, func(), error) {
-	return soakCluster(ctx, e, soakAVOff)
+// own, not something that happens to fall into another one), planning
+// counted by pg_stat_statements (a statement planned again at every call
+// costs its planning each time, which total_exec_time does not show), and
+// auto_explain with --sizing-explain.
+func sizingCluster(ctx context.Context, e *env, sz sizingSizes) (*env, *pgcluster.Cluster, func(), error) {
+	settings := soakSettings(soakAVOff)
+	settings["pg_stat_statements.track_planning"] = "on"
+	if sz.explain != "" {
+		// Rows and buffers per plan node, without per-node timing (its
+		// clock reads cost most of log_analyze's overhead).
+		settings["shared_preload_libraries"] += ",auto_explain"
+		settings["auto_explain.log_min_duration"] = strconv.FormatInt(sz.explainMin.Milliseconds(), 10) + "ms"
+		settings["auto_explain.log_analyze"] = "on"
+		settings["auto_explain.log_buffers"] = "on"
+		settings["auto_explain.log_timing"] = "off"
+		settings["auto_explain.log_nested_statements"] = "on"
+	}
+	ce, cluster, closeCluster, err := soakClusterWith(ctx, e, settings)
+	if err != nil || sz.explain == "" {
+		return ce, cluster, closeCluster, err
+	}
+	return ce, cluster, func() {
+		if err := os.WriteFile(sz.explain, []byte(cluster.Log()), 0o644); err != nil {
+			e.logf("sizing: --sizing-explain: %v", err)
+		} else {
+			e.logf("sizing: the server's log, with the plans of statements over %s, is in %s", sz.explainMin, sz.explain)
+		}
+		closeCluster()
+	}, nil
 }
 
 // benchSizing is the "sizing" group.
 func benchSizing(ctx context.Context, e *env) ([]Result, error) {
 	sz := e.sz.sizing
-	ce, cluster, closeCluster, err := sizingCluster(ctx, e)
+	ce, cluster, closeCluster, err := sizingCluster(ctx, e, sz)
 	if err != nil {
 		return nil, fmt.Errorf("private cluster: %w", err)
 	}
@@ -555,11 +589,11 @@ func sizingOne(ctx context.Context, e *env, dataDir, kind string, sz sizingSizes
 }
 
 // splitClaimMark splits a claim+mark stage into the claim and the mark by
-// their shares of pg_stat_statements' execution time (the CPU) and their
-// own WAL (pg_stat_statements' wal_bytes).
+// their shares of pg_stat_statements' execution and planning time (the
+// CPU) and their own WAL (pg_stat_statements' wal_bytes).
 func splitClaimMark(st sizingStage) []sizingStage {
 	c, m := st.stmts["claim"], st.stmts["mark"]
-	sum := c.execMs + m.execMs
+	sum := c.execMs + c.planMs + m.execMs + m.planMs
 	if sum <= 0 {
 		return nil
 	}
@@ -568,11 +602,12 @@ func splitClaimMark(st sizingStage) []sizingStage {
 		name string
 		g    stmtGroup
 	}{{"claim", c}, {"mark", m}} {
-		share := x.g.execMs / sum
+		share := (x.g.execMs + x.g.planMs) / sum
 		out = append(out, sizingStage{kind: st.kind, stage: "  " + x.name + " " + strings.TrimPrefix(st.stage, "claim+mark "),
 			events: st.events, seconds: st.seconds, backend: time.Duration(float64(st.backend) * share), wal: x.g.walBytes,
 			table: -1, idx: -1, cluster: -1,
-			note: fmt.Sprintf("%.0f%% of the claim's and mark's execution time; WAL is the statements' own; %d calls", 100*share, x.g.calls)})
+			note: fmt.Sprintf("%.0f%% of the claim's and mark's execution and planning time (planning %.0f ms of %.0f); WAL is the statements' own; %d calls",
+				100*share, x.g.planMs, x.g.planMs+x.g.execMs, x.g.calls)})
 	}
 	return out
 }
@@ -660,6 +695,33 @@ func sizingResults(stages []sizingStage) []Result {
 	return rs
 }
 
+// logTopStatements logs the n statements of the stage that took the most
+// time (planning and execution): calls, plans, times, buffers per call and
+// the start of their text, to tell which statement a stage's CPU went to
+// and whether it is planned at every call.
+func (e *env) logTopStatements(ctx context.Context, stage string, n int) {
+	rows, err := e.admin.Query(ctx, `SELECT calls, plans, total_plan_time, total_exec_time, shared_blks_hit + shared_blks_read, rows,
+	left(regexp_replace(query, '\s+', ' ', 'g'), 90)
+FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY total_plan_time + total_exec_time DESC LIMIT $1`, n)
+	if err != nil {
+		e.logf("sizing: pg_stat_statements: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var calls, plans, blks, nrows int64
+		var plan, exec float64
+		var q string
+		if err := rows.Scan(&calls, &plans, &plan, &exec, &blks, &nrows, &q); err != nil {
+			e.logf("sizing: pg_stat_statements: %v", err)
+			return
+		}
+		e.logf("sizing %s: %d calls, %d plans, planning %.0f ms, execution %.0f ms, %d buffers/call, %d rows: %s",
+			stage, calls, plans, plan, exec, blks/max(calls, 1), nrows, q)
+	}
+}
+
 // warmPool opens n connections of pool (and returns them to it).
 func warmPool(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	var conns []*pgxpool.Conn
@@ -721,6 +783,12 @@ func (s sizingSizes) override(o sizingSizes) sizingSizes {
 	}
 	if o.partitionInterval > 0 {
 		s.partitionInterval = o.partitionInterval
+	}
+	if len(o.outboxes) > 0 {
+		s.outboxes = o.outboxes
+	}
+	if o.explain != "" {
+		s.explain, s.explainMin = o.explain, o.explainMin
 	}
 	return s
 }

@@ -342,8 +342,18 @@ func loadAvg() string {
 // them: max_connections 100, shared_buffers 128MB), with
 // pg_stat_statements, and an env on it.
 func soakCluster(ctx context.Context, e *env, autovacuum string) (*env, *pgcluster.Cluster, func(), error) {
-	cluster, err := pgcluster.Start(pgcluster.Config{Settings: map[string]string{"max_connections": "100", "shared_buffers": "128MB",
-		"shared_preload_libraries": "pg_stat_statements", "autovacuum": autovacuum}})
+	return soakClusterWith(ctx, e, soakSettings(autovacuum))
+}
+
+// soakSettings are soakCluster's server settings.
+func soakSettings(autovacuum string) map[string]string {
+	return map[string]string{"max_connections": "100", "shared_buffers": "128MB",
+		"shared_preload_libraries": "pg_stat_statements", "autovacuum": autovacuum}
+}
+
+// soakClusterWith is soakCluster with the server settings given.
+func soakClusterWith(ctx context.Context, e *env, settings map[string]string) (*env, *pgcluster.Cluster, func(), error) {
+	cluster, err := pgcluster.Start(pgcluster.Config{Settings: settings})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -792,6 +802,9 @@ type stmtGroup struct {
 	calls    int64
 	execMs   float64
 	walBytes int64
+	// planMs is the statements' planning time (pg_stat_statements.track_planning:
+	// the sizing group's cluster only; 0 elsewhere).
+	planMs float64
 }
 
 // The statement groups of the sizing figures, in the order printed.
@@ -838,7 +851,7 @@ func (e *env) resetStatements(ctx context.Context) bool {
 // statementGroups sums pg_stat_statements by group, for the statements of
 // the database (the private cluster's holds the soak alone).
 func (e *env) statementGroups(ctx context.Context, schema string) map[string]stmtGroup {
-	rows, err := e.admin.Query(ctx, `SELECT query, calls, total_exec_time, wal_bytes::bigint FROM pg_stat_statements
+	rows, err := e.admin.Query(ctx, `SELECT query, calls, total_exec_time, wal_bytes::bigint, total_plan_time FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`)
 	if err != nil {
 		e.logf("soak: pg_stat_statements: %v", err)
@@ -860,8 +873,8 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`)
 	for rows.Next() {
 		var q string
 		var calls, wal int64
-		var exec float64
-		if err := rows.Scan(&q, &calls, &exec, &wal); err != nil {
+		var exec, plan float64
+		if err := rows.Scan(&q, &calls, &exec, &wal, &plan); err != nil {
 			e.logf("soak: pg_stat_statements: %v", err)
 			return nil
 		}
@@ -872,6 +885,7 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`)
 		s := g[name]
 		s.calls += calls
 		s.execMs += exec
+		s.planMs += plan
 		s.walBytes += wal
 		g[name] = s
 	}
