@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -63,28 +62,6 @@ func TestPartitionedRewrittenStatementsPrepare(t *testing.T) {
 		}
 		if err := outbox.PrepareRewrittenClaims(ctx, r); err != nil {
 			t.Errorf("ReconcileAfter %v: %v", reconcile, err)
-		}
-	}
-}
-
-// TestPartitionedClaimFiguresQuietLanes prints the claim statements'
-// buffers with 4 and 30 partitions (OUTBOX_PARTITION_FIGURES=1) when each
-// head's predecessor was written minutes before it (an aggregate whose
-// events are minutes apart, as an order's are): the near lookup misses and
-// the check of every partition decides, as with the plain statements.
-func TestPartitionedClaimFiguresQuietLanes(t *testing.T) {
-	if os.Getenv("OUTBOX_PARTITION_FIGURES") == "" {
-		t.Skip("set OUTBOX_PARTITION_FIGURES=1 to print the figures")
-	}
-	for _, n := range []int{4, 30} {
-		old := (n - 2) / 2
-		pool, schema := partitionedQuietLanes(t, old, n-2-old, 300, 3)
-		for _, raw := range []bool{true, false} {
-			costs := claimCosts(t, pool, schema, raw)
-			for _, which := range []string{"claim", "fresh"} {
-				c := costs[which]
-				t.Logf("quiet lanes  partitions %2d  plain statements %-5v  %-5s  buffers %7d  execution %8s", n, raw, which, c.Buffers, c.Run)
-			}
 		}
 	}
 }

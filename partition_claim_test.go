@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -92,27 +91,6 @@ func claimCosts(t *testing.T, pool *pgxpool.Pool, schema string, raw bool) map[s
 		}
 	}
 	return out
-}
-
-// TestPartitionedClaimFigures prints the claim statements' buffers and
-// times with 4, 12 and 30 partitions (OUTBOX_PARTITION_FIGURES=1), for
-// BENCHMARKS.md.
-func TestPartitionedClaimFigures(t *testing.T) {
-	if os.Getenv("OUTBOX_PARTITION_FIGURES") == "" {
-		t.Skip("set OUTBOX_PARTITION_FIGURES=1 to print the figures")
-	}
-	for _, n := range []int{4, 12, 30} {
-		old := (n - 2) / 2
-		ahead := n - 2 - old
-		pool, schema := partitionedLanes(t, old, ahead, 300, 3)
-		for _, raw := range []bool{true, false} {
-			costs := claimCosts(t, pool, schema, raw)
-			for _, which := range []string{"claim", "fresh", "look"} {
-				c := costs[which]
-				t.Logf("partitions %2d  plain statements %-5v  %-5s  buffers %7d  planning %8s  execution %8s", n, raw, which, c.Buffers, c.Planning, c.Run)
-			}
-		}
-	}
 }
 
 // The claims' lookups by lane key on a partitioned outbox read the
@@ -226,52 +204,5 @@ func partitionedWithFarIDs(t *testing.T) (*pgxpool.Pool, string, func(n byte) uu
 		id := partman.Bound(from)
 		id[6], id[8], id[15] = 0x70, 0x80, n
 		return id
-	}
-}
-
-// TestPartitionedClaimFiguresBatch1000 prints, with
-// OUTBOX_PARTITION_FIGURES=1, the claim statements' buffers, planning and
-// execution at the sizing bench's shape (batch 1000, partitions of 10 s,
-// 30 made ahead, 1000 lanes with one published and two pending events
-// each), before and after ANALYZE, plain statements against the near
-// lookups: the sizing bench's private cluster runs with autovacuum off, so
-// its partitions are never analyzed, and partitions made ahead are empty
-// until they are current in any cluster (BENCHMARKS.md, "The partitioned
-// claim's time, measured").
-func TestPartitionedClaimFiguresBatch1000(t *testing.T) {
-	if os.Getenv("OUTBOX_PARTITION_FIGURES") == "" {
-		t.Skip("set OUTBOX_PARTITION_FIGURES=1 to print the figures")
-	}
-	ctx := context.Background()
-	pool, schema := outboxtest.PartitionedSchema(t, outboxmigrate.PartitionConfig{Interval: 10 * time.Second, Ahead: 30})
-	w := newWriter(t, schema)
-	writeEvents(t, pool, w, 1000, 1)
-	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now()`); err != nil {
-		t.Fatal(err)
-	}
-	writeEvents(t, pool, w, 1000, 2)
-	for _, analyzed := range []bool{false, true} {
-		if analyzed {
-			if _, err := pool.Exec(ctx, `ANALYZE `+schema+`.outbox_events`); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, raw := range []bool{true, false} {
-			cfg := quietConfig(schema, discardPublisher{})
-			cfg.BatchSize = 1000
-			r, err := outbox.NewRelay(pool, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, which := range []string{"claim", "fresh", "look"} {
-				for i := range 2 {
-					c, err := outbox.ClaimCostOf(ctx, r, which, raw)
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Logf("analyzed %-5v plain statements %-5v %-5s run %d: buffers %7d planning %10s execution %10s", analyzed, raw, which, i, c.Buffers, c.Planning, c.Run)
-				}
-			}
-		}
 	}
 }
