@@ -58,6 +58,16 @@ func transactions(t *testing.T, admin *pgxpool.Pool, dbURL string) int64 {
 	return n
 }
 
+// loadAvg is the machine's load averages over 1, 5 and 15 minutes: the
+// figures are taken on a shared machine, and say how shared.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
 func rssMB(t *testing.T) float64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
@@ -324,18 +334,20 @@ sources:
 	steady(phase)
 	alone, n1 := lat.p99()
 	s1 := fleetPool.Stat()
-	t.Logf("alone: %s; writer's transaction p50 %s p99 %s; %s", lat.breakdown(), percentile(txs, 50), percentile(txs, 99), poolWait(s0, s1))
+	t.Logf("alone: %s; writer's transaction p50 %s p99 %s; %s; load %s", lat.breakdown(), percentile(txs, 50), percentile(txs, 99), poolWait(s0, s1), loadAvg())
 
 	// The backlog is committed at once (one transaction): written round by
 	// round, it drained as fast as a loaded machine wrote it, and there was
-	// no backlog to measure beside. Each event is an aggregate of its own:
-	// 200 events to each of 1,000 aggregates in one transaction update
-	// each aggregate's row 200 times, and each update walks the versions
-	// the transaction left before it (8 minutes were not enough).
+	// no backlog to measure beside. Calls of 1,000 events (each event an
+	// aggregate of its own), in aggregate order, so each call's aggregates
+	// sort after those the transaction holds: a later call costs a pass
+	// over what the transaction holds (migration 019; each aggregate was
+	// looked up by a scan of them before, and this took over ten minutes).
 	wb, err := outbox.NewWriter(outbox.WriterConfig{Schema: "busy"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	wrote := time.Now()
 	if err := pgx.BeginFunc(ctx, pools[busyDB], func(tx pgx.Tx) error {
 		for round := 0; round < backlog/1000; round++ {
 			evs := make([]outbox.Event, 1000)
@@ -350,11 +362,12 @@ sources:
 	}); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("the backlog of %d events written and committed in one transaction in %s (load %s)", backlog, time.Since(wrote).Round(time.Second), loadAvg())
 	s2 := fleetPool.Stat()
 	lat.measure()
 	steady(phase)
 	during, n2 := lat.p99()
-	t.Logf("during the backlog: %s; writer's transaction p50 %s p99 %s; %s", lat.breakdown(), percentile(txs, 50), percentile(txs, 99), poolWait(s2, fleetPool.Stat()))
+	t.Logf("during the backlog: %s; writer's transaction p50 %s p99 %s; %s; load %s", lat.breakdown(), percentile(txs, 50), percentile(txs, 99), poolWait(s2, fleetPool.Stat()), loadAvg())
 	left := unpublishedIn(t, pools[busyDB], "busy")
 	t.Logf("FIGURE fleet isolation: %d sources in %d database(s); steady source p99 commit-to-ack alone %s (%d events), during a %d-event backlog in another source %s (%d events; %d of the backlog still pending at the end); RSS %.0f MB",
 		idle+2, ndb, alone.Round(time.Millisecond), n1, backlog, during.Round(time.Millisecond), n2, left, rssMB(t))
