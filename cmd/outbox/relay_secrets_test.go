@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -59,10 +60,15 @@ func TestRelayLogsNeverShowDestinationSecrets(t *testing.T) {
 // server address, a port or a parameter name, and a monitor_url password
 // as the parameter's value.
 func TestRelayStartErrorsNeverShowHostileSecrets(t *testing.T) {
+	// Parallel, and so are its 36 relays: each mostly waits for its
+	// destination's retries. The secrets' variables are the relays'
+	// environment (the last value of a key wins), not this process's, so
+	// that no t.Setenv keeps the test serial.
+	t.Parallel()
 	_, schema := outboxtest.Schema(t)
-	t.Setenv("OUTBOX_KAFKA_PASSWORD", "")
-	t.Setenv("OUTBOX_AMQP_PASSWORD", "")
-	t.Setenv("OUTBOX_WEBHOOK_SECRET", "whsec_"+base64.StdEncoding.EncodeToString(make([]byte, 32)))
+	env := append(os.Environ(), "DATABASE_URL="+outboxtest.DatabaseURL(), "OUTBOX_FAILPOINTS=",
+		"OUTBOX_KAFKA_PASSWORD=", "OUTBOX_AMQP_PASSWORD=",
+		"OUTBOX_WEBHOOK_SECRET=whsec_"+base64.StdEncoding.EncodeToString(make([]byte, 32)))
 	// The secrets a parser is likeliest to split; every one of
 	// secrettest.Hostile goes through each parser in its package's test.
 	secrets := []string{"Qz?S3cr3tTail", "Qz/S3cr3tTail", "20247/S3cr3tTail", "99998?S3cr3t&Tail=1", "Qzü€S3cr3tTail", "Qz%zzS3cr3tTail"}
@@ -77,8 +83,9 @@ func TestRelayStartErrorsNeverShowHostileSecrets(t *testing.T) {
 	for name, tmpl := range templates {
 		for i, secret := range secrets {
 			t.Run(fmt.Sprintf("%s/%d", name, i), func(t *testing.T) {
+				t.Parallel()
 				dest := fmt.Sprintf(tmpl, secret, freePort(t))
-				relay := startRelayProcess(t, "--schema", schema, "--destination", dest, "--metrics-addr", "127.0.0.1:0")
+				relay := startRelayProcessEnv(t, env, "--schema", schema, "--destination", dest, "--metrics-addr", "127.0.0.1:0")
 				addr := relay.metricsAddr(t)
 				var exited bool
 				var readyzBody string
