@@ -175,6 +175,32 @@ func GetProgress(ctx context.Context, pool *pgxpool.Pool, dest Destination, w Wh
 
 // WaitConverged polls until every event is published and applied and the
 // consumer has nothing pending, or ctx ends.
+// WaitWritesEnded waits until no session named appName (System.AppName)
+// has a transaction that began before since, the database's clock: the
+// writes the driver's last, cancelled requests started are then committed
+// or rolled back. Without it the checks could run while a cancelled
+// request's COMMIT was still on its way: convergence, then Resolve, saw no
+// order, and the commit landed after them (a create judged rolled back that
+// left an intent, CI of 7 December 2026).
+func WaitWritesEnded(ctx context.Context, pool *pgxpool.Pool, appName string, since time.Time) error {
+	for {
+		var open int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND xact_start < $2`, appName, since).Scan(&open)
+		if err == nil && open == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = fmt.Errorf("%d transactions of %q begun before %s still open", open, appName, since.Format(time.RFC3339Nano))
+			}
+			return fmt.Errorf("wait for the API's writes to end: %w", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 func WaitConverged(ctx context.Context, pool *pgxpool.Pool, dest Destination, w Where) (Progress, error) {
 	var last Progress
 	var lastErr error

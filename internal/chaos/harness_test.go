@@ -228,6 +228,13 @@ func (e *env) converge(d *Driver) *Report {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	var since time.Time
+	if err := e.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&since); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := WaitWritesEnded(ctx, e.pool, e.sys.AppName(RoleAPI), since); err != nil {
+		e.t.Fatal(err)
+	}
 	if p, err := WaitConverged(ctx, e.pool, e.dest, e.where); err != nil {
 		e.t.Fatalf("%v", err)
 	} else {

@@ -373,6 +373,12 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	if ctx.Err() != nil {
 		return res, fmt.Errorf("interrupted: %w", context.Cause(ctx))
 	}
+	// The driver has stopped; a request it cancelled may still be
+	// committing in the API (its transactions are waited for below).
+	var driverStopped time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&driverStopped); err != nil {
+		return res, err
+	}
 
 	// Recovery: broker up, nothing paused or armed, every process running.
 	r.printf("[%5.1fs] faults over; recovering\n", r.elapsed())
@@ -396,7 +402,11 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	if cfg.Saga {
 		r.clearProviderFaults(rctx)
 	}
-	progress, convErr := WaitConverged(rctx, pool, r.dest, r.where)
+	convErr := WaitWritesEnded(rctx, pool, r.sys.AppName(RoleAPI), driverStopped)
+	var progress Progress
+	if convErr == nil {
+		progress, convErr = WaitConverged(rctx, pool, r.dest, r.where)
+	}
 	if convErr == nil && cfg.Saga {
 		r.printf("[%5.1fs] order events published and applied; waiting for the sagas to settle\n", r.elapsed())
 		_, convErr = WaitSagaSettled(rctx, pool, r.where, r.ledger, provider.Mode(cfg.ProviderMode))

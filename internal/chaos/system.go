@@ -217,7 +217,7 @@ func (s *System) Start(name, failpoints string, seed uint64) error {
 	m.byHarness, m.paused = false, false
 	spec := s.spec(m)
 	spec.Env = append(environ(failpoints, seed), DestinationEnv(s.cfg.Destination, m.role)...)
-	spec.Env = append(spec.Env, "DATABASE_URL="+s.cfg.DatabaseURL)
+	spec.Env = append(spec.Env, "DATABASE_URL="+s.cfg.DatabaseURL, "PGAPPNAME="+s.AppName(name))
 	p, err := StartProcess(spec, s.cfg.Sink)
 	if err != nil {
 		return err
@@ -231,6 +231,13 @@ func (s *System) Start(name, failpoints string, seed uint64) error {
 	}()
 	return nil
 }
+
+// AppName is the application_name member name's database sessions carry
+// (PGAPPNAME; a process that sets its own, as outbox relay does, keeps it):
+// the run's schema and the member, so that the harness can find, among the
+// sessions of a database other tests share, the API's transactions
+// (WaitWritesEnded).
+func (s *System) AppName(name string) string { return "chaos " + s.cfg.Schema + " " + name }
 
 func (s *System) recordExit(m *member, p *Process, inc int) {
 	s.mu.Lock()
