@@ -189,14 +189,7 @@ func pressureCluster(ctx context.Context, e *env, logical bool, sz pressureSizes
 		settings["wal_level"] = "logical"
 	}
 	if sz.explain != "" {
-		// Rows and buffers per plan node, without per-node timing (its
-		// clock reads cost most of log_analyze's overhead).
-		settings["shared_preload_libraries"] += ",auto_explain"
-		settings["auto_explain.log_min_duration"] = strconv.FormatInt(sz.explainMin.Milliseconds(), 10) + "ms"
-		settings["auto_explain.log_analyze"] = "on"
-		settings["auto_explain.log_buffers"] = "on"
-		settings["auto_explain.log_timing"] = "off"
-		settings["auto_explain.log_nested_statements"] = "on"
+		autoExplain(settings, sz.explainMin)
 	}
 	cluster, err := pgcluster.Start(pgcluster.Config{Settings: settings})
 	if err != nil {
@@ -275,4 +268,17 @@ func pressureRuns(ctx context.Context, e *env) ([]*pressureOutcome, string, erro
 		}
 	}
 	return runs, walLevel, nil
+}
+
+// autoExplain adds to a private cluster's settings auto_explain's plans,
+// with rows and buffers per plan node, of every statement (nested ones too)
+// slower than min, without per-node timing (its clock reads cost most of
+// log_analyze's overhead).
+func autoExplain(settings map[string]string, min time.Duration) {
+	settings["shared_preload_libraries"] += ",auto_explain"
+	settings["auto_explain.log_min_duration"] = strconv.FormatInt(min.Milliseconds(), 10) + "ms"
+	settings["auto_explain.log_analyze"] = "on"
+	settings["auto_explain.log_buffers"] = "on"
+	settings["auto_explain.log_timing"] = "off"
+	settings["auto_explain.log_nested_statements"] = "on"
 }

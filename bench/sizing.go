@@ -307,14 +307,7 @@ func sizingCluster(ctx context.Context, e *env, sz sizingSizes) (*env, *pgcluste
 	settings := soakSettings(soakAVOff)
 	settings["pg_stat_statements.track_planning"] = "on"
 	if sz.explain != "" {
-		// Rows and buffers per plan node, without per-node timing (its
-		// clock reads cost most of log_analyze's overhead).
-		settings["shared_preload_libraries"] += ",auto_explain"
-		settings["auto_explain.log_min_duration"] = strconv.FormatInt(sz.explainMin.Milliseconds(), 10) + "ms"
-		settings["auto_explain.log_analyze"] = "on"
-		settings["auto_explain.log_buffers"] = "on"
-		settings["auto_explain.log_timing"] = "off"
-		settings["auto_explain.log_nested_statements"] = "on"
+		autoExplain(settings, sz.explainMin)
 	}
 	ce, cluster, closeCluster, err := soakClusterWith(ctx, e, settings)
 	if err != nil || sz.explain == "" {
