@@ -169,6 +169,26 @@ func claimWaiting(t *testing.T, pool *pgxpool.Pool, schema string) {
 	})
 }
 
+// claimWaitingUnlessTaken is claimWaiting that gives up, returning false,
+// when the relay named other has claimed one of the events of ids instead
+// (or published it).
+func claimWaitingUnlessTaken(t *testing.T, pool *pgxpool.Pool, schema, other string, ids []string) bool {
+	t.Helper()
+	waiting := false
+	outboxtest.Eventually(t, livenessWait, "a claim waiting in its UPDATE, or the other relay's claim", func() bool {
+		var n, taken int
+		if err := pool.QueryRow(context.Background(), `SELECT
+			(SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND position($1 in query) > 0),
+			(SELECT count(*) FROM `+schema+`.outbox_events WHERE aggregate_id = ANY($2)
+				AND (claimed_by = $3 OR published_at IS NOT NULL))`, schema, ids, other).Scan(&n, &taken); err != nil {
+			t.Fatal(err)
+		}
+		waiting = n > 0
+		return n > 0 || taken > 0
+	})
+	return waiting
+}
+
 // wakeUntilPublished is publishedSoon for a relay that neither polls nor
 // listens: it is woken while the test waits.
 func wakeUntilPublished(t *testing.T, pool *pgxpool.Pool, schema string, r *outbox.Relay, what string, ids ...string) {
@@ -337,9 +357,23 @@ func TestLivenessAdv34StopDuringAClaimLeavesItsRowsLeased(t *testing.T) {
 	outboxtest.Eventually(t, livenessWait, "warm-up by Y", func() bool { y.Wake(); return countUnpublished(t, pool, schema) == 0 })
 
 	unlock := slowClaims(t, pool, schema, "relay-x")
-	writeEventsFor(t, pool, w, "stop-1", "stop-2")
-	x.Wake()
-	claimWaiting(t, pool, schema)
+	// Y may still hold a wake-up from the warm-up loop (wakes collapse into
+	// one buffered slot) and claim the new events before X does; then X's
+	// claim finds nothing to wait on. Try again with new events until X's
+	// claim is the one that waits.
+	var ids []string
+	for attempt := 1; ; attempt++ {
+		ids = []string{fmt.Sprintf("stop-%d-1", attempt), fmt.Sprintf("stop-%d-2", attempt)}
+		writeEventsFor(t, pool, w, ids...)
+		x.Wake()
+		if claimWaitingUnlessTaken(t, pool, schema, "relay-y", ids) {
+			break
+		}
+		if attempt == 5 {
+			t.Fatal("relay Y claimed the new events before X in 5 attempts")
+		}
+		wakeUntilPublished(t, pool, schema, y, "events Y claimed before X", ids...)
+	}
 	gateMu.Lock()
 	gateOpen = make(chan struct{})
 	open := gateOpen
@@ -354,14 +388,14 @@ func TestLivenessAdv34StopDuringAClaimLeavesItsRowsLeased(t *testing.T) {
 	outboxtest.Eventually(t, livenessWait, "the claim's statement committed", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.outbox_events
-			WHERE aggregate_id LIKE 'stop-%' AND claimed_by = 'relay-x'`).Scan(&n); err != nil {
+			WHERE aggregate_id = ANY($1) AND claimed_by = 'relay-x'`, ids).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n == 2
 	})
 	openGate()
 	<-stopped
-	wakeUntilPublished(t, pool, schema, y, "events whose claim was in flight when their relay stopped", "stop-1", "stop-2")
+	wakeUntilPublished(t, pool, schema, y, "events whose claim was in flight when their relay stopped", ids...)
 }
 
 // claimErrors counts a relay's claims and those that failed.
