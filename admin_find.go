@@ -131,8 +131,9 @@ FROM `+a.t.events+` e WHERE e.event_id = $1`, id, limit), &d.ContentType, &heade
 type Lane struct {
 	AggregateType string `json:"aggregate_type"`
 	AggregateID   string `json:"aggregate_id"`
-	// LastSequence is the highest sequence handed out (the counter row);
-	// zero when the aggregate has none.
+	// LastSequence is the highest sequence handed out (the counter row's
+	// floor or the lane's last event, whichever is higher); zero when the
+	// aggregate has none.
 	LastSequence int64 `json:"last_sequence"`
 	// PublishedThrough is the sequence every event up to which is settled
 	// (published or skipped): the head's minus one, or LastSequence when
@@ -160,8 +161,8 @@ type Lane struct {
 func (a *Admin) Lane(ctx context.Context, aggregateType, aggregateID string) (Lane, error) {
 	l := Lane{AggregateType: aggregateType, AggregateID: aggregateID}
 	err := a.db.BeginFunc(ctx, pgtx.TxOptions{RepeatableRead: true, ReadOnly: true}, func(tx pgtx.Querier) error {
-		err := tx.QueryRow(ctx, `SELECT last_sequence, parked_at FROM `+a.schema.Table("outbox_aggregates")+`
-WHERE aggregate_type = $1 AND aggregate_id = $2`, aggregateType, aggregateID).Scan(&l.LastSequence, &l.ParkedAt)
+		err := tx.QueryRow(ctx, `SELECT `+laneLastSQL(a.t.events, "c")+`, c.parked_at FROM `+a.schema.Table("outbox_aggregates")+` c
+WHERE c.aggregate_type = $1 AND c.aggregate_id = $2`, aggregateType, aggregateID).Scan(&l.LastSequence, &l.ParkedAt)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}

@@ -39,8 +39,8 @@ package outbox
 // locks no existing event). The settle and Admin lock the quarantined
 // event, then the counter row, then update the waiting events in a later
 // statement, whose snapshot is taken once the counter row is held: no
-// writer of the lane is then in flight, so every event up to last_sequence
-// is committed and visible, and every later writer reads the new flag. The
+// writer of the lane is then in flight, so every event of the lane is
+// committed and visible, and every later writer reads the new flag. The
 // settle and the sweep take the counter row with SKIP LOCKED and leave the
 // lane (to the sweep's next run) when it is busy, so neither ever waits for
 // a writer's transaction; only an operator's Retry or Skip waits for it,
@@ -81,7 +81,7 @@ const parkedAvailableAt = `'infinity'::timestamptz`
 //     once the row is free (it finds it: a quarantined head under an
 //     unflagged counter row).
 //   - park, a later statement whose snapshot is taken once the rows are
-//     held (so it sees every event of those lanes up to last_sequence: no
+//     held (so it sees every event of those lanes: no
 //     writer of them is in flight), takes the next laneParkBatch waiting
 //     events of the lanes flag flagged (the counter rows this transaction
 //     updated: xmin is its own id) out of the claim. A longer lane is
@@ -110,7 +110,7 @@ func parkSQL(s pgident.Schema) (flag, park string) {
 	FOR UPDATE OF a SKIP LOCKED
 ), flagged AS (
 	UPDATE ` + aggregates + ` a SET parked_at = coalesce(a.parked_at, now()),
-		parked_through = least(a.last_sequence, h.aggregate_sequence + ` + limit + `)
+		parked_through = least(` + laneLastSQL(events, "a") + `, h.aggregate_sequence + ` + limit + `)
 	FROM free f JOIN heads h USING (aggregate_type, aggregate_id)
 	WHERE a.aggregate_type = f.aggregate_type AND a.aggregate_id = f.aggregate_id
 	RETURNING 1
@@ -166,6 +166,18 @@ func quarantinedOpen(a string) string {
 	return "num_nonnulls(" + a + ".quarantined_at) > num_nonnulls(" + a + ".published_at)"
 }
 
+// laneLastSQL is the last sequence handed out on the lane of counter row
+// alias a: its floor (last_sequence) or the lane's last event, whichever is
+// higher (migration 020: a write in READ COMMITTED locks the counter row
+// and reads the lane's last event instead of moving the counter; clean-up
+// raises the floor before it deletes a lane's last event). The SQL
+// function lane_last is the same for other languages.
+func laneLastSQL(events, a string) string {
+	return `greatest(` + a + `.last_sequence, (SELECT x.aggregate_sequence FROM ` + events + ` x
+		WHERE x.aggregate_type = ` + a + `.aggregate_type AND x.aggregate_id = ` + a + `.aggregate_id
+		ORDER BY x.aggregate_sequence DESC LIMIT 1))`
+}
+
 // laneHeadSQL is the lowest unpublished event of the lane of alias l (its
 // aggregate_type and aggregate_id): one probe of outbox_pending_lane_idx.
 func laneHeadSQL(events, l string) string {
@@ -185,7 +197,7 @@ func sweepFindSQL(events, aggregates string) string {
 	return `SELECT a.aggregate_type, a.aggregate_id FROM ` + aggregates + ` a
 LEFT JOIN LATERAL (` + laneHeadSQL(events, "a") + `) h ON true
 WHERE a.parked_at IS NOT NULL
-  AND (h.quarantined IS NOT TRUE OR a.parked_through IS NULL OR a.parked_through < a.last_sequence)
+  AND (h.quarantined IS NOT TRUE OR a.parked_through IS NULL OR a.parked_through < ` + laneLastSQL(events, "a") + `)
 UNION
 SELECT a.aggregate_type, a.aggregate_id FROM (SELECT q.aggregate_type, q.aggregate_id, q.aggregate_sequence FROM ` + events + ` q
 	WHERE ` + quarantinedOpen("q") + ` OFFSET 0) q
@@ -281,16 +293,20 @@ func sweepLane(ctx context.Context, pool *pgxpool.Pool, events, aggregates strin
 		var last int64
 		var isParked bool
 		var through *int64
-		err := tx.QueryRow(ctx, `SELECT last_sequence, parked_at IS NOT NULL, parked_through FROM `+aggregates+`
-WHERE aggregate_type = $1 AND aggregate_id = $2 FOR UPDATE SKIP LOCKED`, typ, id).Scan(&last, &isParked, &through)
+		err := tx.QueryRow(ctx, `SELECT parked_at IS NOT NULL, parked_through FROM `+aggregates+`
+WHERE aggregate_type = $1 AND aggregate_id = $2 FOR UPDATE SKIP LOCKED`, typ, id).Scan(&isParked, &through)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errLaneBusy
 		}
 		if err != nil {
 			return err
 		}
-		// A statement of its own, after the lock: its snapshot sees every
-		// event up to last_sequence.
+		// Statements of their own, after the lock: their snapshots see
+		// every event of the lane (no writer of it is in flight).
+		if err := tx.QueryRow(ctx, `SELECT `+laneLastSQL(events, "a")+` FROM `+aggregates+` a
+WHERE a.aggregate_type = $1 AND a.aggregate_id = $2`, typ, id).Scan(&last); err != nil {
+			return err
+		}
 		var headSeq int64
 		var quarantined bool
 		err = tx.QueryRow(ctx, `SELECT h.aggregate_sequence, h.quarantined FROM (SELECT $1::text AS aggregate_type, $2::text AS aggregate_id) l

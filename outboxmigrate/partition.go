@@ -256,6 +256,18 @@ func swap(ctx context.Context, tx pgtx.Querier, s pgident.Schema, cfg PartitionC
 	if err != nil || parted {
 		return res, err // another process converted it meanwhile
 	}
+	// On a partitioned table every write moves its counter row exactly
+	// (migration 020): without a UNIQUE index across partitions, the
+	// counter is what keeps sequences apart. Unpartitioned, a write in READ
+	// COMMITTED left it a floor and took its sequence from the lane's last
+	// event: raise every counter to its lane's last event, under the lock
+	// (writers take outbox_events' lock before their counter rows, so none
+	// holds one while waiting for this).
+	if _, err := tx.Exec(ctx, `UPDATE `+s.Table("outbox_aggregates")+` a SET last_sequence = m.top
+FROM (SELECT aggregate_type, aggregate_id, max(aggregate_sequence) AS top FROM `+events+` GROUP BY 1, 2) m
+WHERE a.aggregate_type = m.aggregate_type AND a.aggregate_id = m.aggregate_id AND a.last_sequence < m.top`); err != nil {
+		return res, fmt.Errorf("make the counters exact: %w", err)
+	}
 	if lo.IsZero() {
 		var any bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+events+`)`).Scan(&any); err != nil {

@@ -346,7 +346,8 @@ func CheckAfterCleanup(ctx context.Context, pool *pgxpool.Pool, w Where, ledger 
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+w.table("outbox_aggregates")+` a
 LEFT JOIN `+w.table("inbox_aggregates")+` m
 	ON m.consumer_name = $1 AND m.aggregate_type = a.aggregate_type AND m.aggregate_id = a.aggregate_id
-WHERE coalesce(m.last_sequence, 0) <> a.last_sequence`, w.InboxConsumer).Scan(&behind); err != nil {
+WHERE coalesce(m.last_sequence, 0) <> greatest(a.last_sequence, (SELECT max(e.aggregate_sequence) FROM `+w.table("outbox_events")+` e
+	WHERE e.aggregate_type = a.aggregate_type AND e.aggregate_id = a.aggregate_id))`, w.InboxConsumer).Scan(&behind); err != nil {
 		return nil, err
 	}
 	if behind > 0 {
