@@ -222,4 +222,3 @@ func TestRepeatableReadWriterNeverDuplicatesASequence(t *testing.T) {
 		t.Fatalf("%d events with %d distinct sequences, want 3 and 3", n, distinct)
 	}
 }
-
