@@ -400,8 +400,11 @@ func (s sqlRowStep) run(w *world) error {
 	t := w.env.schema
 	var seq int64
 	err := pgx.BeginFunc(w.ctx, w.env.app, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(w.ctx, `INSERT INTO `+t+`.outbox_aggregates AS a (aggregate_type, aggregate_id, last_sequence) VALUES ($1, $2, 1)
-ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_sequence = a.last_sequence + 1 RETURNING last_sequence`, ilvAggType, ilvAggID(s.agg)).Scan(&seq); err != nil {
+		// The lane's next sequence as the SQL write API takes it (migration
+		// 020: the counter row locked, then the lane's last event read),
+		// through its internal function, which the tables' owner may call.
+		if err := tx.QueryRow(w.ctx, `SELECT base + 1 FROM `+t+`.lane_bases(ARRAY[$1], ARRAY[$2], ARRAY[1])`,
+			ilvAggType, ilvAggID(s.agg)).Scan(&seq); err != nil {
 			return err
 		}
 		_, err := tx.Exec(w.ctx, `INSERT INTO `+t+`.outbox_events (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, headers, available_at)

@@ -293,6 +293,14 @@ func sweepLane(ctx context.Context, pool *pgxpool.Pool, events, aggregates strin
 		var last int64
 		var isParked bool
 		var through *int64
+		// outbox_events' lock before the counter row's, the order of every
+		// party (migration 020's writers too): the partitioned conversion
+		// raises the counters under its lock on outbox_events, and a sweep
+		// holding a row while waiting for that lock deadlocked it. The
+		// parent only: not every partition's.
+		if _, err := tx.Exec(ctx, `LOCK TABLE ONLY `+events+` IN ACCESS SHARE MODE`); err != nil {
+			return err
+		}
 		err := tx.QueryRow(ctx, `SELECT parked_at IS NOT NULL, parked_through FROM `+aggregates+`
 WHERE aggregate_type = $1 AND aggregate_id = $2 FOR UPDATE SKIP LOCKED`, typ, id).Scan(&isParked, &through)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -22,8 +22,9 @@
 -- whatever the versions of other rows). The counter row keeps its lock,
 -- which orders the lane's writers and the relay's parking, and its
 -- parked_at flag; last_sequence becomes a floor: at least the highest
--- sequence the lane ever had, exact for a lane created by the write (its
--- first events), raised by clean-up before it deletes a lane's last event.
+-- sequence deleted from the lane, exact for a lane created by the write
+-- (its first events), raised by clean-up before it deletes any event above
+-- it.
 -- The lane's last sequence is greatest(last_sequence, the highest
 -- aggregate_sequence in outbox_events) (lane_last()).
 --
@@ -45,8 +46,10 @@
 -- agree (the previous version's upsert reads the counter, which is exact
 -- while only it writes; a lane both versions write to during a rolling
 -- upgrade gets its next sequence from greatest(floor, last event) here
--- and from last_sequence + 1 there: where they could differ, the UNIQUE
--- index refuses the older writer's insert (23505), never a duplicate).
+-- and from last_sequence + 1 there: clean-up keeps the floor at or above
+-- every sequence it deletes, so where they differ the number is one the
+-- lane still has, and the UNIQUE index refuses the older writer's insert
+-- (23505), never a duplicate).
 
 SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
 
@@ -91,22 +94,22 @@ AS $fn$
 #variable_conflict use_column
 DECLARE
     created text[];
-    -- (the partition key from the catalog cache: no query)
-    partitioned boolean := pg_catalog.pg_get_partkeydef('outbox_events'::regclass) IS NOT NULL;
+    partitioned boolean;
     exact boolean;
 BEGIN
+    -- outbox_events' lock first (its parent only: not every partition's,
+    -- which upkeep would wait for to drop one), held to the transaction's
+    -- end, then the counter rows: the order of every other party (the
+    -- relay's settles and lane sweep, operators, clean-up), and the one
+    -- that lets the partitioned conversion (outbox migrate --partitioned)
+    -- make every counter exact under its lock on outbox_events without
+    -- waiting for a writer that waits for it. Whether the table is
+    -- partitioned is read after the lock: a write that waited for the
+    -- conversion finds the partitioned table (PostgreSQL resolves the name
+    -- again once it holds the lock).
+    LOCK TABLE ONLY outbox_events IN ACCESS SHARE MODE;
+    partitioned := pg_catalog.pg_get_partkeydef('outbox_events'::regclass) IS NOT NULL; -- the catalog cache: no query
     exact := partitioned OR current_setting('transaction_isolation') <> 'read committed';
-    -- Unpartitioned, outbox_events first (a table lock, held to the
-    -- transaction's end), then the counter rows: the order of every other
-    -- party (the relay's settles, operators, clean-up), and the one that
-    -- lets the partitioned conversion (outbox migrate --partitioned) make
-    -- every counter exact under its lock on outbox_events without waiting
-    -- for a writer that waits for it. (Partitioned, a statement on the
-    -- parent would lock every partition, which upkeep then waits for to
-    -- drop one: each branch below is planned only where it runs.)
-    IF NOT partitioned THEN
-        PERFORM FROM outbox_events LIMIT 0;
-    END IF;
     WITH l AS (
         SELECT * FROM unnest(types, ids, counts) AS u(t, i, n)
     ), ins AS (
@@ -178,7 +181,7 @@ DECLARE
     last bigint;
     through bigint;
     parked timestamptz;
-    partitioned boolean := pg_catalog.pg_get_partkeydef('outbox_events'::regclass) IS NOT NULL;
+    partitioned boolean;
     exact boolean;
 BEGIN
     h := with_traceparent(0, enqueue_one.headers, enqueue_one.traceparent);
@@ -186,10 +189,9 @@ BEGIN
         coalesce(enqueue_one.schema_version, 1), enqueue_one.content_type, enqueue_one.payload, h,
         current_setting('outbox.max_payload_bytes')::integer);
     PERFORM enqueue_hold(jsonb_build_array(current_schema() || chr(31) || enqueue_one.aggregate_type || chr(31) || enqueue_one.aggregate_id));
+    LOCK TABLE ONLY outbox_events IN ACCESS SHARE MODE; -- before the counter row, and before reading the kind (lane_bases)
+    partitioned := pg_catalog.pg_get_partkeydef('outbox_events'::regclass) IS NOT NULL;
     exact := partitioned OR current_setting('transaction_isolation') <> 'read committed';
-    IF NOT partitioned THEN
-        PERFORM FROM outbox_events LIMIT 0; -- its lock before the counter row's (lane_bases)
-    END IF;
     INSERT INTO outbox_aggregates AS a (aggregate_type, aggregate_id, last_sequence)
     VALUES (enqueue_one.aggregate_type, enqueue_one.aggregate_id, 1)
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_sequence = a.last_sequence WHERE false
@@ -321,11 +323,16 @@ END
 $fn$;
 
 -- cleanup_events (migration 018) deletes settled events past the replay
--- horizon. A lane's last event is now its sequence's only record beyond
--- the counter's floor: before deleting one, clean-up raises the floor to
--- it, taking the counter row with SKIP LOCKED (a writer holding it is not
--- waited for: that lane's events wait for the next clean-up). An event
--- with a later one in its lane that this statement keeps needs no raise.
+-- horizon. Since the counter row is a floor, clean-up keeps it at or above
+-- every sequence it deletes: before deleting a lane's events it raises the
+-- floor to the highest of them, taking the counter row with SKIP LOCKED (a
+-- lane whose row a writer holds keeps its events until the next clean-up).
+-- Raised for every deletion, not only of a lane's last event: a
+-- REPEATABLE READ writer whose snapshot predates the events deleted
+-- cannot see them, nor the later ones; the raise is a new version of the
+-- row, which its lock step then refuses (40001), where it would have
+-- written a deleted number again behind later events. A lane without a
+-- counter row (events written by hand) is cleaned as before 020.
 CREATE OR REPLACE FUNCTION cleanup_events(older_than interval, batch integer) RETURNS bigint
 LANGUAGE sql VOLATILE STRICT SECURITY DEFINER
 SET search_path FROM CURRENT
@@ -346,26 +353,14 @@ WITH cand AS MATERIALIZED (
     SELECT c.aggregate_type, c.aggregate_id, max(c.aggregate_sequence) AS top FROM cand c
     GROUP BY c.aggregate_type, c.aggregate_id
 ), need AS MATERIALIZED (
-    -- lanes whose floor is below the last event deleted and that keep no
-    -- later event
+    -- lanes whose counter row's floor is below the highest sequence deleted
     SELECT l.* FROM lanes l
-    WHERE coalesce((SELECT a.last_sequence FROM outbox_aggregates a
-                    WHERE a.aggregate_type = l.aggregate_type AND a.aggregate_id = l.aggregate_id), 0) < l.top
-      AND NOT EXISTS (SELECT 1 FROM outbox_events n
-          WHERE n.aggregate_type = l.aggregate_type AND n.aggregate_id = l.aggregate_id
-            AND n.aggregate_sequence > l.top)
+    JOIN outbox_aggregates a ON a.aggregate_type = l.aggregate_type AND a.aggregate_id = l.aggregate_id
+    WHERE a.last_sequence < l.top
 ), taken AS MATERIALIZED (
     SELECT a.aggregate_type, a.aggregate_id, n.top FROM outbox_aggregates a
     JOIN need n ON n.aggregate_type = a.aggregate_type AND n.aggregate_id = a.aggregate_id
     FOR UPDATE OF a SKIP LOCKED
-), floored AS (
-    -- a lane without a counter row (events written by hand) gets one
-    INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, last_sequence)
-    SELECT n.aggregate_type, n.aggregate_id, n.top FROM need n
-    WHERE NOT EXISTS (SELECT 1 FROM outbox_aggregates a
-        WHERE a.aggregate_type = n.aggregate_type AND a.aggregate_id = n.aggregate_id)
-    ON CONFLICT (aggregate_type, aggregate_id) DO NOTHING
-    RETURNING aggregate_type, aggregate_id
 ), raised AS (
     UPDATE outbox_aggregates a SET last_sequence = t.top
     FROM taken t
@@ -376,9 +371,7 @@ WITH cand AS MATERIALIZED (
         WHERE NOT EXISTS (SELECT 1 FROM need n
                 WHERE n.aggregate_type = c.aggregate_type AND n.aggregate_id = c.aggregate_id)
            OR EXISTS (SELECT 1 FROM taken t
-                WHERE t.aggregate_type = c.aggregate_type AND t.aggregate_id = c.aggregate_id)
-           OR EXISTS (SELECT 1 FROM floored f
-                WHERE f.aggregate_type = c.aggregate_type AND f.aggregate_id = c.aggregate_id)))
+                WHERE t.aggregate_type = c.aggregate_type AND t.aggregate_id = c.aggregate_id)))
     RETURNING 1
 )
 SELECT count(*) FROM gone
