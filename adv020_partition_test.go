@@ -104,3 +104,79 @@ func TestAdv020WriteDuringPartitionConversionLeavesCounterBehind(t *testing.T) {
 		t.Fatalf("after a write that waited for the conversion, lane x has sequences %q (counter %d), want \"1 2 3 4 5\"; the next write returned %v, one in a newer partition %v: the waiting write took the floor path on the partitioned table and left the counter behind its event", got, counter, errNow, errAhead)
 	}
 }
+
+// TestAdv020LaneSweepDeadlocksThePartitionedConversion: the conversion now
+// updates every counter row below its lane's last event while it holds
+// ACCESS EXCLUSIVE on outbox_events ("writers take outbox_events' lock
+// before their counter rows, so none holds one while waiting for this").
+// The relay's lane sweep (sweepLane) does not: it takes a parked lane's
+// counter row FOR UPDATE SKIP LOCKED in a fresh transaction, then reads
+// the lane's end (laneLastSQL) and head from outbox_events. The transaction
+// below runs sweepLane's two statements verbatim.
+//
+// Interleaving: the sweep locks pin's counter row; the conversion locks
+// outbox_events and waits for that row; the sweep's laneLast statement
+// waits for outbox_events: a deadlock, and PostgreSQL aborts one of them
+// (the conversion, whose wait began first) with 40P01.
+func TestAdv020LaneSweepDeadlocksThePartitionedConversion(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	for range 2 { // floor 1, lane at 2: the conversion updates the row
+		writeEventsFor(t, pool, w, "pin")
+	}
+	// The lane index a conversion builds first (CREATE INDEX CONCURRENTLY
+	// IF NOT EXISTS), as a conversion run again finds it: that build would
+	// wait for the sweep's transaction, before the swap, not in it.
+	if _, err := pool.Exec(ctx, `CREATE INDEX outbox_events_lane_idx ON `+schema+`.outbox_events (aggregate_type, aggregate_id, aggregate_sequence)`); err != nil {
+		t.Fatal(err)
+	}
+	sweep, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sweep.Rollback(ctx) }()
+	var parked bool
+	var through *int64
+	if err := sweep.QueryRow(ctx, `SELECT parked_at IS NOT NULL, parked_through FROM `+schema+`.outbox_aggregates
+WHERE aggregate_type = $1 AND aggregate_id = $2 FOR UPDATE SKIP LOCKED`, "order", "pin").Scan(&parked, &through); err != nil {
+		t.Fatal(err)
+	}
+	conv := make(chan error, 1)
+	go func() {
+		_, err := outboxmigrate.Partition(ctx, pool, schema, outboxmigrate.PartitionConfig{})
+		conv <- err
+	}()
+	defer func() {
+		rows, _ := pool.Query(context.Background(), `SELECT coalesce(wait_event_type,'') || ' ' || coalesce(wait_event,'') || ' ' || state || ' ' || left(query, 120) FROM pg_stat_activity WHERE datname = current_database()`)
+		act, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, a := range act {
+			t.Log(a)
+		}
+	}()
+	outboxtest.Eventually(t, 30*time.Second, "the conversion waits for pin's counter row under its lock on outbox_events", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE $1`, `UPDATE %`+schema+`%outbox_aggregates%`).Scan(&n); err != nil {
+			t.Error(err)
+			return true
+		}
+		return n > 0
+	})
+	var last int64
+	sweepErr := sweep.QueryRow(ctx, `SELECT greatest(a.last_sequence, (SELECT x.aggregate_sequence FROM `+schema+`.outbox_events x
+		WHERE x.aggregate_type = a.aggregate_type AND x.aggregate_id = a.aggregate_id
+		ORDER BY x.aggregate_sequence DESC LIMIT 1)) FROM `+schema+`.outbox_aggregates a
+WHERE a.aggregate_type = $1 AND a.aggregate_id = $2`, "order", "pin").Scan(&last)
+	if sweepErr == nil {
+		sweepErr = sweep.Commit(ctx)
+	} else {
+		_ = sweep.Rollback(ctx)
+	}
+	convErr := <-conv
+	if sweepErr != nil || convErr != nil {
+		t.Fatalf("lane sweep: %v; conversion: %v (want both to succeed, one after the other)", sweepErr, convErr)
+	}
+}
