@@ -56,3 +56,51 @@ func TestAdv020RepeatableReadWriterReusesASequenceCleanUpDeleted(t *testing.T) {
 	}
 	t.Logf("refused: %v", err)
 }
+
+// TestAdv020RollingUpgradeWriterReusesASequenceCleanUpDeleted: migration
+// 020 says a writer of the previous version (019's enqueue_one: upsert
+// last_sequence + 1) beside 020's functions gets 23505 "where they could
+// differ, never a duplicate". It takes last_sequence + 1 from a floor
+// that 020's writes left behind; when clean-up has deleted the events
+// between the floor and the lane's end (not the last one, so no raise), the
+// UNIQUE index no longer refuses it and a deleted sequence is written again.
+//
+// Sequence: 020 writes 1, 2, 3 (floor 1); 1 and 2 published and cleaned
+// up; the 019 statement takes 2.
+func TestAdv020RollingUpgradeWriterReusesASequenceCleanUpDeleted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	for range 3 {
+		writeEventsFor(t, pool, w, "up")
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now() - interval '2 days'
+		WHERE aggregate_id = 'up' AND aggregate_sequence <= 2`); err != nil {
+		t.Fatal(err)
+	}
+	var deleted int64
+	if err := pool.QueryRow(ctx, `SELECT `+schema+`.cleanup_events('1 day', 100)`).Scan(&deleted); err != nil {
+		t.Fatal(err)
+	}
+	if deleted != 2 {
+		t.Fatalf("clean-up deleted %d events, want 2", deleted)
+	}
+	// 019's enqueue_one, its sequence and insert (migration 013, lines 240-252).
+	var seq int64
+	err := pool.QueryRow(ctx, `WITH s AS (
+	INSERT INTO `+schema+`.outbox_aggregates AS a (aggregate_type, aggregate_id, last_sequence)
+	VALUES ('order', 'up', 1)
+	ON CONFLICT (aggregate_type, aggregate_id)
+	DO UPDATE SET last_sequence = a.last_sequence + 1,
+		parked_through = CASE WHEN a.parked_through = a.last_sequence THEN a.last_sequence + 1 ELSE a.parked_through END
+	RETURNING a.last_sequence, a.parked_at)
+INSERT INTO `+schema+`.outbox_events (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type,
+	schema_version, payload_bytes, headers, content_type, available_at)
+SELECT gen_random_uuid(), 'order', 'up', s.last_sequence, 'Tick', 1, '{}'::bytea, '{}'::jsonb, NULL, now() FROM s
+RETURNING aggregate_sequence`).Scan(&seq)
+	if err == nil {
+		t.Fatalf("a 019 write beside 020's took sequence %d, which clean-up deleted (the lane is at 3): a sequence reused, not refused with 23505", seq)
+	}
+	t.Logf("refused: %v", err)
+}
