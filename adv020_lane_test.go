@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -103,4 +104,42 @@ RETURNING aggregate_sequence`).Scan(&seq)
 		t.Fatalf("a 019 write beside 020's took sequence %d, which clean-up deleted (the lane is at 3): a sequence reused, not refused with 23505", seq)
 	}
 	t.Logf("refused: %v", err)
+}
+
+// TestAdv020CleanUpWaitsForAWriterCreatingACounterRow: clean-up gives a
+// lane without a counter row one (floored: INSERT ... ON CONFLICT DO
+// NOTHING) before deleting its last event. That insert waits for any
+// transaction that inserted the same key and is still open: a writer whose
+// first event on the lane created the row. Clean-up (which holds its batch
+// of event rows FOR UPDATE meanwhile) then waits as long as the
+// application's transaction stays open; it took no counter row before 020,
+// and everywhere else it takes them SKIP LOCKED.
+//
+// Interleaving: an event of lane "hand" written by hand (sequence 5,
+// published two days ago, no counter row); a writer's open transaction
+// writes to "hand" (creates the counter row); clean-up runs.
+func TestAdv020CleanUpWaitsForAWriterCreatingACounterRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.outbox_events (event_id, aggregate_type, aggregate_id, aggregate_sequence,
+		event_type, payload_bytes, published_at) VALUES (gen_random_uuid(), 'order', 'hand', 5, 'Tick', '{}'::bytea, now() - interval '2 days')`); err != nil {
+		t.Fatal(err)
+	}
+	writer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = writer.Rollback(ctx) }()
+	if _, err := w.InsertTx(ctx, writer, orderEvent("hand", "Tick")); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var deleted int64
+	err = pool.QueryRow(cctx, `SELECT `+schema+`.cleanup_events('1 day', 100)`).Scan(&deleted)
+	if err != nil {
+		t.Fatalf("clean-up did not return within 5 s while a writer's transaction that created lane hand's counter row stays open: %v (it waits for that transaction to end)", err)
+	}
 }
