@@ -112,7 +112,8 @@ func TestAdv020WriteDuringPartitionConversionLeavesCounterBehind(t *testing.T) {
 // The relay's lane sweep (sweepLane) does not: it takes a parked lane's
 // counter row FOR UPDATE SKIP LOCKED in a fresh transaction, then reads
 // the lane's end (laneLastSQL) and head from outbox_events. The transaction
-// below runs sweepLane's two statements verbatim.
+// below runs sweepLane's statements verbatim (since the fix, it locks
+// outbox_events first, and the conversion waits for the sweep to end).
 //
 // Interleaving: the sweep locks pin's counter row; the conversion locks
 // outbox_events and waits for that row; the sweep's laneLast statement
@@ -138,6 +139,11 @@ func TestAdv020LaneSweepDeadlocksThePartitionedConversion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = sweep.Rollback(ctx) }()
+	// sweepLane's first statement since the fix: outbox_events' lock
+	// (its parent only) before the counter row.
+	if _, err := sweep.Exec(ctx, `LOCK TABLE ONLY `+schema+`.outbox_events IN ACCESS SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
 	var parked bool
 	var through *int64
 	if err := sweep.QueryRow(ctx, `SELECT parked_at IS NOT NULL, parked_through FROM `+schema+`.outbox_aggregates
@@ -156,10 +162,10 @@ WHERE aggregate_type = $1 AND aggregate_id = $2 FOR UPDATE SKIP LOCKED`, "order"
 			t.Log(a)
 		}
 	}()
-	outboxtest.Eventually(t, 30*time.Second, "the conversion waits for pin's counter row under its lock on outbox_events", func() bool {
+	outboxtest.Eventually(t, 30*time.Second, "the conversion waits for a lock the sweep holds", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE $1`, `UPDATE %`+schema+`%outbox_aggregates%`).Scan(&n); err != nil {
+			WHERE wait_event_type = 'Lock' AND query LIKE $1`, `%`+schema+`%`).Scan(&n); err != nil {
 			t.Error(err)
 			return true
 		}

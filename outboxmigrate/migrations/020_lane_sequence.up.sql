@@ -90,6 +90,7 @@ LANGUAGE plpgsql VOLATILE
 -- looked cheaper than the generic ones, and it planned them again at every
 -- call (0.5 ms of a write's 1 ms).
 SET plan_cache_mode = force_generic_plan
+SET search_path FROM CURRENT
 AS $fn$
 #variable_conflict use_column
 DECLARE
