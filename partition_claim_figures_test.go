@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxmigrate"
@@ -97,6 +99,78 @@ func TestPartitionedClaimFiguresQuietLanes(t *testing.T) {
 				c := costs[which]
 				t.Logf("quiet lanes  partitions %2d  plain statements %-5v  %-5s  buffers %7d  execution %8s", n, raw, which, c.Buffers, c.Run)
 			}
+		}
+	}
+}
+
+// TestPartitionedClaimFiguresPlanCache prints, for each claim statement on
+// 32 partitions of a minute (15 settled, 15 made ahead), the time of eight
+// runs in a row of the statement prepared on one connection (each in a
+// transaction it rolls back), with plan_cache_mode auto (PostgreSQL plans
+// a custom plan for each of the first five runs, then chooses) and
+// force_generic_plan (one plan, kept), and how many plans of each kind the
+// connection made (pg_prepared_statements); then one run of each under
+// EXPLAIN (ANALYZE) for its planning and execution apart (BENCHMARKS.md,
+// "The partitioned claim's planning").
+func TestPartitionedClaimFiguresPlanCache(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := partitionedLanes(t, 15, 15, 1000, 3)
+	cfg := quietConfig(schema, discardPublisher{})
+	cfg.BatchSize = 1000
+	r, err := outbox.NewRelay(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, which := range []string{"claim", "fresh", "look"} {
+		for range 2 {
+			c, err := outbox.ClaimCostOf(ctx, r, which, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%-5s EXPLAIN ANALYZE (custom plan): buffers %7d planning %10s execution %10s", which, c.Buffers, c.Planning, c.Run)
+		}
+	}
+	for _, mode := range []string{"auto", "force_generic_plan"} {
+		for _, which := range []string{"claim", "fresh", "look"} {
+			sql, args, err := outbox.ClaimStatementOf(ctx, r, which, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(ctx, `SET jit = off`); err != nil {
+				t.Fatal(err)
+			}
+			var runs []time.Duration
+			for range 8 {
+				tx, err := conn.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, true)`, mode); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				rows, err := tx.Query(ctx, sql, args...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for rows.Next() {
+				}
+				if err := rows.Err(); err != nil {
+					t.Fatal(err)
+				}
+				runs = append(runs, time.Since(start).Round(100*time.Microsecond))
+				_ = tx.Rollback(ctx)
+			}
+			var generic, custom int64
+			if err := conn.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`, sql).Scan(&generic, &custom); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%-5s plan_cache_mode %-18s runs %v: %d generic plans, %d custom", which, mode, runs, generic, custom)
+			_ = conn.Close(ctx)
 		}
 	}
 }
