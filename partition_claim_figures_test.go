@@ -22,6 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
@@ -120,8 +121,29 @@ func TestPartitionedClaimFiguresQuietLanes(t *testing.T) {
 // plans of each kind each connection made (pg_prepared_statements).
 // BENCHMARKS.md, "The partitioned claim's planning".
 func TestPartitionedClaimFiguresPlanCache(t *testing.T) {
-	ctx := context.Background()
 	pool, schema := partitionedLanes(t, 15, 15, 1000, 3)
+	planCacheFigures(t, pool, schema)
+}
+
+// TestPlainClaimFiguresPlanCache is TestPartitionedClaimFiguresPlanCache
+// on a plain table (1000 lanes, one published event and three pending
+// each): whether planning once would help there too.
+func TestPlainClaimFiguresPlanCache(t *testing.T) {
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	writeEvents(t, pool, w, 1000, 1)
+	if _, err := pool.Exec(context.Background(), `UPDATE `+schema+`.outbox_events SET published_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	writeEvents(t, pool, w, 1000, 3)
+	if _, err := pool.Exec(context.Background(), `ANALYZE `+schema+`.outbox_events`); err != nil {
+		t.Fatal(err)
+	}
+	planCacheFigures(t, pool, schema)
+}
+
+func planCacheFigures(t *testing.T, pool *pgxpool.Pool, schema string) {
+	ctx := context.Background()
 	cfg := quietConfig(schema, discardPublisher{})
 	cfg.BatchSize = 1000
 	r, err := outbox.NewRelay(pool, cfg)
