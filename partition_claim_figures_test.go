@@ -231,3 +231,20 @@ func backendCPU(t *testing.T, conn *pgx.Conn) time.Duration {
 	stime, _ := strconv.Atoi(f[12])
 	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
+
+// TestPartitionedClaimFiguresPlanCacheUnanalyzed is
+// TestPartitionedClaimFiguresPlanCache at the sizing bench's shape, whose
+// partitions are never analyzed (TestPartitionedClaimFiguresBatch1000's:
+// 10 s partitions, 30 ahead, 1000 lanes of one published and two pending
+// events).
+func TestPartitionedClaimFiguresPlanCacheUnanalyzed(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := outboxtest.PartitionedSchema(t, outboxmigrate.PartitionConfig{Interval: 10 * time.Second, Ahead: 30})
+	w := newWriter(t, schema)
+	writeEvents(t, pool, w, 1000, 1)
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	writeEvents(t, pool, w, 1000, 2)
+	planCacheFigures(t, pool, schema)
+}
