@@ -2,9 +2,12 @@ package outbox_test
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
@@ -92,5 +95,74 @@ func TestPartitionedRelayStatementsUseGenericPlans(t *testing.T) {
 	t.Logf("plain: generic, custom plans: %v", plans)
 	if plans["fastClaim"][1] == 0 {
 		t.Errorf("plain table: the incremental claim made no custom plan (%v): its statements should be planned as before", plans["fastClaim"])
+	}
+}
+
+// jitClaims runs a relay, on a pool of its own with JIT on for every
+// statement (jit_above_cost 0) and auto_explain reporting each plan as a
+// notice, until lanes events are published, and returns how many of the
+// relay's claims (the incremental claim's plans) were JIT-compiled, and
+// how many it saw.
+func jitClaims(t *testing.T, pool *pgxpool.Pool, schema string, lanes int) (jitted, seen int) {
+	t.Helper()
+	ctx := context.Background()
+	cfg := pool.Config().Copy()
+	for k, v := range map[string]string{"jit": "on", "jit_above_cost": "0", "session_preload_libraries": "auto_explain",
+		"auto_explain.log_min_duration": "0", "auto_explain.log_level": "notice"} {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	var mu sync.Mutex
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		if !strings.Contains(n.Message, "WITH fresh AS") {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen++
+		if strings.Contains(n.Message, "JIT:") {
+			jitted++
+		}
+	}
+	own, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	w := newWriter(t, schema)
+	rc := quietConfig(schema, discardPublisher{})
+	rc.BatchSize = 5
+	_, stop := startRelay(t, own, rc)
+	writeEvents(t, pool, w, lanes, 1)
+	outboxtest.Eventually(t, 30*time.Second, "every event published", func() bool { return unpublished(t, pool, schema) == 0 })
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	return jitted, seen
+}
+
+// A relay on a partitioned outbox runs its statements with JIT off, even
+// on a pool that has it on for every statement (a plan over dozens of
+// partitions is estimated above jit_above_cost: one claim spent 49 s of
+// 51 compiling); on a plain table the pool's setting applies, as before.
+func TestPartitionedRelayStatementsRunWithoutJIT(t *testing.T) {
+	t.Parallel()
+	var available bool
+	pool, schema := outboxtest.PartitionedSchema(t, outboxmigrate.PartitionConfig{Interval: time.Hour, Ahead: 6})
+	if err := pool.QueryRow(context.Background(), `SELECT pg_jit_available()`).Scan(&available); err != nil {
+		t.Fatal(err)
+	}
+	if !available {
+		t.Skip("this server has no JIT")
+	}
+	jitted, seen := jitClaims(t, pool, schema, 12)
+	t.Logf("partitioned: %d of %d incremental claims JIT-compiled", jitted, seen)
+	if seen == 0 || jitted != 0 {
+		t.Errorf("partitioned: %d of %d incremental claims JIT-compiled: want none of at least one", jitted, seen)
+	}
+	plainPool, plain := outboxtest.Schema(t)
+	jitted, seen = jitClaims(t, plainPool, plain, 12)
+	t.Logf("plain: %d of %d incremental claims JIT-compiled", jitted, seen)
+	if jitted == 0 {
+		t.Errorf("plain table: no incremental claim of %d JIT-compiled with jit_above_cost 0: the pool's setting should apply", seen)
 	}
 }
