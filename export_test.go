@@ -159,28 +159,9 @@ type ClaimCost struct {
 // statements as NewRelay made them (a plain table's), for figures of the
 // claim before partitionAware.
 func ClaimCostOf(ctx context.Context, r *Relay, which string, raw bool) (ClaimCost, error) {
-	if !raw {
-		r.partitionAware(ctx)
-	}
-	var sql string
-	var args []any
-	switch which {
-	case "claim":
-		sql, args = r.sql.claim, []any{r.cfg.BatchSize, r.cfg.ID, uuid.New(), r.cfg.LeaseDuration.Milliseconds()}
-	case "fresh":
-		if !r.cursor.isValid() {
-			if err := r.startCursor(ctx); err != nil {
-				return ClaimCost{}, err
-			}
-		}
-		fresh, cont := r.cursor.freshArgs()
-		defer r.cursor.restore(cont)
-		sql, args = r.sql.fastClaim, append([]any{r.cfg.BatchSize, r.cfg.ID, uuid.New(), r.cfg.LeaseDuration.Milliseconds()}, fresh...)
-	case "look":
-		xmax, xip := lowMarkStart.lateArgs()
-		sql, args = r.sql.look, []any{lowMarkStart.avail, lowMarkStart.occ, xmax, xip}
-	default:
-		return ClaimCost{}, fmt.Errorf("no claim statement %q", which)
+	sql, args, err := ClaimStatementOf(ctx, r, which, raw)
+	if err != nil {
+		return ClaimCost{}, err
 	}
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
@@ -204,6 +185,33 @@ func ClaimCostOf(ctx context.Context, r *Relay, which string, raw bool) (ClaimCo
 	}
 	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
 	return ClaimCost{Buffers: out[0].Plan.Hit + out[0].Plan.Read, Planning: ms(out[0].Planning), Run: ms(out[0].Run)}, nil
+}
+
+// ClaimStatementOf returns one of r's claim statements ("claim", "fresh",
+// "look": see ClaimCostOf) and its arguments, as the relay would run it
+// now, for tests that run it themselves. raw keeps the statements as
+// NewRelay made them (a plain table's). The cursor does not move.
+func ClaimStatementOf(ctx context.Context, r *Relay, which string, raw bool) (string, []any, error) {
+	if !raw {
+		r.partitionAware(ctx)
+	}
+	switch which {
+	case "claim":
+		return r.sql.claim, []any{r.cfg.BatchSize, r.cfg.ID, uuid.New(), r.cfg.LeaseDuration.Milliseconds()}, nil
+	case "fresh":
+		if !r.cursor.isValid() {
+			if err := r.startCursor(ctx); err != nil {
+				return "", nil, err
+			}
+		}
+		fresh, cont := r.cursor.freshArgs()
+		r.cursor.restore(cont)
+		return r.sql.fastClaim, append([]any{r.cfg.BatchSize, r.cfg.ID, uuid.New(), r.cfg.LeaseDuration.Milliseconds()}, fresh...), nil
+	case "look":
+		xmax, xip := lowMarkStart.lateArgs()
+		return r.sql.look, []any{lowMarkStart.avail, lowMarkStart.occ, xmax, xip}, nil
+	}
+	return "", nil, fmt.Errorf("no claim statement %q", which)
 }
 
 // ErrUpkeepBusy is errUpkeepBusy, for tests that clean up beside a

@@ -32,3 +32,17 @@ func PrepareRewrittenClaims(ctx context.Context, r *Relay) error {
 	}
 	return nil
 }
+
+// RelayStatements returns r's statements on outbox_events by name, as r
+// runs them (after partitionAware), for tests that look them up in
+// pg_prepared_statements.
+func RelayStatements(ctx context.Context, r *Relay) map[string]string {
+	r.partitionAware(ctx)
+	return map[string]string{
+		"claim": r.sql.claim, "fastClaim": r.sql.fastClaim, "look": r.sql.look, "claimLooked": r.sql.claimLooked,
+		"claimIDs": r.sql.claimIDs, "missingIDs": r.sql.missingIDs, "handOffWindow": r.sql.handOffWindow,
+		"handOffSkip": r.sql.handOffSkip, "cursorStart": r.sql.cursorStart, "markPublished": r.sql.markPublished,
+		"markFailed": r.sql.markFailed, "release": r.sql.release, "releaseToken": r.sql.releaseToken,
+		"probeRoutes": r.sql.probeRoutes, "flagLanes": r.sql.flagLanes, "parkLanes": r.sql.parkLanes,
+	}
+}

@@ -13,8 +13,16 @@ package outbox_test
 
 import (
 	"context"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/outboxtest"
@@ -99,4 +107,144 @@ func TestPartitionedClaimFiguresQuietLanes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPartitionedClaimFiguresPlanCache prints, for each claim statement on
+// 32 partitions of a minute (15 settled, 15 made ahead; 1000 lanes, batch
+// 1000), eight runs in a row of the statement prepared on one connection
+// (each in a transaction it rolls back, JIT off), with plan_cache_mode
+// force_custom_plan (a plan at each run, as PostgreSQL's auto mode did for
+// these statements) on one connection and force_generic_plan (one plan,
+// kept: what the relay now sets) on another, run by turns: each run's
+// whole time and its execution's alone (auto_explain, its duration sent
+// back as a notice), the difference being mostly planning; and how many
+// plans of each kind each connection made (pg_prepared_statements).
+// BENCHMARKS.md, "The partitioned claim's planning".
+func TestPartitionedClaimFiguresPlanCache(t *testing.T) {
+	pool, schema := partitionedLanes(t, 15, 15, 1000, 3)
+	planCacheFigures(t, pool, schema)
+}
+
+// TestPlainClaimFiguresPlanCache is TestPartitionedClaimFiguresPlanCache
+// on a plain table (1000 lanes, one published event and three pending
+// each): whether planning once would help there too.
+func TestPlainClaimFiguresPlanCache(t *testing.T) {
+	pool, schema := outboxtest.Schema(t)
+	w := newWriter(t, schema)
+	writeEvents(t, pool, w, 1000, 1)
+	if _, err := pool.Exec(context.Background(), `UPDATE `+schema+`.outbox_events SET published_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	writeEvents(t, pool, w, 1000, 3)
+	if _, err := pool.Exec(context.Background(), `ANALYZE `+schema+`.outbox_events`); err != nil {
+		t.Fatal(err)
+	}
+	planCacheFigures(t, pool, schema)
+}
+
+func planCacheFigures(t *testing.T, pool *pgxpool.Pool, schema string) {
+	ctx := context.Background()
+	cfg := quietConfig(schema, discardPublisher{})
+	cfg.BatchSize = 1000
+	r, err := outbox.NewRelay(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	durRe := regexp.MustCompile(`^duration: ([0-9.]+) ms`)
+	connect := func(last *float64) *pgx.Conn {
+		cc := pool.Config().ConnConfig.Copy()
+		cc.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+			if m := durRe.FindStringSubmatch(n.Message); m != nil {
+				*last, _ = strconv.ParseFloat(m[1], 64)
+			}
+		}
+		conn, err := pgx.ConnectConfig(ctx, cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, set := range []string{`SET jit = off`, `LOAD 'auto_explain'`, `SET auto_explain.log_level = notice`,
+			`SET auto_explain.log_min_duration = 0`, `SET auto_explain.log_analyze = on`, `SET auto_explain.log_timing = off`} {
+			if _, err := conn.Exec(ctx, set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return conn
+	}
+	modes := []string{"force_custom_plan", "force_generic_plan"}
+	for _, which := range []string{"claim", "fresh", "look"} {
+		sql, args, err := outbox.ClaimStatementOf(ctx, r, which, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var last [2]float64
+		conns := [2]*pgx.Conn{connect(&last[0]), connect(&last[1])}
+		var whole, exec, cpu [2][]time.Duration
+		for range 8 {
+			for k, conn := range conns {
+				before := backendCPU(t, conn)
+				tx, err := conn.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, true)`, modes[k]); err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				rows, err := tx.Query(ctx, sql, args...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for rows.Next() {
+				}
+				if err := rows.Err(); err != nil {
+					t.Fatal(err)
+				}
+				whole[k] = append(whole[k], time.Since(start).Round(time.Millisecond))
+				// A SELECT's executor ends (and auto_explain reports) when
+				// its portal is dropped: by the rollback at the latest.
+				_ = tx.Rollback(ctx)
+				exec[k] = append(exec[k], time.Duration(last[k]*float64(time.Millisecond)).Round(time.Millisecond))
+				cpu[k] = append(cpu[k], backendCPU(t, conn)-before)
+			}
+		}
+		for k, conn := range conns {
+			var generic, custom int64
+			if err := conn.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`, sql).Scan(&generic, &custom); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%-5s %-18s whole %v execution %v backend CPU %v: %d generic plans, %d custom", which, modes[k], whole[k], exec[k], cpu[k], generic, custom)
+			_ = conn.Close(ctx)
+		}
+	}
+}
+
+// backendCPU is the CPU time conn's backend has used (user and system,
+// from /proc: the database runs on this machine), in clock ticks of 10 ms.
+func backendCPU(t *testing.T, conn *pgx.Conn) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(conn.PgConn().PID())) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.Atoi(f[11])
+	stime, _ := strconv.Atoi(f[12])
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// TestPartitionedClaimFiguresPlanCacheUnanalyzed is
+// TestPartitionedClaimFiguresPlanCache at the sizing bench's shape, whose
+// partitions are never analyzed (TestPartitionedClaimFiguresBatch1000's:
+// 10 s partitions, 30 ahead, 1000 lanes of one published and two pending
+// events).
+func TestPartitionedClaimFiguresPlanCacheUnanalyzed(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := outboxtest.PartitionedSchema(t, outboxmigrate.PartitionConfig{Interval: 10 * time.Second, Ahead: 30})
+	w := newWriter(t, schema)
+	writeEvents(t, pool, w, 1000, 1)
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox_events SET published_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	writeEvents(t, pool, w, 1000, 2)
+	planCacheFigures(t, pool, schema)
 }

@@ -404,6 +404,9 @@ type Relay struct {
 	// partitionOnce makes the statements a partitioned outbox's, once
 	// (partitionAware).
 	partitionOnce sync.Once
+	// partitioned: partitionAware found outbox_events partitioned; its
+	// statements then run with partitionPlanSQL (relay_partition_plan.go).
+	partitioned bool
 	// testHookMarks, set by tests before the relay is used, runs before
 	// background marks are written.
 	testHookMarks func()

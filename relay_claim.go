@@ -80,6 +80,7 @@ func (r *Relay) claimKind1(ctx context.Context, kind claimKind) (batch, error) {
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 		q = tx
 	}
+	q = r.plannedQ(q)
 	var takenOver int64
 	var err error
 	switch kind {

@@ -219,7 +219,7 @@ func (r *Relay) claimIDs(ctx context.Context, ids, acked []uuid.UUID) (batch, []
 		var q pgx.Batch
 		q.Queue(r.sql.missingIDs, args)
 		q.Queue(r.sql.claimIDs, args, r.cfg.ID, token, r.cfg.LeaseDuration.Milliseconds(), uuidArgs(acked))
-		res := r.pool.SendBatch(ctx, &q)
+		res := r.planned(r.pool).SendBatch(ctx, &q)
 		defer res.Close()
 		if err := res.QueryRow().Scan(&absent); err != nil {
 			return fmt.Errorf("claim events by id: %w", err)

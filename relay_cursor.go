@@ -615,7 +615,7 @@ func cursorStartSQL(events string) string {
 func (r *Relay) startCursor(ctx context.Context) error {
 	var lowest *string
 	var snap string
-	if err := r.pool.QueryRow(ctx, r.sql.cursorStart).Scan(&lowest, &snap); err != nil {
+	if err := r.planned(r.pool).QueryRow(ctx, r.sql.cursorStart).Scan(&lowest, &snap); err != nil {
 		return fmt.Errorf("claim cursor: %w", err)
 	}
 	return r.cursor.reset(lowest, snap)
@@ -926,7 +926,7 @@ func (r *Relay) handOffLanes(ctx context.Context) {
 		// relay's statement held them locked, and passed them; only this
 		// cursor would have come back to them. They are in the window that
 		// starts at the cursor (TestLivenessAdv34StoppedRelayLeavesTheHeadsItHadNoRoomFor).
-		if _, err := r.pool.Exec(ctx, r.sql.handOffWindow, strconv.FormatUint(from.xid, 10), from.id); err != nil {
+		if _, err := r.planned(r.pool).Exec(ctx, r.sql.handOffWindow, strconv.FormatUint(from.xid, 10), from.id); err != nil {
 			r.log.Warn("could not hand the heads its claim cursor held over to the other relays; their full scans will find them",
 				slog.Any("error", err))
 		}
@@ -938,7 +938,7 @@ func (r *Relay) handOffLanes(ctx context.Context) {
 	// Skipping locked rows: a plain update waited for an application's
 	// row lock until ShutdownTimeout, and was then cancelled whole
 	// (TestLivenessStopWithALockedLaneInOver).
-	rows, err := r.pool.Query(ctx, r.sql.handOffSkip, types, ids, seqs)
+	rows, err := r.planned(r.pool).Query(ctx, r.sql.handOffSkip, types, ids, seqs)
 	locked := 0
 	if err == nil {
 		for rows.Next() {

@@ -13,7 +13,8 @@ import (
 // BUFFERS) in a transaction that it rolls back, and returns the plan: what an
 // operator looks at when claims get slow (the claim must use
 // outbox_dispatch_idx and outbox_pending_lane_idx, never a sequential scan of
-// the table). Nothing is claimed.
+// the table). Nothing is claimed. On a partitioned outbox it runs with JIT
+// off, as the relay's claims do (relay_partition_plan.go).
 func (r *Relay) ExplainClaim(ctx context.Context) (string, error) {
 	r.partitionAware(ctx)
 	tx, err := r.pool.Begin(ctx)
@@ -21,7 +22,7 @@ func (r *Relay) ExplainClaim(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("explain claim: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+r.sql.claim,
+	rows, err := r.planned(tx).Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+r.sql.claim,
 		r.cfg.BatchSize, r.cfg.ID, uuid.New(), r.cfg.LeaseDuration.Milliseconds())
 	if err != nil {
 		return "", fmt.Errorf("explain claim: %w", err)
@@ -53,7 +54,7 @@ func (r *Relay) ExplainFreshClaim(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("explain claim: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+r.sql.fastClaim,
+	rows, err := r.planned(tx).Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+r.sql.fastClaim,
 		append([]any{r.cfg.BatchSize, r.cfg.ID, uuid.New(), r.cfg.LeaseDuration.Milliseconds()}, args...)...)
 	if err != nil {
 		return "", fmt.Errorf("explain claim: %w", err)

@@ -131,7 +131,7 @@ func (r *Relay) dropFullScan(ctx context.Context) {
 		return
 	}
 	if a.err != nil {
-		if _, err := r.pool.Exec(context.WithoutCancel(ctx), r.sql.releaseToken, a.b.token); err != nil {
+		if _, err := r.planned(r.pool).Exec(context.WithoutCancel(ctx), r.sql.releaseToken, a.b.token); err != nil {
 			r.log.Warn("release a cancelled full scan's claim (its lease will expire)", slog.Any("error", err))
 		}
 		return

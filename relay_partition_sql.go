@@ -145,5 +145,6 @@ func (r *Relay) partitionAware(ctx context.Context) {
 			return
 		}
 		r.sql = partitionedSQL(r.sql, r.schema.Table("outbox_events"))
+		r.partitioned = true
 	})
 }

@@ -110,7 +110,7 @@ func (r *Relay) probeRoutes(ctx context.Context) {
 		released int64
 		next     *[16]byte
 	)
-	err := r.pool.QueryRow(ctx, r.sql.probeRoutes, [16]byte(r.routes.probeID), heldPrefix).Scan(&back, &released, &next)
+	err := r.planned(r.pool).QueryRow(ctx, r.sql.probeRoutes, [16]byte(r.routes.probeID), heldPrefix).Scan(&back, &released, &next)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("route probe failed", slog.Any("error", err))

@@ -78,7 +78,7 @@ func (r *Relay) settleAll(ctx context.Context, b batch, published []uuid.UUID, f
 		retried = a.Retried()
 		var q pgx.Batch
 		queue(&q, false)
-		res := r.pool.SendBatch(ctx, &q)
+		res := r.planned(r.pool).SendBatch(ctx, &q)
 		var err error
 		for _, o := range ops {
 			if o.name == "flag lanes" {
@@ -191,7 +191,7 @@ func (r *Relay) settled(ctx context.Context, b batch, op SettleOp, stmt string, 
 	err := pgretry.Do(ctx, b.leaseEnd, func(ctx context.Context, a pgretry.Attempt) error {
 		retried = a.Retried()
 		var err error
-		tag, err = r.pool.Exec(ctx, stmt, uuidArgs(ids), b.token)
+		tag, err = r.planned(r.pool).Exec(ctx, stmt, uuidArgs(ids), b.token)
 		return err
 	})
 	r.observeSettle(op, len(ids), tag.RowsAffected(), start, err)
