@@ -10,11 +10,11 @@ package outboxfleet
 // however many sources are idle.
 //
 // A source is idle when its relay has not claimed for PollInterval and its
-// last claim found nothing. A source whose last claim found events is busy,
-// however long its claims and publishes take (a claim over a large backlog
-// takes seconds on a loaded server): its relay claims again as soon as it
-// has published that batch, and finds what the look would, so the look
-// leaves it out. Looking at it anyway cost a statement over its whole
+// last claim found nothing. A source whose last claim found events (or had
+// more to read at once, outbox.ClaimObservation.More) is busy, however long
+// its claims and publishes take (a claim over a large backlog takes seconds
+// on a loaded server): its relay claims again as soon as it has published
+// that batch, and finds what the look would, so the look leaves it out. Looking at it anyway cost a statement over its whole
 // backlog every interval (an EXISTS over 180,000 pending rows took 0.8 to
 // 3.3 s in TestFleetFigureIsolation), for nothing. A source that has not
 // completed a claim since it started, or since the look woke it, is left
@@ -182,7 +182,7 @@ func (d *database) dueForLook(now time.Time) []*source {
 		if s.lookEvery == 0 {
 			s.lookEvery = poll
 		}
-		claimAt, found, _ := s.obs.lastClaim()
+		claimAt, busy, _ := s.obs.lastClaim()
 		waitingSince := s.started
 		if s.wokeAt.After(waitingSince) {
 			waitingSince = s.wokeAt
@@ -190,9 +190,10 @@ func (d *database) dueForLook(now time.Time) []*source {
 		switch {
 		case now.Sub(claimAt) < poll:
 			// Claimed lately: it claims on its own.
-		case found && now.Sub(claimAt) < hold:
+		case busy && now.Sub(claimAt) < hold:
 			// Busy: its relay claims again once it has published what
-			// its last claim found.
+			// its last claim found (or at once, the claim having more to
+			// read).
 		case claimAt.Before(waitingSince) && now.Sub(waitingSince) < hold:
 			// Started or woken, and no claim completed since: its claim
 			// is on its way.

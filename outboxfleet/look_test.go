@@ -59,9 +59,9 @@ func (l *lookSeen) statements() []lookStatement {
 
 // busyClaims records when a source's relay was busy: from the end of its
 // first claim that found events to the end of its first claim after that
-// which found none (a background full scan that found nothing, followed at
-// once by a claim, does not count). It passes the claims on to the fleet's
-// observer.
+// which found none and had no more to read (a background full scan that
+// found nothing, followed at once by a claim, does not count). It passes
+// the claims on to the fleet's observer.
 type busyClaims struct {
 	next       outbox.ClaimObserver
 	mu         sync.Mutex
@@ -70,7 +70,7 @@ type busyClaims struct {
 }
 
 func (b *busyClaims) ObserveClaim(o outbox.ClaimObservation) {
-	if o.Err == nil && o.Events == 0 && !o.FullScan {
+	if o.Err == nil && o.Events == 0 && !o.More && !o.FullScan {
 		// Before the fleet sees it: a look after this may name the source.
 		b.mu.Lock()
 		if !b.from.IsZero() && b.till.IsZero() {
@@ -132,8 +132,9 @@ func TestFleetLookLeavesABusySourceAlone(t *testing.T) {
 	st := newStream(t)
 	var w written
 	// The backlog is written before the fleet starts: the busy source's
-	// first claim finds events.
-	w.write(t, admin, busy, "order", 600, 2)
+	// first claim finds events. Each event is an aggregate of its own, so
+	// that no claim finds only events behind a head still being published.
+	w.write(t, admin, busy, "order", 1200, 1)
 	const poll = 50 * time.Millisecond
 	cfg, err := outboxfleet.Parse([]byte(fmt.Sprintf(`
 relay: {poll_interval: 50ms, discover_interval: 200ms, idle_max: 30s, batch_size: 50}

@@ -16,7 +16,10 @@ type sourceObserver struct {
 
 	mu      sync.Mutex
 	claimAt time.Time // the end of the last claim
-	found   bool      // whether the last claim found events
+	// busy: the last claim found events, or has more to read at once
+	// (ClaimObservation.More); either way its relay claims again without
+	// waiting.
+	busy    bool
 	foundAt time.Time // the end of the last claim that found events
 }
 
@@ -30,11 +33,12 @@ var (
 )
 
 // lastClaim is when the relay's last claim ended (zero: none yet), whether
-// it found events, and when the last claim that found events ended.
-func (o *sourceObserver) lastClaim() (at time.Time, found bool, foundAt time.Time) {
+// its relay claims again without waiting (it found events, or has more to
+// read), and when the last claim that found events ended.
+func (o *sourceObserver) lastClaim() (at time.Time, busy bool, foundAt time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.claimAt, o.found, o.foundAt
+	return o.claimAt, o.busy, o.foundAt
 }
 
 func (o *sourceObserver) ObserveClaim(c outbox.ClaimObservation) {
@@ -45,7 +49,7 @@ func (o *sourceObserver) ObserveClaim(c outbox.ClaimObservation) {
 	if c.Err == nil && (!c.FullScan || c.Events > 0) {
 		now := time.Now()
 		o.mu.Lock()
-		o.claimAt, o.found = now, c.Events > 0
+		o.claimAt, o.busy = now, c.Events > 0 || c.More
 		if c.Events > 0 {
 			o.foundAt = now
 		}
