@@ -39,6 +39,12 @@ type ClaimObservation struct {
 	// claim's does not. Reported for every such scan, also one that found
 	// nothing.
 	FullScan bool
+	// More is true when the claim has more to read at once: its range
+	// scan crossed a full window it could claim few or no events from
+	// (leased, behind a head, locked), and events are committed past it.
+	// The relay then claims again without waiting, so a claim with
+	// Events 0 and More does not mean the relay is idle.
+	More bool
 	// Err is the claim's error (a database problem), nil on success.
 	Err error
 }

@@ -188,7 +188,7 @@ func (r *Relay) observeClaim(b batch, d time.Duration, err error, full bool) {
 	}
 	o := ClaimObservation{Duration: d, Err: err, FullScan: full}
 	if err == nil {
-		o.Events, o.TakenOver = b.total, b.takenOver
+		o.Events, o.TakenOver, o.More = b.total, b.takenOver, b.more
 	}
 	r.obs.claim.ObserveClaim(o)
 }

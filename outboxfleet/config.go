@@ -83,7 +83,8 @@ type RelaySettings struct {
 }
 
 // Database is one PostgreSQL database: its sources share one pool of at most
-// MaxConns connections and one LISTEN connection.
+// MaxConns connections and one LISTEN connection; the look for due events
+// in idle sources has one more connection of its own.
 type Database struct {
 	// URL is the connection URL or key=value string. A ${NAME} in it is
 	// replaced by the environment variable NAME (an unset one is an error),

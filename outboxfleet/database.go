@@ -67,6 +67,8 @@ type source struct {
 	done   chan struct{}
 	err    atomic.Pointer[error] // set when Run returned an error
 
+	started time.Time // when its relay was started
+
 	// The look's state (look.go), touched by the look loop only.
 	lookEvery time.Duration
 	nextLook  time.Time
@@ -324,7 +326,7 @@ func (d *database) start(ctx context.Context, schema string, sp sourceSpec) erro
 		return err
 	}
 	set := d.f.set
-	s := &source{db: d, name: name, schema: schema, spec: sp, done: make(chan struct{})}
+	s := &source{db: d, name: name, schema: schema, spec: sp, done: make(chan struct{}), started: time.Now()}
 	s.obs = &sourceObserver{}
 	if d.f.opts.Registerer != nil {
 		m, err := outboxprom.New(outboxprom.Config{Schema: schema, Logger: d.f.log,

@@ -14,6 +14,8 @@
 // The sources of a database share one pool of at most max_conns connections
 // (Database.MaxConns) and one LISTEN connection, which LISTENs on every
 // source's channel (outbox.NotifyChannel) and wakes the source notified.
+// The look for due events in idle sources (below) has one more connection
+// of its own, so that it never holds one a source's claim waits for.
 // Destinations are opened once and shared by the sources that route to
 // them.
 //
@@ -48,7 +50,10 @@
 // once per PollInterval, one statement per database asks for all the idle
 // sources at once whether any holds an event a claim would take, and wakes
 // those that do; wake-ups from writers that notify arrive at once through
-// the shared LISTEN. docs/operations.md ("One relay for many outboxes") has
+// the shared LISTEN. A source whose last claim found events is not idle,
+// however long its claims take: its relay claims again once it has
+// published them, and the look leaves it out (a look over a large backlog
+// costs seconds). docs/operations.md ("One relay for many outboxes") has
 // the measured cost.
 //
 // # Routes by aggregate type

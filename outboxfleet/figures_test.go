@@ -349,11 +349,11 @@ sources:
 	wrote := time.Now()
 	if err := pgx.BeginFunc(ctx, pools[busyDB], func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO busy.outbox_aggregates (aggregate_type, aggregate_id, last_sequence)
-			SELECT 'order', format('busy-%s', lpad(i::text, 6, '0')), 1 FROM generate_series(1, $1::int) i`, backlog); err != nil {
+			SELECT 'order', format('busy-%s', lpad(i::text, 9, '0')), 1 FROM generate_series(1, $1::int) i`, backlog); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO busy.outbox_events (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload_bytes)
-			SELECT busy.new_event_id(), 'order', format('busy-%s', lpad(i::text, 6, '0')), 1, 'Step', '{}'::bytea
+			SELECT busy.new_event_id(), 'order', format('busy-%s', lpad(i::text, 9, '0')), 1, 'Step', '{}'::bytea
 			FROM generate_series(1, $1::int) i ORDER BY i`, backlog)
 		return err
 	}); err != nil {
