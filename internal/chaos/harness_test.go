@@ -24,6 +24,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// The race-built processes the tests start and stop exit without the
+	// race runtime's second of sleep at a clean exit.
+	outboxtest.NoRaceExitSleep()
 	code := m.Run()
 	if buildDir != "" {
 		_ = os.RemoveAll(buildDir)
