@@ -192,11 +192,17 @@ func TestAdv24CompleteLookSpacedByALockWait(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const rescan = 500 * time.Millisecond // margin 1 s, complete look every 30 s
+	// poll: the idle relay's PollInterval, the test's length. Long enough
+	// for the lock to be taken before the relay's next claim (a second or
+	// two after its first), and short beside the spacing the test catches
+	// (100 times the 3 s lock wait): a minute before, for 65 s of test
+	// where 20 s gives about 25.
+	const poll = 20 * time.Second
 	var lockWait time.Duration
-	pool, schema, _, x2, marked := adv24Lane(t, rescan, time.Minute, func(r *outbox.Relay, schema string) {
+	pool, schema, _, x2, marked := adv24Lane(t, rescan, poll, func(r *outbox.Relay, schema string) {
 		// The relay's first look (complete) starts with its first claim
 		// once a full scan is due (RescanInterval, fullScanDuty): the
-		// relay is idle until its next poll, a minute after its first
+		// relay is idle until its next poll, 20 s after its first
 		// claim, and the lock is taken before that, once the full scan is
 		// due; then the relay is woken.
 		outboxtest.Eventually(t, 30*time.Second, "a full scan due", r.Adv24FullScanDue)
@@ -232,10 +238,10 @@ WHERE wait_event_type = 'Lock' AND query LIKE 'WITH low AS%'`).Scan(&n)
 	})
 	// x/2 is found by the first look after the dead relay's mark, which
 	// comes with the relay's next claim: the idle relay claims every
-	// PollInterval (a minute here). Before the fix the complete look's
+	// PollInterval (poll here). Before the fix the complete look's
 	// spacing (100 times its 3 s) and the rest after it (19 times) put it
 	// minutes away.
-	limit := 60*rescan + time.Minute + 30*time.Second
+	limit := 60*rescan + poll + 30*time.Second
 	if os.Getenv("ADV24_MEASURE") != "" {
 		limit = 8 * time.Minute
 	}
