@@ -217,3 +217,7 @@ func ClaimStatementOf(ctx context.Context, r *Relay, which string, raw bool) (st
 // ErrUpkeepBusy is errUpkeepBusy, for tests that clean up beside a
 // running relay's partition upkeep.
 var ErrUpkeepBusy = errUpkeepBusy
+
+// SetPartitionCheckEvery makes r's partition loop run every d instead of
+// every minute (before r.Run).
+func SetPartitionCheckEvery(r *Relay, d time.Duration) { r.testPartitionEvery = d }

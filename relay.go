@@ -410,6 +410,9 @@ type Relay struct {
 	// testHookMarks, set by tests before the relay is used, runs before
 	// background marks are written.
 	testHookMarks func()
+	// testPartitionEvery, set by tests before Run, replaces
+	// partitionUpkeepEvery.
+	testPartitionEvery time.Duration
 }
 
 // NewRelay validates cfg and returns a relay over pool. Run starts it.

@@ -143,14 +143,78 @@ sources:
 	started := time.Now()
 	time.Sleep(warm) // the figure is the cost after this much idle time, not a synchronisation
 	before, from := total(), time.Now()
-	time.Sleep(window)
+	seen := sampleStatements(t, admin, urls, window)
 	after, to := total(), time.Now()
 	rate := float64(after-before) / to.Sub(from).Seconds()
 	t.Logf("FIGURE fleet idle: %d sources in %d database(s), idle %s..%s: %.2f transactions/s (%d in %s); RSS of the test process %.0f MB",
 		n, ndb, from.Sub(started).Round(time.Second), to.Sub(started).Round(time.Second), rate, after-before, to.Sub(from).Round(time.Second), rssMB(t))
+	t.Logf("statements seen in the window (pg_stat_activity every 20 ms; a statement shorter than that may be missed):\n%s", seen)
 	if rate > 5 {
 		t.Errorf("%.2f transactions/s for %d idle sources: want at most 5", rate, n)
 	}
+}
+
+// sampleStatements watches pg_stat_activity in the databases of urls for
+// window, every 20 ms, and returns how many statements of each kind began
+// (a backend's query_start changing), by their first line: where an idle
+// fleet's transactions go.
+func sampleStatements(t *testing.T, admin *pgxpool.Pool, urls []string, window time.Duration) string {
+	t.Helper()
+	var names []string
+	for _, u := range urls {
+		p, _ := url.Parse(u)
+		names = append(names, strings.TrimPrefix(p.Path, "/"))
+	}
+	type key struct {
+		pid   int32
+		start time.Time
+	}
+	counted := map[key]bool{}
+	kinds := map[string]int{}
+	ctx := context.Background()
+	first := true // what ran before the window is counted as seen, not as a statement of it
+	for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		rows, err := admin.Query(ctx, `SELECT pid, query_start, query FROM pg_stat_activity
+			WHERE datname = ANY($1) AND query_start IS NOT NULL AND pid <> pg_backend_pid()`, names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var k key
+			var q string
+			if err := rows.Scan(&k.pid, &k.start, &q); err != nil {
+				t.Fatal(err)
+			}
+			if counted[k] {
+				continue
+			}
+			counted[k] = true
+			if first {
+				continue
+			}
+			q = strings.Join(strings.Fields(q), " ")
+			if len(q) > 110 {
+				q = q[:110]
+			}
+			kinds[q]++
+		}
+		rows.Close()
+		first = false
+	}
+	type kc struct {
+		q string
+		n int
+	}
+	var list []kc
+	for q, n := range kinds {
+		list = append(list, kc{q, n})
+	}
+	slices.SortFunc(list, func(a, b kc) int { return b.n - a.n })
+	var b strings.Builder
+	for _, e := range list {
+		fmt.Fprintf(&b, "%6d  %s\n", e.n, e.q)
+	}
+	return b.String()
 }
 
 // commitToAck records one source's commit-to-acknowledgement latencies,
