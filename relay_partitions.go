@@ -130,8 +130,11 @@ func (r *Relay) partitionLoop(ctx context.Context) {
 // plain table, and a channel closed when the relay's idle spell ends (see
 // upkeepWait). The check for a conversion is upkeep like the heartbeat: it
 // is stretched while the relay is idle, up to IdleBackoffMax, and cut back
-// to every when a claim finds an event (a table converted while writers
-// are idle gets its partitions made ahead by the conversion itself). A
+// to every when a claim finds an event. A table converted while the relay
+// idles takes writes meanwhile in the partitions the conversion made ahead
+// only: they must outlast the longer of IdleBackoffMax and every
+// (docs/operations.md, "Partitioned outbox"; a hostile review showed that
+// outbox cleanup, which makes 6 ahead once, does not make up for them). A
 // fleet's 200 idle sources each read the catalogue once a minute without
 // it: 3.3 of the 4.6 transactions a second TestFleetFigureIdle counted.
 // A partitioned table's rounds are not stretched: its partitions are made

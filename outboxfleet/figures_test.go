@@ -217,6 +217,94 @@ func sampleStatements(t *testing.T, admin *pgxpool.Pool, urls []string, window t
 	return b.String()
 }
 
+// holdersDuring samples, every 20 ms until the returned function is called,
+// the backends of database db (of the figure's databases section dbs) that
+// are not idle, and the function reports how many samples found each
+// kind (state, the schema its statement names, its first words) and the
+// most found at once: which statements hold the connections a backlog's
+// neighbours wait for; and, beside, how many of the fleet's pool for that
+// database were acquired at each sample (a connection acquired but idle on
+// the server is held by the fleet between statements).
+func holdersDuring(t *testing.T, admin *pgxpool.Pool, dbs string, db int, fleetPool *pgxpool.Pool) func() string {
+	t.Helper()
+	var name string
+	for _, line := range strings.Split(dbs, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), fmt.Sprintf("db%d:", db)) {
+			u, err := url.Parse(strings.Trim(strings.TrimSuffix(strings.SplitN(line, "url: ", 2)[1], "}"), `"`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			name = strings.TrimPrefix(u.Path, "/")
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	kinds := map[string]int{}
+	samples, most := 0, 0
+	acquired := map[int32]int{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			rows, err := admin.Query(ctx, `SELECT state, query FROM pg_stat_activity
+				WHERE datname = $1 AND state IS NOT NULL AND state <> 'idle' AND pid <> pg_backend_pid()`, name)
+			if err != nil {
+				return
+			}
+			n := 0
+			acquired[fleetPool.Stat().AcquiredConns()]++
+			for rows.Next() {
+				var state, q string
+				if rows.Scan(&state, &q) != nil {
+					break
+				}
+				n++
+				schema := "?"
+				for _, sc := range []string{"busy", "steady", "idle_"} {
+					if strings.Contains(q, `"`+sc) || strings.Contains(q, sc+".") {
+						schema = strings.TrimSuffix(sc, "_")
+						break
+					}
+				}
+				q = strings.Join(strings.Fields(q), " ")
+				if len(q) > 70 {
+					q = q[:70]
+				}
+				kinds[fmt.Sprintf("%-19s %-6s %s", state, schema, q)]++
+			}
+			rows.Close()
+			samples++
+			most = max(most, n)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	return func() string {
+		cancel()
+		<-done
+		type kc struct {
+			k string
+			n int
+		}
+		var list []kc
+		for k, n := range kinds {
+			list = append(list, kc{k, n})
+		}
+		slices.SortFunc(list, func(a, b kc) int { return b.n - a.n })
+		var b strings.Builder
+		fmt.Fprintf(&b, "%d samples, at most %d backends not idle at once; the fleet's pool's acquired connections (of %d) per sample:", samples, most, fleetPool.Stat().MaxConns())
+		for n := int32(0); n <= fleetPool.Stat().MaxConns(); n++ {
+			fmt.Fprintf(&b, " %d: %d", n, acquired[n])
+		}
+		b.WriteString("; per kind, the samples that found it:\n")
+		for i, e := range list {
+			if i == 15 {
+				break
+			}
+			fmt.Fprintf(&b, "%6d  %s\n", e.n, e.k)
+		}
+		return b.String()
+	}
+}
+
 // commitToAck records one source's commit-to-acknowledgement latencies,
 // passing every observation on to the fleet's observer.
 type commitToAck struct {
@@ -425,10 +513,12 @@ sources:
 	}
 	t.Logf("the backlog of %d events written and committed in one transaction in %s (load %s)", backlog, time.Since(wrote).Round(time.Second), loadAvg())
 	s2 := fleetPool.Stat()
+	held := holdersDuring(t, admin, dbs, busyDB, f.Pool(fmt.Sprintf("db%d", busyDB)))
 	lat.measure()
 	steady(phase)
 	during, n2 := lat.p99()
 	t.Logf("during the backlog: %s; writer's transaction p50 %s p99 %s; %s; load %s", lat.breakdown(), percentile(txs, 50), percentile(txs, 99), poolWait(s2, fleetPool.Stat()), loadAvg())
+	t.Logf("the busy source's database's backends not idle during the backlog (pg_stat_activity every 20 ms):\n%s", held())
 	left := unpublishedIn(t, pools[busyDB], "busy")
 	t.Logf("FIGURE fleet isolation: %d sources in %d database(s); steady source p99 commit-to-ack alone %s (%d events), during a %d-event backlog in another source %s (%d events; %d of the backlog still pending at the end); RSS %.0f MB",
 		idle+2, ndb, alone.Round(time.Millisecond), n1, backlog, during.Round(time.Millisecond), n2, left, rssMB(t))
