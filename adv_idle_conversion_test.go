@@ -3,8 +3,6 @@ package outbox_test
 import (
 	"context"
 	"errors"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,36 +14,6 @@ import (
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 	"github.com/pgoutbox/outbox/outboxmigrate"
 )
-
-// advIdleRelay starts a relay with IdleBackoffMax idleMax on a plain
-// outbox_events whose pool counts the catalogue reads of the conversion
-// check (kindChecks); every > 0 shrinks the partition round (test hook).
-func advIdleRelay(t *testing.T, base *pgxpool.Pool, schema string, idleMax, every time.Duration) *kindChecks {
-	t.Helper()
-	checks := &kindChecks{}
-	pcfg := base.Config()
-	pcfg.ConnConfig.Tracer = checks
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	pub := outbox.PublisherFunc(func(_ context.Context, msgs []outbox.Message) []error { return nil })
-	cfg := quietConfig(schema, pub)
-	cfg.DisableNotify, cfg.IdleBackoffMax = true, idleMax
-	r, err := outbox.NewRelay(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if every > 0 {
-		outbox.SetPartitionCheckEvery(r, every)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return checks
-}
 
 func advWriteOne(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -65,9 +33,10 @@ func TestAdvIdleConversionWhileIdleCoveredKeepsWriters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	base, schema := outboxtest.Schema(t)
-	checks := advIdleRelay(t, base, schema, 2*time.Second, 200*time.Millisecond)
+	nothing := outbox.PublisherFunc(func(context.Context, []outbox.Message) []error { return nil })
+	_, checks := idleRelay(t, base, schema, nothing, 2*time.Second, 200*time.Millisecond)
 	outboxtest.Eventually(t, 20*time.Second, "a second without a check while idle", func() bool {
-		return checks.n.Load() > 1 && time.Since(time.Unix(0, checks.last.Load())) > time.Second
+		return checks.quietFor(time.Second)
 	})
 	res, err := outboxmigrate.Partition(ctx, base, schema, outboxmigrate.PartitionConfig{Interval: time.Second, Ahead: 4})
 	if err != nil {
@@ -86,29 +55,6 @@ func TestAdvIdleConversionWhileIdleCoveredKeepsWriters(t *testing.T) {
 	}
 }
 
-// checkTimes records when each catalogue read of the conversion check
-// started.
-type checkTimes struct {
-	kindChecks
-	mu    sync.Mutex
-	times []time.Time
-}
-
-func (c *checkTimes) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "relkind::text FROM pg_class") {
-		c.mu.Lock()
-		c.times = append(c.times, time.Now())
-		c.mu.Unlock()
-	}
-	return ctx
-}
-
-func (c *checkTimes) snapshot() []time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]time.Time(nil), c.times...)
-}
-
 // TestAdvIdleFirstClaimAfterConversionBringsTheCheckBack (expected to
 // hold): the relay idles with its check stretched to 16 s; the table is
 // converted (1 s partitions, 4 ahead) right after a stretched check and an
@@ -120,30 +66,12 @@ func TestAdvIdleFirstClaimAfterConversionBringsTheCheckBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	base, schema := outboxtest.Schema(t)
-	ct := &checkTimes{}
-	pcfg := base.Config()
-	pcfg.ConnConfig.Tracer = ct
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
 	var published atomic.Int64
 	pub := outbox.PublisherFunc(func(_ context.Context, msgs []outbox.Message) []error {
 		published.Add(int64(len(msgs)))
 		return nil
 	})
-	cfg := quietConfig(schema, pub)
-	cfg.DisableNotify, cfg.IdleBackoffMax = true, 16*time.Second
-	r, err := outbox.NewRelay(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	outbox.SetPartitionCheckEvery(r, 200*time.Millisecond)
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	r, ct := idleRelay(t, base, schema, pub, 16*time.Second, 200*time.Millisecond)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ts := ct.snapshot()

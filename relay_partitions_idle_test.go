@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,22 +14,62 @@ import (
 	"github.com/pgoutbox/outbox/internal/outboxtest"
 )
 
-// kindChecks counts the statements that read outbox_events' kind from the
-// catalogue (partman.IsPartitioned), and when the last one started.
+// kindChecks records when each statement that reads outbox_events' kind
+// from the catalogue (partman.IsPartitioned) started.
 type kindChecks struct {
-	n    atomic.Int64
-	last atomic.Int64 // unix nanoseconds
+	mu    sync.Mutex
+	times []time.Time
 }
 
 func (k *kindChecks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if strings.Contains(d.SQL, "relkind::text FROM pg_class") {
-		k.n.Add(1)
-		k.last.Store(time.Now().UnixNano())
+		k.mu.Lock()
+		k.times = append(k.times, time.Now())
+		k.mu.Unlock()
 	}
 	return ctx
 }
 
 func (k *kindChecks) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (k *kindChecks) snapshot() []time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]time.Time(nil), k.times...)
+}
+
+// quietFor reports whether there were at least two checks and none for d.
+func (k *kindChecks) quietFor(d time.Duration) bool {
+	ts := k.snapshot()
+	return len(ts) > 1 && time.Since(ts[len(ts)-1]) > d
+}
+
+// idleRelay runs a relay publishing to pub, with IdleBackoffMax idleMax
+// and its partition round every (the test hook) instead of a minute, on a
+// pool of its own whose statements checks watches.
+func idleRelay(t *testing.T, base *pgxpool.Pool, schema string, pub outbox.Publisher, idleMax, every time.Duration) (*outbox.Relay, *kindChecks) {
+	t.Helper()
+	checks := &kindChecks{}
+	pcfg := base.Config()
+	pcfg.ConnConfig.Tracer = checks
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	cfg := quietConfig(schema, pub)
+	cfg.DisableNotify, cfg.IdleBackoffMax = true, idleMax
+	r, err := outbox.NewRelay(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outbox.SetPartitionCheckEvery(r, every)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return r, checks
+}
 
 // TestIdleRelayChecksForAConversionLessOften: a relay on a plain
 // outbox_events checks for a conversion to a partitioned table each
@@ -42,14 +81,6 @@ func (k *kindChecks) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 func TestIdleRelayChecksForAConversionLessOften(t *testing.T) {
 	t.Parallel()
 	base, schema := outboxtest.Schema(t)
-	checks := &kindChecks{}
-	pcfg := base.Config()
-	pcfg.ConnConfig.Tracer = checks
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
 	var published sync.Map
 	pub := outbox.PublisherFunc(func(_ context.Context, msgs []outbox.Message) []error {
 		for _, m := range msgs {
@@ -57,33 +88,24 @@ func TestIdleRelayChecksForAConversionLessOften(t *testing.T) {
 		}
 		return nil
 	})
-	cfg := quietConfig(schema, pub)
-	cfg.DisableNotify, cfg.IdleBackoffMax = true, 10*time.Second
-	r, err := outbox.NewRelay(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	outbox.SetPartitionCheckEvery(r, 20*time.Millisecond)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	r, checks := idleRelay(t, base, schema, pub, 10*time.Second, 20*time.Millisecond)
 
 	// Idle: the checks spread out until a whole second passes without one
 	// (at 20 ms apart, 50 a second would come).
 	outboxtest.Eventually(t, 20*time.Second, "a second without a check while idle", func() bool {
-		return checks.n.Load() > 1 && time.Since(time.Unix(0, checks.last.Load())) > time.Second
+		return checks.quietFor(time.Second)
 	})
-	idleChecks := checks.n.Load()
+	idleChecks := len(checks.snapshot())
 
 	// An event claimed ends the idle spell: the stretched wait (up to 10 s
 	// by now) is cut back to the 20 ms round, and the relay checks again.
 	w := newWriter(t, schema)
-	recs := writeEvents(t, pool, w, 1, 1)
+	recs := writeEvents(t, base, w, 1, 1)
 	r.Wake()
 	outboxtest.Eventually(t, 10*time.Second, "event published", func() bool { _, ok := published.Load(recs[0].ID); return ok })
 	claimed := time.Now()
 	outboxtest.Eventually(t, 3*time.Second, "a check soon after the claim, not after the stretched wait", func() bool {
-		return checks.n.Load() > idleChecks && time.Unix(0, checks.last.Load()).After(claimed.Add(-time.Second))
+		ts := checks.snapshot()
+		return len(ts) > idleChecks && ts[len(ts)-1].After(claimed.Add(-time.Second))
 	})
 }

@@ -44,15 +44,20 @@ func envDuration(key string, def time.Duration) time.Duration {
 	return def
 }
 
+// dbName is the database a connection URL names.
+func dbName(dbURL string) string {
+	u, _ := url.Parse(dbURL)
+	return strings.TrimPrefix(u.Path, "/")
+}
+
 // transactions is the database's committed and rolled-back transactions so
 // far (pg_stat_database; backends report at most once a second, and an idle
 // one within about ten).
 func transactions(t *testing.T, admin *pgxpool.Pool, dbURL string) int64 {
 	t.Helper()
-	u, _ := url.Parse(dbURL)
 	var n int64
 	if err := admin.QueryRow(context.Background(), `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1`,
-		strings.TrimPrefix(u.Path, "/")).Scan(&n); err != nil {
+		dbName(dbURL)).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -162,8 +167,7 @@ func sampleStatements(t *testing.T, admin *pgxpool.Pool, urls []string, window t
 	t.Helper()
 	var names []string
 	for _, u := range urls {
-		p, _ := url.Parse(u)
-		names = append(names, strings.TrimPrefix(p.Path, "/"))
+		names = append(names, dbName(u))
 	}
 	type key struct {
 		pid   int32
@@ -218,25 +222,16 @@ func sampleStatements(t *testing.T, admin *pgxpool.Pool, urls []string, window t
 }
 
 // holdersDuring samples, every 20 ms until the returned function is called,
-// the backends of database db (of the figure's databases section dbs) that
-// are not idle, and the function reports how many samples found each
-// kind (state, the schema its statement names, its first words) and the
-// most found at once: which statements hold the connections a backlog's
-// neighbours wait for; and, beside, how many of the fleet's pool for that
-// database were acquired at each sample (a connection acquired but idle on
-// the server is held by the fleet between statements).
-func holdersDuring(t *testing.T, admin *pgxpool.Pool, dbs string, db int, fleetPool *pgxpool.Pool) func() string {
+// the backends of the database at dbURL that are not idle, and the
+// function reports how many samples found each kind (state, the schema its
+// statement names, its first words) and the most found at once: which
+// statements hold the connections a backlog's neighbours wait for; and,
+// beside, how many of the fleet's pool for that database were acquired at
+// each sample (a connection acquired but idle on the server is held by the
+// fleet between statements).
+func holdersDuring(t *testing.T, admin *pgxpool.Pool, dbURL string, fleetPool *pgxpool.Pool) func() string {
 	t.Helper()
-	var name string
-	for _, line := range strings.Split(dbs, "\n") {
-		if strings.HasPrefix(strings.TrimSpace(line), fmt.Sprintf("db%d:", db)) {
-			u, err := url.Parse(strings.Trim(strings.TrimSuffix(strings.SplitN(line, "url: ", 2)[1], "}"), `"`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			name = strings.TrimPrefix(u.Path, "/")
-		}
-	}
+	name := dbName(dbURL)
 	ctx, cancel := context.WithCancel(context.Background())
 	kinds := map[string]int{}
 	samples, most := 0, 0
@@ -406,7 +401,7 @@ func figureIsolation(t *testing.T, ndb int) {
 	phase := envDuration("OUTBOX_FLEET_PHASE", 20*time.Second)
 	ctx := context.Background()
 	admin := outboxtest.Pool(t)
-	_, pools, dbs := figureDatabases(t, admin, ndb)
+	urls, pools, dbs := figureDatabases(t, admin, ndb)
 	busyDB, steadyDB := 0, ndb-1
 	schemas := make([][]string, ndb)
 	schemas[busyDB] = append(schemas[busyDB], "busy")
@@ -513,7 +508,7 @@ sources:
 	}
 	t.Logf("the backlog of %d events written and committed in one transaction in %s (load %s)", backlog, time.Since(wrote).Round(time.Second), loadAvg())
 	s2 := fleetPool.Stat()
-	held := holdersDuring(t, admin, dbs, busyDB, f.Pool(fmt.Sprintf("db%d", busyDB)))
+	held := holdersDuring(t, admin, urls[busyDB], f.Pool(fmt.Sprintf("db%d", busyDB)))
 	lat.measure()
 	steady(phase)
 	during, n2 := lat.p99()
