@@ -68,7 +68,7 @@ func upkeepSession(ctx context.Context, sess pgtx.DB, discard func(), s pgident.
 // partitionUpkeepEvery (or a quarter of the partitions' width, when
 // shorter) while outbox_events is partitioned, until ctx ends. It checks
 // each round, so a conversion needs no restart; on a plain table the
-// rounds are stretched while the relay is idle (partitionCheckWait).
+// rounds are stretched while the relay is idle (see below).
 func (r *Relay) partitionLoop(ctx context.Context) {
 	db := pgtx.Pool(r.pool)
 	cannot := false
@@ -115,7 +115,18 @@ func (r *Relay) partitionLoop(ctx context.Context) {
 			r.log.Warn("partition upkeep: cannot read outbox_events", slog.Any("error", err))
 		}
 		if err == nil && !parted {
-			wait, ended := r.partitionCheckWait(every)
+			// The check for a conversion is upkeep like the heartbeat: it is
+			// stretched while the relay is idle, up to IdleBackoffMax, and cut back
+			// to every when a claim finds an event. A table converted while the
+			// relay idles takes writes meanwhile in the partitions the conversion
+			// made ahead only: they must outlast the longer of IdleBackoffMax and
+			// every (docs/operations.md, "Partitioned outbox"; a hostile review
+			// showed that outbox cleanup, which makes 6 ahead once, does not make up
+			// for them). A fleet's 200 idle sources each read the catalogue once a
+			// minute without it: 3.3 of the 4.6 transactions a second
+			// TestFleetFigureIdle counted. A partitioned table's rounds are not
+			// stretched: its partitions are made ahead by the clock, idle or not.
+			wait, ended := r.upkeepWait(every)
 			upkeepSleep(ctx, wait, every, ended, nil)
 		} else {
 			sleep(ctx, every)
@@ -124,23 +135,6 @@ func (r *Relay) partitionLoop(ctx context.Context) {
 			return
 		}
 	}
-}
-
-// partitionCheckWait is the wait after a round that found outbox_events a
-// plain table, and a channel closed when the relay's idle spell ends (see
-// upkeepWait). The check for a conversion is upkeep like the heartbeat: it
-// is stretched while the relay is idle, up to IdleBackoffMax, and cut back
-// to every when a claim finds an event. A table converted while the relay
-// idles takes writes meanwhile in the partitions the conversion made ahead
-// only: they must outlast the longer of IdleBackoffMax and every
-// (docs/operations.md, "Partitioned outbox"; a hostile review showed that
-// outbox cleanup, which makes 6 ahead once, does not make up for them). A
-// fleet's 200 idle sources each read the catalogue once a minute without
-// it: 3.3 of the 4.6 transactions a second TestFleetFigureIdle counted.
-// A partitioned table's rounds are not stretched: its partitions are made
-// ahead by the clock, idle or not.
-func (r *Relay) partitionCheckWait(every time.Duration) (time.Duration, <-chan struct{}) {
-	return r.upkeepWait(every)
 }
 
 func heldSummary(held []partman.Held) string {
